@@ -1,0 +1,48 @@
+# llmtools — `make pretrain` runs the whole chain on the embedded default; `make test` runs the tests.
+# Both set up .venv first (idempotent). Variables point the pipeline at real data:
+#   make pretrain CORPUS="a.jsonl b.jsonl" WEIGHTS=0.7,0.3 CONFIG=configs/train/tiny.yaml DS=configs/deepspeed/zero2.json NPROC=2
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_VERSION := 2.13.0
+STAMP := $(VENV)/.setup-stamp
+
+export DS_ACCELERATOR ?= cpu
+export OMP_NUM_THREADS ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: setup test test-fast bench lint pretrain clean help
+
+help:
+	@echo "make setup     create .venv and install llmtools with its test extras"
+	@echo "make pretrain  built-in corpus -> tokenizer -> json2bin -> mix -> train -> checkpoint -> logs (out/pretrain/)"
+	@echo "make test      run the test suite"
+	@echo "make bench     run the benchmarks in benchmarks/ (slow; quiet machine please)"
+
+setup: $(STAMP)
+
+# torch first, pinned: the CPU build lies on disk; letting pip resolve torch would fetch a CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==$(TORCH_VERSION)
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+test: setup
+	$(PY) -m pytest tests
+
+bench: setup
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+lint: setup
+	$(VENV)/bin/ruff check llmtools tests benchmarks
+	$(VENV)/bin/ruff format --check llmtools tests benchmarks
+
+clean:
+	rm -rf out build dist *.egg-info .pytest_cache
+
+include mk/pretrain.mk

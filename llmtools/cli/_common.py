@@ -1,0 +1,76 @@
+"""What every command shares: the error model, stdout/stderr conventions, debug tracebacks.
+
+Library code raises :class:`llmtools.errors.LlmtoolsError`; :func:`run` turns it into one line on
+stderr and the error's exit code (2 bad input/usage, 1 runtime failure). ``LLMTOOLS_DEBUG=1``
+shows the traceback instead. Results go to stdout; progress, logs and errors to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import typer
+
+from llmtools.errors import LlmtoolsError
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def new_app(name: str, help: str, *, single_command: bool = False) -> typer.Typer:
+    return typer.Typer(
+        name=name,
+        help=help,
+        add_completion=False,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        context_settings=CONTEXT_SETTINGS,
+    )
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("LLMTOOLS_DEBUG", "") not in ("", "0", "false", "no")
+
+
+def fail(prog: str, message: str, code: int) -> None:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def run(app: typer.Typer, prog: str) -> None:
+    """Invoke a typer app under the one error model."""
+    try:
+        app(prog_name=prog)
+    except LlmtoolsError as error:
+        if debug_enabled():
+            traceback.print_exc()
+        fail(prog, str(error), error.exit_code)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:
+        # The reader of our stdout went away (e.g. `| head`): not an error worth a traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
+    except OSError as error:
+        if debug_enabled():
+            traceback.print_exc()
+        where = f"{error.filename}: " if getattr(error, "filename", None) else ""
+        fail(prog, f"{where}{error.strerror or error}", 1)
+    except Exception as error:  # noqa: BLE001 - the last line of defence: one line, exit 1
+        if debug_enabled():
+            raise
+        fail(prog, f"internal error: {type(error).__name__}: {error} (set LLMTOOLS_DEBUG=1 for a traceback)", 1)
+
+
+def emit(line: str) -> None:
+    """A result line on stdout (paths of written files, one per line)."""
+    print(line, flush=True)
+
+
+def log(message: str) -> None:
+    """A human-facing message on stderr."""
+    print(message, file=sys.stderr, flush=True)

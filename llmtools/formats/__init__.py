@@ -1,0 +1,1 @@
+"""Readers and writers of llmtools' files. Pure numpy/stdlib: nothing here imports torch."""

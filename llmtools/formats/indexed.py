@@ -1,0 +1,349 @@
+"""Megatron-LM's ``MMIDIDX`` indexed dataset (``.bin`` + ``.idx``), byte for byte.
+
+``.idx`` layout (little-endian, no padding)::
+
+    0   9 bytes  b"MMIDIDX\\x00\\x00"
+    9   u64      version = 1
+    17  u8       dtype code (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16)
+    18  u64      S = number of sequences
+    26  u64      D = number of document indices (documents + 1)
+    34  int32[S] sequence lengths
+        int64[S] byte pointers into .bin (running sum of length * itemsize, from 0)
+        int64[D] document indices (first 0, last S)
+        int8[S]  optional modes (multimodal only)
+
+``.bin`` holds the token ids back to back, no header. A *document* is a run of sequences
+(one sequence per document unless sentences were split); an empty document adds a document
+index but no sequence, exactly as Megatron's ``preprocess_data.py`` does.
+
+The reader memory-maps both files and hands out zero-copy numpy views. The writer is a context
+manager that writes to temporary names and renames ``.bin`` then ``.idx`` into place on success,
+so a crash never leaves an ``.idx`` (the file readers open first) beside a partial ``.bin``. It
+keeps its per-sequence bookkeeping in temporary files, not Python lists, so memory stays flat
+however many documents are written.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from llmtools.errors import InputError, where
+from llmtools.fsutil import commit_file, fsync_dir, tmp_sibling
+
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+HEADER_SIZE = 34
+
+DTYPE_CODES: dict[int, type[np.generic]] = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
+CODE_OF_DTYPE = {np.dtype(v): k for k, v in DTYPE_CODES.items()}
+
+# Megatron picks uint16 below this vocabulary size (not 65536: it keeps a margin), else int32.
+UINT16_VOCAB_LIMIT = 65500
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """The token dtype Megatron-LM uses for a vocabulary of ``vocab_size`` (added tokens included)."""
+    return np.dtype(np.uint16) if vocab_size is not None and vocab_size < UINT16_VOCAB_LIMIT else np.dtype(np.int32)
+
+
+def bin_path(prefix: str | os.PathLike) -> Path:
+    return Path(f"{prefix}.bin")
+
+
+def idx_path(prefix: str | os.PathLike) -> Path:
+    return Path(f"{prefix}.idx")
+
+
+def strip_suffix(path: str | os.PathLike) -> str:
+    """Accept ``foo``, ``foo.bin`` or ``foo.idx`` (or ``foo.json``) and return the prefix ``foo``."""
+    text = str(path)
+    for suffix in (".bin", ".idx", ".json"):
+        if text.endswith(suffix):
+            return text[: -len(suffix)]
+    return text
+
+
+def exists(prefix: str | os.PathLike) -> bool:
+    return bin_path(prefix).exists() and idx_path(prefix).exists()
+
+
+class IndexedDatasetReader:
+    """Zero-copy reader of a ``.bin/.idx`` pair (any dtype, files from Megatron included).
+
+    ``reader[i]`` is sequence ``i`` as a numpy view of the memory-mapped ``.bin``;
+    ``reader.document(j)`` concatenates the sequences of document ``j``.
+    """
+
+    def __init__(self, prefix: str | os.PathLike, validate: bool = True) -> None:
+        self.prefix = strip_suffix(prefix)
+        self.idx_file = idx_path(self.prefix)
+        self.bin_file = bin_path(self.prefix)
+        for path in (self.idx_file, self.bin_file):
+            if not path.exists():
+                raise InputError(f"{path}: no such file (expected a Megatron .bin/.idx pair at prefix {self.prefix})")
+        self._read_index()
+        self._bin = self._map_bin()
+        if validate:
+            self.check_bin_size()
+
+    # -- index ---------------------------------------------------------------------------------
+    def _read_index(self) -> None:
+        path = self.idx_file
+        size = path.stat().st_size
+        if size < HEADER_SIZE:
+            raise InputError(f"{where(path, offset=0)}: file is {size} bytes, shorter than the {HEADER_SIZE}-byte header")
+        with open(path, "rb") as handle:
+            header = handle.read(HEADER_SIZE)
+        if header[:9] != MAGIC:
+            raise InputError(f"{where(path, offset=0)}: bad magic {header[:9]!r}, expected {MAGIC!r} (not an MMIDIDX index)")
+        (version,) = struct.unpack_from("<Q", header, 9)
+        if version != VERSION:
+            raise InputError(f"{where(path, offset=9)}: unsupported version {version}, expected {VERSION}")
+        code = header[17]
+        if code not in DTYPE_CODES:
+            raise InputError(f"{where(path, offset=17)}: unknown dtype code {code}")
+        self.dtype = np.dtype(DTYPE_CODES[code])
+        self.dtype_code = code
+        self.num_sequences, self.num_doc_indices = struct.unpack_from("<QQ", header, 18)
+        s, d = self.num_sequences, self.num_doc_indices
+        expected = HEADER_SIZE + 12 * s + 8 * d
+        if size not in (expected, expected + s):  # the optional int8 modes array
+            raise InputError(
+                f"{where(path)}: size {size} bytes does not match its header "
+                f"({s} sequences, {d} document indices need {expected} bytes): truncated or corrupt"
+            )
+        self._idx = np.memmap(path, mode="r", dtype=np.uint8) if size else None
+        buf = self._idx
+        off = HEADER_SIZE
+        self.sequence_lengths = np.frombuffer(buf, dtype=np.int32, count=s, offset=off)
+        off += 4 * s
+        self.sequence_pointers = np.frombuffer(buf, dtype=np.int64, count=s, offset=off)
+        off += 8 * s
+        self.document_indices = np.frombuffer(buf, dtype=np.int64, count=d, offset=off)
+        off += 8 * d
+        self.sequence_modes = np.frombuffer(buf, dtype=np.int8, count=s, offset=off) if size > expected else None
+        if d == 0 or self.document_indices[0] != 0 or self.document_indices[-1] != s:
+            raise InputError(
+                f"{where(path, offset=HEADER_SIZE + 12 * s)}: document indices must run from 0 to {s} "
+                f"(the number of sequences); found {self.document_indices[:1].tolist()}…{self.document_indices[-1:].tolist()}"
+            )
+
+    def _map_bin(self) -> np.ndarray:
+        if self.bin_file.stat().st_size == 0:
+            return np.empty(0, dtype=np.uint8)
+        return np.memmap(self.bin_file, mode="r", dtype=np.uint8)
+
+    # -- checks --------------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return int(self.sequence_lengths.sum(dtype=np.int64))
+
+    @property
+    def num_documents(self) -> int:
+        return self.num_doc_indices - 1
+
+    def check_bin_size(self) -> None:
+        """Cheap O(1) check: the last pointer plus its length must end exactly at the end of ``.bin``."""
+        need = self.expected_bin_size()
+        have = self.bin_file.stat().st_size
+        if have != need:
+            raise InputError(
+                f"{where(self.bin_file, offset=min(have, need))}: .bin is {have} bytes but the index describes "
+                f"{need} bytes ({'truncated' if have < need else 'trailing data'})"
+            )
+
+    def expected_bin_size(self) -> int:
+        if self.num_sequences == 0:
+            return 0
+        return int(self.sequence_pointers[-1]) + int(self.sequence_lengths[-1]) * self.dtype.itemsize
+
+    def validate(self) -> None:
+        """Full O(S) check of the index against itself and the ``.bin`` (pointers, lengths, doc order)."""
+        lengths = self.sequence_lengths
+        if lengths.size and int(lengths.min()) < 0:
+            bad = int(np.argmax(lengths < 0))
+            raise InputError(f"{where(self.idx_file, offset=HEADER_SIZE + 4 * bad)}: sequence {bad} has negative length {int(lengths[bad])}")
+        expected = np.zeros(self.num_sequences, dtype=np.int64)
+        if self.num_sequences > 1:
+            np.cumsum(lengths[:-1].astype(np.int64) * self.dtype.itemsize, out=expected[1:])
+        mismatch = np.flatnonzero(expected != self.sequence_pointers)
+        if mismatch.size:
+            bad = int(mismatch[0])
+            raise InputError(
+                f"{where(self.idx_file, offset=HEADER_SIZE + 4 * self.num_sequences + 8 * bad)}: pointer of sequence {bad} "
+                f"is {int(self.sequence_pointers[bad])}, expected {int(expected[bad])} (inconsistent pointers)"
+            )
+        if np.any(np.diff(self.document_indices) < 0):
+            bad = int(np.argmax(np.diff(self.document_indices) < 0)) + 1
+            raise InputError(f"{where(self.idx_file)}: document index {bad} goes backwards")
+        self.check_bin_size()
+
+    # -- access --------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.num_sequences
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if not -self.num_sequences <= i < self.num_sequences:
+            raise IndexError(f"sequence {i} out of range (0..{self.num_sequences - 1})")
+        i = int(i) % self.num_sequences
+        return self.get(i)
+
+    def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens ``[offset, offset+length)`` of sequence ``i``, as a zero-copy view."""
+        seq_len = int(self.sequence_lengths[i])
+        if length is None:
+            length = seq_len - offset
+        start = int(self.sequence_pointers[i]) + offset * self.dtype.itemsize
+        return np.frombuffer(self._bin, dtype=self.dtype, count=length, offset=start)
+
+    def document(self, j: int) -> np.ndarray:
+        """All tokens of document ``j`` (a view when it is one sequence, else a concatenation)."""
+        lo, hi = int(self.document_indices[j]), int(self.document_indices[j + 1])
+        if hi - lo == 1:
+            return self.get(lo)
+        if hi == lo:
+            return np.empty(0, dtype=self.dtype)
+        return np.concatenate([self.get(k) for k in range(lo, hi)])
+
+    def tokens(self) -> np.ndarray:
+        """The whole ``.bin`` as one flat token array (zero-copy)."""
+        return np.frombuffer(self._bin, dtype=self.dtype, count=self.expected_bin_size() // self.dtype.itemsize)
+
+    def document_lengths(self) -> np.ndarray:
+        """Token count of every document (int64), empty documents included."""
+        cum = np.zeros(self.num_sequences + 1, dtype=np.int64)
+        np.cumsum(self.sequence_lengths, out=cum[1:])
+        return cum[self.document_indices[1:]] - cum[self.document_indices[:-1]]
+
+
+class IndexedDatasetWriter:
+    """Write a ``.bin/.idx`` pair atomically. Use as a context manager.
+
+    >>> with IndexedDatasetWriter("out/wiki_text_document", np.uint16) as w:
+    ...     w.add_document([1, 2, 3])
+    ...     w.add_documents(flat_tokens, lengths)   # bulk: one call per encoded batch
+
+    Nothing appears under the final names unless the block exits normally.
+    """
+
+    def __init__(self, prefix: str | os.PathLike, dtype, durable: bool = True) -> None:
+        self.prefix = strip_suffix(prefix)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in CODE_OF_DTYPE:
+            raise ValueError(f"dtype {self.dtype} has no MMIDIDX code")
+        self.durable = durable
+        self.num_sequences = 0
+        self.num_documents = 0
+        self.num_tokens = 0
+        self._files: list = []
+
+    def __enter__(self) -> IndexedDatasetWriter:
+        self._bin_tmp = tmp_sibling(bin_path(self.prefix))
+        self._len_tmp = tmp_sibling(bin_path(self.prefix), ".lengths")
+        self._doc_tmp = tmp_sibling(bin_path(self.prefix), ".docs")
+        self._bin = open(self._bin_tmp, "wb")  # noqa: SIM115 - closed in __exit__
+        self._lengths = open(self._len_tmp, "wb")  # noqa: SIM115
+        self._docs = open(self._doc_tmp, "wb")  # noqa: SIM115
+        self._docs.write(np.zeros(1, dtype=np.int64).tobytes())
+        return self
+
+    # -- adding data ---------------------------------------------------------------------------
+    def add_document(self, tokens, sequence_lengths=None) -> None:
+        """One document; ``sequence_lengths`` splits it into sentences (default: one sequence)."""
+        tokens = np.asarray(tokens, dtype=self.dtype)
+        if sequence_lengths is None:
+            self.add_documents(tokens, np.array([tokens.size], dtype=np.int64))
+            return
+        lengths = np.asarray(sequence_lengths, dtype=np.int64)
+        lengths = lengths[lengths > 0]
+        self._write_tokens(tokens, lengths)
+        self.num_sequences += lengths.size
+        self._docs.write(np.array([self.num_sequences], dtype=np.int64).tobytes())
+        self.num_documents += 1
+
+    def add_documents(self, tokens, lengths) -> None:
+        """Many single-sequence documents at once: ``tokens`` flat, ``lengths`` per document.
+
+        A zero length is an empty document: it gets a document index but no sequence, as in Megatron.
+        """
+        tokens = np.asarray(tokens)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if int(lengths.sum()) != tokens.size:
+            raise ValueError(f"lengths sum to {int(lengths.sum())} but {tokens.size} tokens were given")
+        nonempty = lengths[lengths > 0]
+        self._write_tokens(tokens, nonempty)
+        doc_ends = self.num_sequences + np.cumsum(lengths > 0, dtype=np.int64)
+        self._docs.write(doc_ends.tobytes())
+        self.num_sequences += nonempty.size
+        self.num_documents += lengths.size
+
+    def _write_tokens(self, tokens: np.ndarray, nonempty_lengths: np.ndarray) -> None:
+        if tokens.size:
+            if tokens.dtype != self.dtype:
+                if tokens.size and (int(tokens.min()) < np.iinfo(self.dtype).min or int(tokens.max()) > np.iinfo(self.dtype).max):
+                    raise ValueError(f"token ids {int(tokens.min())}..{int(tokens.max())} do not fit {self.dtype}")
+                tokens = tokens.astype(self.dtype)
+            self._bin.write(memoryview(np.ascontiguousarray(tokens)).cast("B"))
+        if nonempty_lengths.size:
+            if int(nonempty_lengths.max()) > np.iinfo(np.int32).max:
+                raise ValueError("a sequence longer than 2**31-1 tokens cannot be indexed")
+            self._lengths.write(nonempty_lengths.astype(np.int32).tobytes())
+        self.num_tokens += int(tokens.size)
+
+    # -- finishing -----------------------------------------------------------------------------
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for handle in (self._bin, self._lengths, self._docs):
+            handle.close()
+        try:
+            if exc_type is None:
+                idx_tmp = tmp_sibling(idx_path(self.prefix))
+                try:
+                    self._write_index(idx_tmp)
+                    # .bin first: an .idx never points at a .bin that is not complete.
+                    commit_file(self._bin_tmp, bin_path(self.prefix), durable=self.durable)
+                    commit_file(idx_tmp, idx_path(self.prefix), durable=self.durable)
+                finally:
+                    idx_tmp.unlink(missing_ok=True)
+        finally:
+            for path in (self._bin_tmp, self._len_tmp, self._doc_tmp):
+                path.unlink(missing_ok=True)
+            if exc_type is None and self.durable:
+                fsync_dir(Path(self.prefix).parent)
+
+    def _write_index(self, path: Path, chunk: int = 1 << 22) -> None:
+        itemsize = self.dtype.itemsize
+        with open(path, "wb") as out:
+            out.write(MAGIC)
+            out.write(struct.pack("<Q", VERSION))
+            out.write(struct.pack("<B", CODE_OF_DTYPE[self.dtype]))
+            out.write(struct.pack("<Q", self.num_sequences))
+            out.write(struct.pack("<Q", self.num_documents + 1))
+            lengths = np.memmap(self._len_tmp, dtype=np.int32, mode="r") if self.num_sequences else np.empty(0, np.int32)
+            for lo in range(0, self.num_sequences, chunk):
+                out.write(lengths[lo : lo + chunk].tobytes())
+            running = 0
+            for lo in range(0, self.num_sequences, chunk):  # byte pointers, streamed in chunks
+                part = lengths[lo : lo + chunk].astype(np.int64) * itemsize
+                pointers = np.empty_like(part)
+                pointers[0] = running
+                np.cumsum(part[:-1], out=pointers[1:])
+                pointers[1:] += running
+                running = int(pointers[-1] + part[-1])
+                out.write(pointers.tobytes())
+            docs = np.memmap(self._doc_tmp, dtype=np.int64, mode="r")
+            for lo in range(0, docs.size, chunk):
+                out.write(docs[lo : lo + chunk].tobytes())
+            del lengths, docs
