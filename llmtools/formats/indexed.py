@@ -263,7 +263,10 @@ class IndexedDatasetWriter:
     # -- adding data ---------------------------------------------------------------------------
     def add_document(self, tokens, sequence_lengths=None) -> None:
         """One document; ``sequence_lengths`` splits it into sentences (default: one sequence)."""
-        tokens = np.asarray(tokens, dtype=self.dtype)
+        # No dtype= here: a silent cast would wrap ids that do not fit; _write_tokens checks, then casts.
+        tokens = np.asarray(tokens)
+        if tokens.size == 0:
+            tokens = tokens.astype(self.dtype)
         if sequence_lengths is None:
             self.add_documents(tokens, np.array([tokens.size], dtype=np.int64))
             return

@@ -10,8 +10,8 @@ import json
 import os
 from pathlib import Path
 
-from llmtools.errors import InputError
 from llmtools.formats.indexed import strip_suffix
+from llmtools.formats.jsonfile import read_json_object
 from llmtools.fsutil import write_text_atomic
 
 SCHEMA_VERSION = 1
@@ -25,13 +25,7 @@ def read_sidecar(prefix: str | os.PathLike) -> dict | None:
     path = sidecar_path(prefix)
     if not path.exists():
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise InputError(f"{path}: not a valid sidecar JSON file ({error})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: sidecar must be a JSON object")
-    return data
+    return read_json_object(path, "sidecar JSON file")
 
 
 def write_sidecar(prefix: str | os.PathLike, data: dict) -> Path:

@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""llm-train's loop against a bare PyTorch loop: tokens/s at ZeRO-1/2 on one process, and FLOPs accounting.
+
+Both loops train the same model (the tiny preset), on the same batches (the same blended dataset, in the
+same order), with the same optimizer (AdamW, no decay on norms), LR schedule, clipping and gradient
+accumulation. The bare loop is what one would write by hand: forward, fp32 cross-entropy, backward,
+clip, step. llm-train's figure is wall clock between its step records (so it includes DeepSpeed, the
+health checks, the metrics records and the stderr lines). The runs are interleaved (bare, ZeRO-1,
+ZeRO-2, bare, ...) and the median per method is reported, because the machine is shared and noisy.
+
+FLOPs: ``flops_per_token`` (the documented 6N + 12LHQT formula) against (a) a count by hand from the
+shapes, and (b) torch's FlopCounterMode over one real forward + backward.
+
+    python benchmarks/bench_train.py            # ~3-6 minutes on 2 CPU cores
+    python benchmarks/bench_train.py --quick    # smoke run (~1 minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SHARED = Path(os.environ.get("LLMTOOLS_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def build_data(folder: Path, seq: int, samples: int) -> str:
+    """A byte-level mix of tinyshakespeare (real text; no tokenizer training needed)."""
+    from llmtools.data import mix as mixlib
+    from tests.train.conftest import write_byte_prefix
+
+    prefix = write_byte_prefix(
+        SHARED / "tinyshakespeare" / "input.jsonl", folder / "shakespeare_text_document"
+    )
+    config = mixlib.MixConfig(
+        blend=mixlib.Blend([str(prefix)], None), seq_length=seq, num_samples=samples, split="100,0,0"
+    )
+    mixlib.save_plan(mixlib.build_plan(config), folder / "mix.json")
+    return str(folder / "mix.json")
+
+
+def train_config(mix: str, steps: int, micro: int, global_batch: int):
+    from llmtools.train.config import from_dict
+
+    return from_dict(
+        {
+            "model": {"preset": "tiny", "vocab_size": 320},
+            "data": {"mix": mix},
+            "training": {"micro_batch_size": micro, "global_batch_size": global_batch, "train_steps": steps},
+            "optimizer": {"lr": 1e-3, "weight_decay": 0.1},
+            "schedule": {"kind": "cosine", "warmup_steps": 5},
+            "logging": {"log_every": 1},
+            "checkpoint": {"save_every": 0, "save_final": False},
+        },
+        "bench",
+    )
+
+
+def run_llm_train(cfg, stage: int, run_dir: Path, warmup: int) -> tuple[float, float, list[float]]:
+    """(tokens per wall second, tokens per CPU second, losses) of llm-train's loop, timed between steps."""
+    from llmtools.train.deepspeed_config import load_ds_config
+    from llmtools.train.loop import RunOptions, train
+
+    ds = load_ds_config(ROOT / "configs" / "deepspeed" / f"zero{stage}.json")
+    stamps: list[tuple[float, float]] = []
+    result = train(
+        cfg,
+        ds,
+        RunOptions(
+            run_dir=run_dir,
+            quiet=True,
+            force=True,
+            on_step=lambda step, loss: stamps.append((time.time(), time.process_time())),
+        ),
+    )
+    tokens = (len(stamps) - warmup) * cfg.training.global_batch_size * result_seq(run_dir)
+    wall = stamps[-1][0] - stamps[warmup - 1][0]
+    cpu = stamps[-1][1] - stamps[warmup - 1][1]
+    return tokens / wall, tokens / cpu, result.losses
+
+
+def result_seq(run_dir: Path) -> int:
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    return (train[-1]["consumed_tokens"] // train[-1]["consumed_samples"]) if train else 0
+
+
+def run_bare(cfg, warmup: int) -> tuple[float, float, list[float]]:
+    """The hand-written loop: same model, data order, optimizer, schedule, clipping, accumulation."""
+    import torch
+    import torch.nn.functional as F
+
+    from llmtools.data.dataset import BlendedGPTDataset, MicroBatchSampler
+    from llmtools.model import LlamaForCausalLM
+    from llmtools.train.loop import param_groups
+    from llmtools.train.plan import resolve_model_config
+    from llmtools.train.schedule import build_lr_scheduler
+
+    data = BlendedGPTDataset.from_mix(cfg.data.mix)
+    t = cfg.training
+    steps = cfg.steps(data.seq_length)
+    torch.manual_seed(t.seed)
+    model = LlamaForCausalLM(resolve_model_config(cfg))
+    opt = torch.optim.AdamW(
+        param_groups(model, cfg.optimizer.weight_decay),
+        lr=cfg.optimizer.lr,
+        betas=tuple(cfg.optimizer.betas),
+        eps=cfg.optimizer.eps,
+        foreach=False,
+    )
+    sched = build_lr_scheduler(opt, cfg.schedule, cfg.total_steps(data.seq_length))
+    gas = t.global_batch_size // t.micro_batch_size
+    batches = iter(
+        MicroBatchSampler(steps * t.global_batch_size, t.micro_batch_size, t.global_batch_size, 0, 1)
+    )
+    losses, stamps = [], []
+    for _step in range(steps):
+        total = 0.0
+        for _ in range(gas):
+            tokens = torch.from_numpy(data.batch(next(batches))).long()
+            logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+            (loss / gas).backward()
+            total += loss.item() / gas
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_grad)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(total)
+        stamps.append((time.time(), time.process_time()))
+    tokens = (steps - warmup) * t.global_batch_size * data.seq_length
+    wall = stamps[-1][0] - stamps[warmup - 1][0]
+    cpu = stamps[-1][1] - stamps[warmup - 1][1]
+    return tokens / wall, tokens / cpu, losses
+
+
+def flops_check(seq: int, micro: int) -> list[tuple[str, float, float, float]]:
+    """(what, formula, measured, ratio) for the tiny preset and a Llama-3-like GQA shape."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from llmtools.model import LlamaForCausalLM, load_model_config
+    from llmtools.model.flops import flops_per_token
+
+    rows = []
+    for name in ("tiny", "125m"):
+        mc = load_model_config(name)
+        h, d, q, kv, inter, layers, vocab = (
+            mc.hidden_size,
+            mc.head_dim or mc.hidden_size // mc.num_attention_heads,
+            mc.num_attention_heads,
+            mc.num_key_value_heads or mc.num_attention_heads,
+            mc.intermediate_size,
+            mc.num_hidden_layers,
+            mc.vocab_size,
+        )
+        # By hand, per token, forward: 2 FLOPs per multiply-add of every projection, the lm_head, and the
+        # two attention products (Q K^T, A V) over all `seq` positions; training = 3 x forward.
+        per_layer = 2 * (h * q * d + 2 * h * kv * d + q * d * h + 3 * h * inter) + 2 * 2 * q * d * seq
+        hand = 3 * (layers * per_layer + 2 * h * vocab)
+        formula = flops_per_token(mc, seq)
+        rows.append((f"{name}: formula vs hand count (FLOPs/token)", formula, hand, formula / hand))
+        if name == "tiny":
+            torch.manual_seed(0)
+            model = LlamaForCausalLM(mc)
+            ids = torch.randint(0, vocab, (micro, seq + 1))
+            with FlopCounterMode(display=False) as counter:
+                logits = model(ids[:, :-1])
+                F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).backward()
+            measured = counter.get_total_flops() / (micro * seq)
+            rows.append((f"{name}: formula vs torch FlopCounterMode", formula, measured, formula / measured))
+            # FlopCounterMode has no formula for the CPU attention kernel: compare the matmul part (6N) alone.
+            from llmtools.model.flops import matmul_parameters
+
+            six_n = 6.0 * matmul_parameters(mc)
+            rows.append(
+                (f"{name}: 6N vs FlopCounterMode (no CPU SDPA count)", six_n, measured, six_n / measured)
+            )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a small smoke run")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--micro", type=int, default=8)
+    parser.add_argument("--global-batch", type=int, default=16)
+    args = parser.parse_args()
+    steps = args.steps or (12 if args.quick else 60)
+    rounds = args.rounds or (1 if args.quick else 3)
+    warmup = 3 if args.quick else 10
+
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    names = ["bare PyTorch", "llm-train ZeRO-1", "llm-train ZeRO-2"]
+    results: dict[str, list[float]] = {name: [] for name in names}
+    cpu_results: dict[str, list[float]] = {name: [] for name in names}
+    losses: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        mix = build_data(tmp, args.seq, steps * args.global_batch + 64)
+        cfg = train_config(mix, steps, args.micro, args.global_batch)
+        for r in range(rounds):
+            tps, cps, losses["bare PyTorch"] = run_bare(cfg, warmup)
+            results["bare PyTorch"].append(tps)
+            cpu_results["bare PyTorch"].append(cps)
+            for stage in (1, 2):
+                name = f"llm-train ZeRO-{stage}"
+                tps, cps, losses[name] = run_llm_train(cfg, stage, tmp / f"run{stage}-{r}", warmup)
+                results[name].append(tps)
+                cpu_results[name].append(cps)
+            print(
+                f"round {r + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in results.items()),
+                file=sys.stderr,
+                flush=True,
+            )
+
+    print(
+        f"\nllm-train loop vs bare PyTorch loop (tiny preset, {args.micro}x{args.seq} tokens per micro-batch, "
+        f"global batch {args.global_batch}, 1 process, fp32, {steps} steps, median of {rounds} interleaved "
+        f"rounds, timed after step {warmup})"
+    )
+    print(
+        "wall: tokens per wall-clock second; cpu: tokens per CPU second of the process (steadier on a shared "
+        "machine); overhead = bare / loop - 1, the median over rounds of each loop against the bare loop of its "
+        "own round (paired, so load that changes between rounds cancels)"
+    )
+    print(
+        f"{'loop':<20} {'wall tok/s':>10} {'overhead':>9} {'cpu tok/s':>10} {'overhead':>9} {'final loss':>11} "
+        f"{'max |dloss|':>12}"
+    )
+    for name, values in results.items():
+        tps, cps = statistics.median(values), statistics.median(cpu_results[name])
+        paired = statistics.median(b / v - 1 for b, v in zip(results["bare PyTorch"], values, strict=True))
+        paired_cpu = statistics.median(
+            b / v - 1 for b, v in zip(cpu_results["bare PyTorch"], cpu_results[name], strict=True)
+        )
+        diff = max(abs(a - b) for a, b in zip(losses[name], losses["bare PyTorch"], strict=True))
+        print(
+            f"{name:<20} {tps:>10,.0f} {paired:>9.1%} {cps:>10,.0f} {paired_cpu:>9.1%} "
+            f"{losses[name][-1]:>11.4f} {diff:>12.2e}"
+        )
+
+    print("\nFLOPs accounting (llmtools.model.flops.flops_per_token = 6N + 12 L H Q T)")
+    print(f"{'check':<48} {'formula':>12} {'count':>12} {'ratio':>7}")
+    for what, formula, measured, ratio in flops_check(args.seq, args.micro):
+        print(f"{what:<48} {formula:>12,.0f} {measured:>12,.0f} {ratio:>7.4f}")
+
+
+if __name__ == "__main__":
+    main()

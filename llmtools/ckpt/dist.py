@@ -1,0 +1,59 @@
+"""The little of torch.distributed the checkpoint code needs, harmless when it is not initialized."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _initialized() -> bool:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    if not _initialized():
+        return 0
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+def world_size() -> int:
+    if not _initialized():
+        return 1
+    import torch.distributed as dist
+
+    return dist.get_world_size()
+
+
+def barrier() -> None:
+    if _initialized() and world_size() > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def broadcast(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (a picklable object)."""
+    if not _initialized() or world_size() == 1:
+        return value
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when it is true on at least one."""
+    if not _initialized() or world_size() == 1:
+        return flag
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())

@@ -1,0 +1,112 @@
+"""Where checkpoints live and what their files are called.
+
+    RUN/checkpoints/
+        latest                      one line: the tag of the newest committed checkpoint (DeepSpeed reads it too)
+        zero_to_fp32.py             DeepSpeed's recovery script (DeepSpeed copies it here)
+        step_00000010/              one folder per saved step: DeepSpeed's files, our rng files, meta.json last
+            mp_rank_00_model_states.pt
+            zero_pp_rank_0_mp_rank_00_optim_states.pt ...
+            rng_rank0000.pt ...
+            meta.json
+        step_00000020.tmp-save/     a save in progress (or killed): never read, removed by the next save
+
+A folder is a checkpoint only when its name is ``step_<digits>`` exactly; anything with ``.tmp-`` in its
+name is work in progress. Since the temporary folder is renamed into place only after meta.json is written
+and flushed, a ``step_*`` folder without a valid meta.json can only come from outside interference
+(a copy cut short, a disk error), and verification catches that.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from llmtools.fsutil import TMP_MARK
+
+CHECKPOINTS = "checkpoints"
+META = "meta.json"
+LATEST = "latest"
+STEP_RE = re.compile(r"^step_(\d{8,})$")
+META_FORMAT = "llmtools.checkpoint"
+META_VERSION = 1
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def parse_step(name: str) -> int | None:
+    """The step of a checkpoint folder name, or None when the name is not one."""
+    match = STEP_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def tmp_name(step: int) -> str:
+    """The fixed temporary name of a save in progress.
+
+    Fixed (not random) so every rank agrees on it without communicating; a leftover from a killed save
+    has the same name and is removed before the next save of that step starts.
+    """
+    return f"{step_name(step)}{TMP_MARK}save"
+
+
+def rng_name(rank: int) -> str:
+    return f"rng_rank{rank:04d}.pt"
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    path = Path(path)
+    return path.is_dir() and parse_step(path.name) is not None
+
+
+def list_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path]]:
+    """Committed checkpoint folders (complete or not), oldest first."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = []
+    for child in ckpt_dir.iterdir():
+        step = parse_step(child.name)
+        if step is not None and child.is_dir():
+            found.append((step, child))
+    return sorted(found)
+
+
+def leftovers(ckpt_dir: str | Path) -> list[Path]:
+    """Temporary folders of saves or deletions that were cut short."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    return sorted(p for p in ckpt_dir.iterdir() if p.name.startswith("step_") and TMP_MARK in p.name)
+
+
+def read_latest(ckpt_dir: str | Path) -> str | None:
+    path = Path(ckpt_dir) / LATEST
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    return text or None
+
+
+def ckpt_dir_of(path: str | Path) -> Path:
+    """The ``checkpoints`` folder for a run folder, a checkpoints folder, or a checkpoint folder."""
+    path = Path(path)
+    if is_checkpoint(path) or (path / META).is_file():
+        return path.parent
+    if (path / CHECKPOINTS).is_dir():
+        return path / CHECKPOINTS
+    return path
+
+
+def model_states_file(folder: str | Path) -> Path:
+    """DeepSpeed's model-states file of a checkpoint (ZeRO-3 names it after data-parallel rank 0)."""
+    folder = Path(folder)
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        if (folder / name).is_file():
+            return folder / name
+    return folder / "mp_rank_00_model_states.pt"

@@ -1,0 +1,338 @@
+"""Crash-safe checkpoints of a DeepSpeed engine: save, find the one to resume from, load, prune.
+
+A save is a sequence whose every prefix is harmless (a kill -9 anywhere leaves either the previous state or
+the new complete checkpoint):
+
+1. rank 0 removes leftovers of earlier killed saves (``step_*.tmp-*``);
+2. every rank: DeepSpeed's ``save_checkpoint`` into ``checkpoints/step_N.tmp-save`` and its own RNG file;
+3. rank 0 flushes every file, records size + sha256 of each, writes ``meta.json`` (``complete: true``)
+   last, flushes it, renames the folder to ``step_N`` and then rewrites ``latest`` atomically;
+4. rank 0 prunes (renaming a doomed folder to ``*.tmp-delete`` before removing it, so a half-removed
+   folder never looks like a checkpoint).
+
+``resolve("auto")`` picks the newest folder that verifies (meta complete, sizes and checksums, shapes),
+warning about each newer one it skips, so a requeued job resumes from the last good state.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from llmtools import __version__
+from llmtools.ckpt import dist, layout
+from llmtools.ckpt import rng as rng_state
+from llmtools.ckpt.verify import check, check_compatible, list_files, read_meta, sha256_file, verify
+from llmtools.errors import InputError, RuntimeFailure, UsageError
+from llmtools.fsutil import TMP_MARK, atomic_file, fsync_dir, fsync_file, write_text_atomic
+
+
+def _stderr_warning(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _precision(engine) -> str:
+    if getattr(engine, "bfloat16_enabled", lambda: False)():
+        return "bf16"
+    if getattr(engine, "fp16_enabled", lambda: False)():
+        return "fp16"
+    return "fp32"
+
+
+def _param_shapes(module) -> dict[str, list[int]]:
+    # ZeRO-3 replaces each parameter with an empty placeholder; ds_shape keeps the real shape.
+    return {name: list(getattr(param, "ds_shape", param.shape)) for name, param in module.named_parameters()}
+
+
+def _load_weights_only(engine, model_states: Path) -> None:
+    """Copy a full state dict into the engine's (possibly ZeRO-3-partitioned) parameters, then refresh
+    the optimizer's fp32 master copy from them (every ZeRO optimizer keeps one of its own)."""
+    import deepspeed
+    import torch
+
+    state = torch.load(model_states, map_location="cpu", weights_only=False, mmap=True)["module"]
+    params = dict(engine.module.named_parameters())
+    missing = sorted(set(params) - set(state))
+    if missing:
+        raise InputError(f"{model_states}[{missing[0]}]: missing ({len(missing)} parameters missing in all)")
+    stage3 = engine.zero_optimization_stage() == 3
+    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0, enabled=stage3):
+        if not stage3 or dist.rank() == 0:
+            with torch.no_grad():
+                for name, param in params.items():
+                    if tuple(state[name].shape) != tuple(param.shape):
+                        raise InputError(
+                            f"{model_states}[{name}]: shape {tuple(state[name].shape)}, the model has "
+                            f"{tuple(param.shape)}"
+                        )
+                    param.copy_(state[name])
+    refresh = getattr(engine.optimizer, "_restore_from_bit16_weights", None)
+    if refresh is not None:
+        refresh()
+
+
+class CheckpointManager:
+    """Checkpoints of one run folder (``RUN/checkpoints``).
+
+    ``keep_last``: keep only the newest K complete checkpoints (None: keep all); ``keep_every``: also keep
+    every checkpoint whose step is a multiple of N (milestones). The newest verified checkpoint is never
+    removed. ``warn`` receives one-line warnings (default: stderr).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
+            raise UsageError(f"keep_last: must be an integer >= 1, got {keep_last!r}")
+        if keep_every is not None and (not isinstance(keep_every, int) or keep_every < 1):
+            raise UsageError(f"keep_every: must be an integer >= 1, got {keep_every!r}")
+        self.run_dir = Path(run_dir)
+        self.ckpt_dir = layout.checkpoints_dir(self.run_dir)
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+        self.warn = warn or _stderr_warning
+
+    # ------------------------------------------------------------------ save
+    def save(self, engine, step: int, client_state: dict[str, Any]) -> Path:
+        """Save ``engine`` at ``step``; call on ALL ranks. Returns the committed folder."""
+        import deepspeed
+        import torch
+
+        if not isinstance(step, int) or step < 0:
+            raise UsageError(f"step: must be an integer >= 0, got {step!r}")
+        rank, world = dist.rank(), dist.world_size()
+        tmp = self.ckpt_dir / layout.tmp_name(step)
+        final = self.ckpt_dir / layout.step_name(step)
+        started = time.perf_counter()
+        if rank == 0:
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            for leftover in layout.leftovers(self.ckpt_dir):
+                shutil.rmtree(leftover, ignore_errors=True)
+        dist.barrier()
+
+        engine.save_checkpoint(str(self.ckpt_dir), tag=tmp.name, client_state=client_state, save_latest=False)
+        with atomic_file(tmp / layout.rng_name(rank), "wb") as handle:
+            torch.save(rng_state.capture(), handle)
+        dist.barrier()
+
+        if rank == 0:
+            files = {}
+            for name in list_files(tmp):
+                file = tmp / name
+                fsync_file(file)
+                files[name] = {"size": file.stat().st_size, "sha256": sha256_file(file)}
+            meta = {
+                "format": layout.META_FORMAT,
+                "version": layout.META_VERSION,
+                "tool": f"llmtools {__version__}",
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "time": time.time(),
+                "step": step,
+                "tag": final.name,
+                "consumed_samples": client_state.get("consumed_samples"),
+                "consumed_tokens": client_state.get("consumed_tokens"),
+                "data": {
+                    "consumed_samples": client_state.get("consumed_samples"),
+                    "fingerprint": client_state.get("data_fingerprint"),
+                },
+                "config_hash": client_state.get("config_hash"),
+                "model": client_state.get("model"),
+                "tokenizer": client_state.get("tokenizer"),
+                "world_size": world,
+                "dp_world_size": int(getattr(engine, "dp_world_size", world)),
+                "zero_stage": int(engine.zero_optimization_stage()),
+                "precision": _precision(engine),
+                "rng": {
+                    "kinds": ["python", "numpy", "torch"],
+                    "files": [layout.rng_name(r) for r in range(world)],
+                },
+                "param_shapes": _param_shapes(engine.module),
+                "num_parameters": sum(
+                    int(torch.Size(s).numel()) for s in _param_shapes(engine.module).values()
+                ),
+                "versions": {"deepspeed": deepspeed.__version__, "torch": torch.__version__.split("+")[0]},
+                "save_seconds": round(time.perf_counter() - started, 3),
+                "files": files,
+                "complete": True,
+            }
+            import json
+
+            with atomic_file(tmp / layout.META, "w", encoding="utf-8") as handle:
+                json.dump(meta, handle, indent=1)
+                handle.write("\n")
+            fsync_dir(tmp)
+            if final.exists():  # the same step saved again (e.g. after --reset-data): replace it
+                doomed = self.ckpt_dir / f"{final.name}{TMP_MARK}replaced"
+                os.replace(final, doomed)
+                shutil.rmtree(doomed, ignore_errors=True)
+            os.replace(tmp, final)
+            fsync_dir(self.ckpt_dir)
+            write_text_atomic(self.ckpt_dir / layout.LATEST, final.name + "\n")
+            self.prune(protect=final)
+        dist.barrier()
+        return final
+
+    # ------------------------------------------------------------------ find
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        return layout.list_checkpoints(self.ckpt_dir)
+
+    def latest_verified(self, warn: bool = True) -> Path | None:
+        """The newest checkpoint that verifies fully; warn about every newer one skipped."""
+        for _step, path in reversed(self.checkpoints()):
+            report = verify(path)
+            if report.ok:
+                return path
+            if warn:
+                self.warn(f"skipping checkpoint {path}: {report.first_problem()}")
+        return None
+
+    def resolve(self, spec: str | os.PathLike) -> Path | None:
+        """``auto`` | ``latest`` | ``STEP`` | ``PATH`` -> a verified checkpoint folder.
+
+        ``auto`` returns None when there is none (start fresh); the others raise InputError when the
+        checkpoint is missing or broken. Under torch.distributed rank 0 decides and tells the others.
+        """
+        if dist.rank() == 0:
+            try:
+                result: Any = self._resolve_here(str(spec))
+            except InputError as error:
+                result = error
+        else:
+            result = None
+        result = dist.broadcast(result)
+        if isinstance(result, InputError):
+            raise result
+        return result
+
+    def _resolve_here(self, spec: str) -> Path | None:
+        spec = spec.strip()
+        if spec == "auto":
+            return self.latest_verified()
+        if spec == "latest":
+            tag = layout.read_latest(self.ckpt_dir)
+            if tag is None:
+                raise InputError(
+                    f"{self.ckpt_dir / layout.LATEST}: missing (no checkpoint was saved in this run)"
+                )
+            path = self.ckpt_dir / tag
+            if not path.is_dir():
+                raise InputError(f"{self.ckpt_dir / layout.LATEST}: points to {tag}, which does not exist")
+        elif spec.isdigit():
+            path = self.ckpt_dir / layout.step_name(int(spec))
+            if not path.is_dir():
+                have = ", ".join(str(step) for step, _ in self.checkpoints()) or "none"
+                raise InputError(f"{path}: no checkpoint for step {int(spec)} (steps saved: {have})")
+        else:
+            path = Path(spec)
+            if not path.exists():
+                raise InputError(f"{path}: no such checkpoint (use auto, latest, a step number or a folder)")
+            if not (path / layout.META).exists() and not layout.is_checkpoint(path):
+                raise InputError(f"{path}: not a checkpoint folder (it has no {layout.META})")
+        check(path)
+        return path
+
+    # ------------------------------------------------------------------ load
+    def load(self, engine, path: str | os.PathLike, load_optimizer_states: bool = True) -> dict[str, Any]:
+        """Load a checkpoint into ``engine`` (ALL ranks) and restore this rank's RNG states.
+
+        Returns the trainer's client_state. A checkpoint saved with a different world size is resharded
+        through DeepSpeed's universal format (model and optimizer state kept; see :mod:`reshard`).
+        """
+        import torch
+
+        path = Path(path)
+        meta = read_meta(path)
+        rank, world = dist.rank(), dist.world_size()
+        saved_world = int(meta.get("dp_world_size") or meta["world_size"])
+        current_dp = int(getattr(engine, "dp_world_size", world))
+        if meta.get("init_only"):
+            # Weights only (llm-ckpt import-hf): the optimizer, schedule and RNG start fresh.
+            _load_weights_only(engine, layout.model_states_file(path))
+            return {
+                k: meta.get(k) for k in ("step", "consumed_samples", "consumed_tokens", "model", "tokenizer")
+            }
+        saved_stage, stage = int(meta["zero_stage"]), int(engine.zero_optimization_stage())
+        if saved_stage != stage:
+            raise InputError(
+                f"{path / layout.META}[zero_stage]: the checkpoint was saved with ZeRO-{saved_stage}, this run "
+                f"uses ZeRO-{stage}; resume with the same stage (or start a new run from its weights: "
+                "llm-ckpt import-hf / convert --to hf)"
+            )
+        if saved_world != current_dp and saved_stage > 0:
+            from llmtools.ckpt.reshard import load_resharded
+
+            client_state = load_resharded(engine, path, meta, load_optimizer_states=load_optimizer_states)
+        else:
+            load_path, client_state = engine.load_checkpoint(
+                str(path.parent),
+                tag=path.name,
+                load_optimizer_states=load_optimizer_states,
+                load_lr_scheduler_states=load_optimizer_states,
+            )
+            if load_path is None:
+                raise RuntimeFailure(f"{path}: DeepSpeed could not load this checkpoint")
+        rng_file = path / layout.rng_name(rank)
+        if saved_world == world and rng_file.is_file():
+            rng_state.restore(torch.load(rng_file, weights_only=False))
+        elif rank == 0:
+            self.warn(
+                f"{path}: saved with world size {meta['world_size']}, now {world}: RNG states not restored "
+                "(the data position is kept: consumed samples are global)"
+            )
+        return dict(client_state or {})
+
+    @staticmethod
+    def check_compatible(
+        path: str | os.PathLike, model: dict[str, Any] | None, tokenizer: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """Refuse (InputError naming both values) a checkpoint whose model shape or tokenizer differ."""
+        meta = read_meta(path)
+        check_compatible(meta, path, model, tokenizer)
+        return meta
+
+    # ------------------------------------------------------------------ prune
+    def prune_plan(self, protect: Path | None = None, keep_last: int | None = None) -> list[Path]:
+        """The complete checkpoints :meth:`prune` would remove (oldest first)."""
+        keep_last = keep_last if keep_last is not None else self.keep_last
+        if keep_last is None:
+            return []
+        complete = []
+        for step, path in self.checkpoints():
+            try:
+                if read_meta(path).get("complete") is True:
+                    complete.append((step, path))
+            except InputError:
+                continue
+        newest_ok = protect if protect is not None else self.latest_verified(warn=False)
+        keep = {path for _, path in complete[-keep_last:]}
+        if self.keep_every:
+            keep |= {path for step, path in complete if step % self.keep_every == 0}
+        if newest_ok is not None:
+            keep.add(Path(newest_ok))
+        return [path for _, path in complete if path not in keep]
+
+    def prune(self, protect: Path | None = None, keep_last: int | None = None) -> list[Path]:
+        """Remove complete checkpoints beyond ``keep_last`` (not milestones, never the newest verified).
+
+        Folders that are not complete are left alone for a human to look at. Returns the removed paths.
+        """
+        removed = []
+        for path in self.prune_plan(protect, keep_last):
+            # Renamed first, so a kill in the middle of rmtree leaves a .tmp- folder, not half a checkpoint.
+            doomed = path.with_name(f"{path.name}{TMP_MARK}delete")
+            os.replace(path, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+            removed.append(path)
+        if removed:
+            fsync_dir(self.ckpt_dir)
+        return removed

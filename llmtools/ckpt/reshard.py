@@ -1,0 +1,122 @@
+"""Change of world size: DeepSpeed universal checkpoints.
+
+A ZeRO-1/2/3 checkpoint stores each rank's partition of the fp32 master weights and Adam moments, so it
+loads only at the world size that saved it. DeepSpeed's ``ds_to_universal`` rewrites it as one file per
+parameter (fp32 weight, exp_avg, exp_avg_sq), which an engine of any world size loads with
+``load_universal``. Model, optimizer and scheduler state are kept; RNG states are per rank and are not
+(the data position is: consumed samples count global samples, which do not depend on the world size).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from llmtools.ckpt import dist, layout
+from llmtools.errors import RuntimeFailure
+from llmtools.fsutil import TMP_MARK
+
+
+def to_universal(ckpt: str | os.PathLike, out_dir: str | os.PathLike, zero_stage: int) -> Path:
+    """Run DeepSpeed's converter (in a child process: it prints on stdout and may fork workers)."""
+    out_dir = Path(out_dir)
+    command = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(ckpt),
+        "--output_folder",
+        str(out_dir),
+        "--num_extract_workers",
+        "1",
+        "--num_merge_workers",
+        "1",
+    ]
+    if zero_stage <= 2:
+        # ZeRO-1/2 checkpoints lack a few keys the converter insists on; DeepSpeed can fill them in.
+        command.append("--inject_missing_state")
+    env = dict(os.environ)
+    env.setdefault("DS_ACCELERATOR", "cpu")
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    if done.returncode != 0:
+        tail = "\n".join(done.stdout.strip().splitlines()[-5:])
+        raise RuntimeFailure(f"{ckpt}: DeepSpeed's ds_to_universal failed (exit {done.returncode}): {tail}")
+    # The converter leaves the model-states files of the source behind in the output; our meta.json and
+    # RNG files are not part of a universal checkpoint.
+    return out_dir
+
+
+def load_resharded(engine, path: Path, meta: dict[str, Any], load_optimizer_states: bool = True) -> dict:
+    """Convert ``path`` to universal form (rank 0), load it into ``engine`` (all ranks), clean up."""
+    universal = path.parent / f"{path.name}{TMP_MARK}universal"
+    if dist.rank() == 0:
+        shutil.rmtree(universal, ignore_errors=True)
+        print(
+            f"resharding {path} (saved by {meta['world_size']} ranks) for {dist.world_size()} ranks "
+            "through a DeepSpeed universal checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+        error = None
+        try:
+            to_universal(path, universal, int(meta["zero_stage"]))
+        except RuntimeFailure as failure:
+            error = failure
+    else:
+        error = None
+    error = dist.broadcast(error)
+    if error is not None:
+        raise error
+    config = engine._config
+    previous = config.load_universal_checkpoint
+    config.load_universal_checkpoint = True
+    try:
+        load_path, client_state = engine.load_checkpoint(
+            str(universal.parent),
+            tag=universal.name,
+            load_optimizer_states=load_optimizer_states,
+            load_lr_scheduler_states=load_optimizer_states,
+        )
+    finally:
+        config.load_universal_checkpoint = previous
+    dist.barrier()
+    if dist.rank() == 0:
+        shutil.rmtree(universal, ignore_errors=True)
+        pointer = universal.parent / "latest_universal"  # written by ds_to_universal beside its output
+        if pointer.is_file() and pointer.read_text(encoding="utf-8").strip() == universal.name:
+            pointer.unlink()
+    if load_path is None:
+        raise RuntimeFailure(f"{path}: DeepSpeed could not load the universal form of this checkpoint")
+    if not client_state or "step" not in client_state:
+        client_state = _client_state_of(path)
+    return client_state
+
+
+def _client_state_of(path: Path) -> dict:
+    """The trainer's keys from the original model-states file (read lazily: no weights are loaded)."""
+    from llmtools.ckpt.torchfile import LazyTensor, load_lazy
+
+    state = load_lazy(layout.model_states_file(path))
+    internal = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params"}
+    internal |= {
+        "frozen_param_fragments",
+        "lr_scheduler",
+        "data_sampler",
+        "random_ltd",
+        "sparse_tensor_module_names",
+    }
+    internal |= {
+        "skipped_steps",
+        "global_steps",
+        "global_samples",
+        "dp_world_size",
+        "mp_world_size",
+        "ds_config",
+    }
+    internal |= {"ds_version"}
+    return {k: v for k, v in state.items() if k not in internal and not isinstance(v, LazyTensor)}

@@ -1,0 +1,117 @@
+"""Stop cleanly on SIGTERM / SIGINT: finish the current step, save, exit 0 with a resume hint.
+
+Batch schedulers send SIGTERM some time before they kill a job. The handler only sets a flag; the training
+loop asks :meth:`StopRequested.should_stop` after each step (all ranks together, so they agree) and, when
+true, saves a checkpoint and returns. A second SIGINT (Ctrl-C twice) interrupts at once.
+
+    with StopRequested() as stop:
+        for step in ...:
+            train_step()
+            if stop.should_stop():
+                manager.save(engine, step, state)
+                print(stop.resume_hint("llm-train cfg.yaml"), file=sys.stderr)
+                break
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from llmtools.ckpt import dist
+
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequested:
+    """A flag set by the signals it is installed for; falsy until one arrives."""
+
+    def __init__(self, signals: tuple[int, ...] = DEFAULT_SIGNALS, announce: bool = True) -> None:
+        self.signals = tuple(signals)
+        self.announce = announce
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    # The handler runs between bytecodes of the main thread: it only records, never saves.
+    def _handle(self, signum, _frame) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        if self.announce:
+            print(
+                f"received {self.signal_name}: finishing the current step, then saving a checkpoint "
+                "(press Ctrl-C again to abort at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def install(self) -> StopRequested:
+        for signum in self.signals:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    def __enter__(self) -> StopRequested:
+        return self.install()
+
+    def __exit__(self, *_exc) -> None:
+        self.restore()
+
+    def request(self, signum: int = signal.SIGTERM) -> None:
+        """Ask for a stop from code (tests, a max-time limit)."""
+        self.signum = signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def __bool__(self) -> bool:
+        return self.requested
+
+    @property
+    def signal_name(self) -> str:
+        if self.signum is None:
+            return "no signal"
+        try:
+            return signal.Signals(self.signum).name
+        except ValueError:
+            return f"signal {self.signum}"
+
+    def should_stop(self, sync: bool = True) -> bool:
+        """Whether to stop now; with ``sync`` every rank gets the same answer (one tiny all-reduce)."""
+        if not sync:
+            return self.requested
+        stop = dist.any_rank(self.requested)
+        if stop and self.signum is None:
+            self.signum = signal.SIGTERM  # another rank got the signal
+        return stop
+
+    def resume_hint(self, command: str, checkpoint: str | None = None) -> str:
+        saved = f"saved {checkpoint}; " if checkpoint else ""
+        return f"stopped by {self.signal_name}: {saved}resume with: {command} --resume auto"
+
+
+def resume_command(argv: list[str] | None = None) -> str:
+    """The command line that continues this run: the same one, without --resume/--force/--reset-data,
+    plus ``--resume auto`` (added by :meth:`StopRequested.resume_hint`)."""
+    import os
+    import shlex
+
+    argv = list(sys.argv if argv is None else argv)
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg in ("--resume",):
+            skip = True
+            continue
+        if arg.startswith("--resume=") or arg in ("--force", "--reset-data"):
+            continue
+        out.append(os.path.basename(arg) if i == 0 else arg)
+    return shlex.join(out)

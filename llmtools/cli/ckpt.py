@@ -1,0 +1,265 @@
+"""``llm-ckpt``: list, verify, inspect, prune and convert training checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from llmtools.cli._common import emit, log, new_app, run
+from llmtools.errors import InputError
+
+app = new_app("llm-ckpt", "List, verify, inspect, prune and convert training checkpoints.")
+
+
+@app.callback()
+def _root() -> None:
+    """List, verify, inspect, prune and convert training checkpoints (RUN/checkpoints/step_XXXXXXXX)."""
+
+
+LIST_HELP = """List the checkpoints of a run: step, tokens, time, complete, verified, size.
+
+complete = meta.json says the save finished; verified = every file has its recorded size and sha256.
+--resume auto picks the newest verified one.
+
+\b
+Examples:
+  llm-ckpt list out/run
+  llm-ckpt list out/run --json | jq '.[] | select(.verified) | .step'
+  llm-ckpt list out/run --quick          # sizes only, no checksums
+"""
+
+
+@app.command("list", help=LIST_HELP, no_args_is_help=True)
+def list_(
+    run_dir: Path = typer.Argument(..., help="A run folder (or its checkpoints folder)."),
+    as_json: bool = typer.Option(False, "--json", help="A JSON array instead of a table."),
+    quick: bool = typer.Option(False, "--quick", help="Check sizes only, not checksums."),
+) -> None:
+    from llmtools.ckpt.inspect import format_table, list_run
+
+    rows = list_run(run_dir, checksums=not quick)
+    if as_json:
+        emit(json.dumps(rows))
+    elif rows:
+        emit(format_table(rows))
+    else:
+        log(f"{run_dir}: no checkpoints yet")
+
+
+VERIFY_HELP = """Verify a checkpoint: meta.json, file sizes and sha256 checksums, parameter shapes.
+
+Exit 0 and print the path when it is intact; exit 2 naming what is wrong otherwise. Given a run
+folder, every checkpoint in it is verified (exit 2 if any fails).
+
+\b
+Examples:
+  llm-ckpt verify out/run/checkpoints/step_00000100
+  llm-ckpt verify out/run
+"""
+
+
+@app.command("verify", help=VERIFY_HELP, no_args_is_help=True)
+def verify_(
+    path: Path = typer.Argument(..., help="A checkpoint folder, or a run folder to verify all of them."),
+    as_json: bool = typer.Option(
+        False, "--json", help="JSON: path, ok, problems (one object per checkpoint)."
+    ),
+) -> None:
+    from llmtools.ckpt import layout
+    from llmtools.ckpt.verify import verify
+
+    if not path.exists():
+        raise InputError(f"{path}: no such checkpoint")
+    if (
+        (path / layout.META).exists()
+        or layout.is_checkpoint(path)
+        or layout.model_states_file(path).is_file()
+    ):
+        targets = [path]
+    else:
+        targets = [p for _, p in layout.list_checkpoints(layout.ckpt_dir_of(path))]
+        if not targets:
+            raise InputError(f"{path}: neither a checkpoint nor a run folder with checkpoints")
+    reports = [verify(target) for target in targets]
+    for report in reports:
+        if as_json:
+            emit(json.dumps({"path": str(report.path), "ok": report.ok, "problems": report.problems}))
+        elif report.ok:
+            emit(f"{report.path}: ok")
+    bad = [r for r in reports if not r.ok]
+    if bad:
+        for report in bad[:-1]:
+            log(f"llm-ckpt: error: {report.first_problem()}")
+        more = f" ({len(bad)} of {len(reports)} checkpoints fail)" if len(reports) > 1 else ""
+        raise InputError(bad[-1].first_problem() + more)
+
+
+INSPECT_HELP = """Show what a checkpoint holds: model config, parameter count, dtypes, optimizer state,
+world size, ZeRO stage, data position. Reads no tensor data.
+
+\b
+Examples:
+  llm-ckpt inspect out/run/checkpoints/step_00000100
+  llm-ckpt inspect out/run --json          # the newest verified checkpoint of the run
+"""
+
+
+@app.command("inspect", help=INSPECT_HELP, no_args_is_help=True)
+def inspect_(
+    path: Path = typer.Argument(..., help="A checkpoint folder (or a run folder: its newest verified one)."),
+    as_json: bool = typer.Option(False, "--json", help="JSON instead of text."),
+) -> None:
+    from llmtools.ckpt.inspect import format_inspect, inspect_checkpoint
+
+    info = inspect_checkpoint(path)
+    emit(json.dumps(info, default=str) if as_json else format_inspect(info))
+
+
+PRUNE_HELP = """Remove old checkpoints, keeping the newest K (and every N-th step with --keep-every).
+
+The newest checkpoint that verifies is never removed. Folders that are not complete are left for
+you to look at. Prints the removed paths.
+
+\b
+Examples:
+  llm-ckpt prune out/run --keep 3
+  llm-ckpt prune out/run --keep 2 --keep-every 1000
+  llm-ckpt prune out/run --keep 1 --dry-run
+"""
+
+
+@app.command("prune", help=PRUNE_HELP, no_args_is_help=True)
+def prune_(
+    run_dir: Path = typer.Argument(..., help="A run folder (or its checkpoints folder)."),
+    keep: int = typer.Option(
+        ..., "--keep", help="How many of the newest complete checkpoints to keep (>= 1)."
+    ),
+    keep_every: int = typer.Option(
+        None, "--keep-every", help="Also keep checkpoints whose step is a multiple of N."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be removed; remove nothing."),
+) -> None:
+    from llmtools.ckpt import layout
+    from llmtools.ckpt.manager import CheckpointManager
+    from llmtools.errors import UsageError
+
+    if keep < 1:
+        raise UsageError(f"--keep: must be >= 1, got {keep}")
+    if keep_every is not None and keep_every < 1:
+        raise UsageError(f"--keep-every: must be >= 1, got {keep_every}")
+    ckpt_dir = layout.ckpt_dir_of(run_dir)
+    if not ckpt_dir.is_dir():
+        raise InputError(f"{run_dir}: no checkpoints folder here")
+    manager = CheckpointManager(
+        ckpt_dir.parent, keep_last=keep, keep_every=keep_every, warn=lambda m: log(f"warning: {m}")
+    )
+    if dry_run:
+        for path in manager.prune_plan():
+            emit(str(path))
+        return
+    for path in manager.prune():
+        emit(str(path))
+
+
+CONVERT_HELP = """Convert a checkpoint: to a Hugging Face model folder, to one consolidated safetensors
+file, or to a DeepSpeed universal checkpoint (loads at any world size).
+
+A LoRA run converts with its adapters merged into the base weights (W + alpha/r BA), or with
+--adapter-only to adapter_model.safetensors + adapter_config.json, which peft.PeftModel loads.
+
+--to hf writes config.json, generation_config.json, model.safetensors (or shards of --shard-size with
+an index) and, with --tokenizer, the tokenizer files: transformers' AutoModelForCausalLM.from_pretrained
+loads it with no code of ours. The model config comes from the checkpoint's meta.json (or --model).
+Conversion streams tensor by tensor from DeepSpeed's files: memory stays near one tensor.
+Given a run folder, its newest verified checkpoint is converted.
+
+\b
+Examples:
+  llm-ckpt convert out/run/checkpoints/step_00000100 --to hf -o hf/tiny --tokenizer tokenizer.json
+  llm-ckpt convert out/run --to hf -o hf/tiny-bf16 --dtype bf16 --shard-size 2GB
+  llm-ckpt convert out/run --to safetensors -o model.safetensors
+  llm-ckpt convert out/run/checkpoints/step_00000100 --to universal -o univ/step_100
+  llm-ckpt convert out/lora-run --to hf -o hf/tiny-merged          # LoRA merged into the base
+  llm-ckpt convert out/lora-run --to hf --adapter-only -o hf/tiny-adapter   # peft's adapter format
+"""
+
+
+@app.command("convert", help=CONVERT_HELP, no_args_is_help=True)
+def convert_(
+    checkpoint: Path = typer.Argument(
+        ..., help="A checkpoint folder, or a run folder (its newest verified one)."
+    ),
+    to: str = typer.Option(..., "--to", help="hf, safetensors or universal."),
+    output: Path = typer.Option(..., "-o", "--output", help="Output folder (file for --to safetensors)."),
+    dtype: str = typer.Option("fp32", "--dtype", help="fp32, bf16 or fp16 (hf and safetensors)."),
+    shard_size: str = typer.Option(
+        "5GB", "--shard-size", help="Largest safetensors shard for --to hf: 5GB, 500MB, 2GiB."
+    ),
+    tokenizer: Path = typer.Option(
+        None, "--tokenizer", help="tokenizer.json, .model, vocab.json or a tokenizer folder to copy in."
+    ),
+    model: str = typer.Option(None, "--model", help="Model preset or config file, when meta.json has none."),
+    world_size: int = typer.Option(
+        None, "--world-size", help="With --to universal: the world size you will resume with (any works)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace the output if it exists."),
+    adapter_only: bool = typer.Option(
+        False, "--adapter-only", help="LoRA runs, --to hf: write only the adapter, in peft's format."
+    ),
+) -> None:
+    from llmtools.ckpt.convert import ConvertConfig, convert
+
+    config = ConvertConfig(
+        checkpoint=checkpoint,
+        to=to,
+        output=output,
+        dtype=dtype,
+        shard_size=shard_size,
+        tokenizer=tokenizer,
+        model=model,
+        world_size=world_size,
+        force=force,
+        adapter_only=adapter_only,
+    )
+    emit(str(convert(config)))
+
+
+IMPORT_HELP = """Bring a Hugging Face Llama/Qwen3 model folder in as a step-0 checkpoint.
+
+The result is a weights-only checkpoint (meta.json says init_only): llm-train --resume PATH starts
+from these weights with a fresh optimizer, at any ZeRO stage and world size; llm-ckpt convert turns
+it back into the same HF folder.
+
+\b
+Examples:
+  llm-ckpt import-hf hf/Qwen3-0.6B -o ckpt/qwen3-init
+  llm-ckpt import-hf hf/tiny -o ckpt/tiny-init --force
+"""
+
+
+@app.command("import-hf", help=IMPORT_HELP, no_args_is_help=True)
+def import_hf_(
+    hf_dir: Path = typer.Argument(..., help="A Hugging Face model folder (config.json + safetensors)."),
+    output: Path = typer.Option(..., "-o", "--output", help="The checkpoint folder to write."),
+    force: bool = typer.Option(False, "--force", help="Replace the output if it exists."),
+) -> None:
+    from llmtools.ckpt.convert import import_hf
+
+    if not hf_dir.is_dir():
+        raise InputError(f"{hf_dir}: not a folder")
+    emit(str(import_hf(hf_dir, output, force=force)))
+
+
+def main() -> None:
+    import os
+
+    # llm-ckpt only reads and writes files: DeepSpeed (imported to unpickle its checkpoints) needs no
+    # accelerator, and would otherwise announce on stderr that it fell back to the CPU.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    run(app, "llm-ckpt")
+
+
+if __name__ == "__main__":
+    main()

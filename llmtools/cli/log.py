@@ -1,0 +1,217 @@
+"""``llm-log``: training logs to TensorBoard event files (``tb``), curves (``plot``) and tables (``summary``)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import typer
+
+from llmtools.cli._common import emit, log, new_app, run
+
+app = new_app("llm-log", "Training logs to TensorBoard event files, plots and summaries.")
+
+FORMATS_HELP = (
+    "Log format: auto (default; detected per file), jsonl (llm-train metrics.jsonl), megatron, "
+    "deepspeed, mindformers, generic (key=value / key: value lines)."
+)
+PATTERN_HELP = (
+    "Regular expression for --format generic (implied): lines it matches are metric lines; named groups "
+    "(one a step: step/iteration/iter/global_step) are the fields, else key=value pairs are taken."
+)
+LOGS_HELP = "Log files: metrics.jsonl, trainer stdout logs, .gz/.zst, or - for stdin."
+SEQ_HELP = (
+    "Tokens per sample, for logs that count only samples (Megatron-LM, DeepSpeed): adds consumed "
+    "tokens and tokens/s."
+)
+
+TB_HELP = """Write TensorBoard event files: every scalar of every record at its step and wall time.
+
+Scalars go under train/* and eval/* (the tags of llm-train's own TensorBoard logger); resumes,
+checkpoints, loss spikes and NaN losses become markers/* scalars and text entries under 'events'.
+Each LOG becomes the run LOGDIR/NAME (NAME from the file, or --run for all of them). Re-running
+adds only what is new (a state file in the run folder remembers what was converted); --follow keeps
+converting a growing log, survives rotation and truncation, and stops cleanly on Ctrl-C. Prints the
+event files written; counts of lines read (train, eval, event, other, invalid, torn) go to stderr.
+
+\b
+Examples:
+  llm-log tb run/metrics.jsonl --logdir tb/             # -> tb/run/events.out.tfevents.*
+  llm-log tb megatron.log ds.log.gz --logdir tb/        # formats detected per file
+  llm-log tb run/metrics.jsonl --logdir tb/ --follow    # live; Ctrl-C to stop
+  ssh node1 tail -f train.log | llm-log tb - --logdir tb/ --run node1
+  llm-log tb app.log --logdir tb/ --pattern 'it=(?P<step>\\d+) loss=(?P<loss>\\S+)'
+  tensorboard --logdir tb/
+"""
+
+PLOT_HELP = """Plot training curves: loss (raw and smoothed, eval loss as markers), learning rate,
+grad norm and throughput, in four panels; several LOGs are overlaid with a legend.
+
+\b
+Examples:
+  llm-log plot run/metrics.jsonl -o curves.png
+  llm-log plot runA/metrics.jsonl runB/metrics.jsonl -o compare.png --x tokens
+  llm-log plot megatron.log -o curves.png --smooth 0.95 --title "345M, 8xA100"
+  llm-log plot megatron.log -o tokens.png --x tokens --seq-length 2048   # Megatron counts samples
+"""
+
+SUMMARY_HELP = """A table per run: steps, tokens, first/last/min loss, final eval perplexity, mean tokens/s
+and MFU, loss spikes, resumes and gaps in the step sequence, and how many lines of each kind were read.
+
+\b
+Examples:
+  llm-log summary run/metrics.jsonl
+  llm-log summary runA/metrics.jsonl megatron.log --json | jq '.[].eval_ppl'
+  zcat old.log.gz | llm-log summary - --format deepspeed
+"""
+
+
+@app.callback()
+def _root() -> None:
+    """Training logs to TensorBoard event files, plots and summaries."""
+
+
+def _spikes(threshold: float, window: int):
+    from llmtools.logs.analysis import SpikeConfig
+
+    return SpikeConfig(threshold=threshold, window=window)
+
+
+def _report_counts(counts, quiet: bool) -> None:
+    for problem in counts.first_problems:
+        log(f"llm-log: warning: {problem}")
+    if not quiet:
+        log(f"llm-log: {counts.describe()}")
+
+
+class _StopFlag:
+    """First Ctrl-C / SIGTERM asks the follow loop to stop after a last commit; a second one aborts."""
+
+    def __init__(self) -> None:
+        self.stop = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.stop:
+            raise KeyboardInterrupt
+        self.stop = True
+        log("llm-log: stopping (committing what was converted; Ctrl-C again to abort)")
+
+
+@app.command("tb", help=TB_HELP, no_args_is_help=True)
+def tb(
+    logs: list[str] = typer.Argument(..., help=LOGS_HELP),
+    logdir: Path = typer.Option(..., "--logdir", help="TensorBoard log folder; each run is a subfolder."),
+    run_name: str = typer.Option(
+        None, "--run", help="Run (subfolder) name for all LOGs; default: one per LOG, from its path."
+    ),
+    fmt: str = typer.Option("auto", "--format", help=FORMATS_HELP),
+    pattern: str = typer.Option(None, "--pattern", help=PATTERN_HELP),
+    follow: bool = typer.Option(
+        False, "-f", "--follow", help="Keep converting as the logs grow (Ctrl-C stops)."
+    ),
+    poll: float = typer.Option(0.5, "--poll", help="With --follow: seconds between looks at the logs."),
+    spike_threshold: float = typer.Option(
+        0.25, "--spike-threshold", help="A loss above (1+T) x the recent median is a spike."
+    ),
+    spike_window: int = typer.Option(
+        20, "--spike-window", help="How many recent losses the median is taken over."
+    ),
+    seq_length: int = typer.Option(None, "--seq-length", help=SEQ_HELP),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print a JSON summary (runs, files, points, line counts)."
+    ),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No counts on stderr."),
+) -> None:
+    from llmtools.logs.tb import TbConfig, convert
+
+    config = TbConfig(
+        logdir=logdir,
+        run=run_name,
+        fmt=fmt,
+        pattern=pattern,
+        follow=follow,
+        poll_s=poll,
+        spikes=_spikes(spike_threshold, spike_window),
+        seq_length=seq_length,
+    )
+    flag = _StopFlag()
+    if follow:
+        signal.signal(signal.SIGINT, flag)
+        signal.signal(signal.SIGTERM, flag)
+    result = convert(logs, config, should_stop=lambda: flag.stop, on_progress=None if quiet else log)
+    _report_counts(result.counts, quiet)
+    if as_json:
+        emit(json.dumps({"runs": result.runs, "lines": result.counts.as_dict()}))
+    else:
+        for info in result.runs.values():
+            emit(info["events_file"])
+
+
+@app.command("plot", help=PLOT_HELP, no_args_is_help=True)
+def plot(
+    logs: list[str] = typer.Argument(..., help=LOGS_HELP),
+    output: Path = typer.Option(..., "-o", "--output", help="PNG file to write."),
+    x: str = typer.Option("steps", "--x", help="x axis: steps or tokens (consumed tokens)."),
+    smooth: float = typer.Option(
+        None, "--smooth", help="EMA weight of the smoothed loss, in [0, 1); default: ~0.5% of the points."
+    ),
+    names: list[str] = typer.Option(None, "--name", help="Legend name per LOG (repeat, in order)."),
+    title: str = typer.Option(None, "--title", help="Figure title (default: the run names)."),
+    fmt: str = typer.Option("auto", "--format", help=FORMATS_HELP),
+    pattern: str = typer.Option(None, "--pattern", help=PATTERN_HELP),
+    dpi: int = typer.Option(100, "--dpi", help="Resolution; the figure is 12x8 inches."),
+    seq_length: int = typer.Option(None, "--seq-length", help=SEQ_HELP),
+    force: bool = typer.Option(False, "--force", help="Overwrite the PNG if it exists."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No counts on stderr."),
+) -> None:
+    from llmtools.logs.plot import PlotConfig, plot_runs
+    from llmtools.logs.runs import collect_curves
+
+    config = PlotConfig(output=output, x=x, smooth=smooth, title=title, force=force, dpi=dpi)
+    runs, counts = collect_curves(logs, x=x, fmt=fmt, pattern=pattern, names=names, seq_length=seq_length)
+    for c in counts:
+        _report_counts(c, quiet)
+    plot_runs(runs, config)
+    emit(str(output))
+
+
+@app.command("summary", help=SUMMARY_HELP, no_args_is_help=True)
+def summary(
+    logs: list[str] = typer.Argument(..., help=LOGS_HELP),
+    names: list[str] = typer.Option(None, "--name", help="Run name per LOG (repeat, in order)."),
+    fmt: str = typer.Option("auto", "--format", help=FORMATS_HELP),
+    pattern: str = typer.Option(None, "--pattern", help=PATTERN_HELP),
+    spike_threshold: float = typer.Option(
+        0.25, "--spike-threshold", help="A loss above (1+T) x the recent median is a spike."
+    ),
+    spike_window: int = typer.Option(
+        20, "--spike-window", help="How many recent losses the median is taken over."
+    ),
+    seq_length: int = typer.Option(None, "--seq-length", help=SEQ_HELP),
+    as_json: bool = typer.Option(False, "--json", help="JSON: a list with one object per run."),
+) -> None:
+    from llmtools.logs.analysis import format_table
+    from llmtools.logs.runs import summarize
+
+    summaries = summarize(
+        logs,
+        fmt=fmt,
+        pattern=pattern,
+        names=names,
+        spikes=_spikes(spike_threshold, spike_window),
+        seq_length=seq_length,
+    )
+    for s in summaries:
+        for problem in s.counts.first_problems:
+            log(f"llm-log: warning: {problem}")
+    dicts = [s.as_dict() for s in summaries]
+    emit(json.dumps(dicts, indent=1) if as_json else format_table(dicts))
+
+
+def main() -> None:
+    run(app, "llm-log")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""``llm-mix``: blend tokenized sources by weight into a deterministic sample plan (mix.json + index cache)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from llmtools.cli._common import emit, log, new_app, run
+
+HELP = """Blend tokenized .bin/.idx sources into a sample plan, exactly as Megatron-LM would.
+
+Writes mix.json (sources, weights, realized shares, epochs, samples per split, seed, split, the
+tokenizer from the sidecars, the hash naming the index cache) and the index cache beside it: the
+GPTDataset document / sample / shuffle index of every source and split and the blend's dataset
+index and dataset sample index, as .npy files named by the hash. The arrays equal those of
+megatron-core 0.16 (BlendedMegatronDatasetBuilder, 2025-02+ surplus) for the same inputs.
+Written paths go to stdout, one per line (mix.json first); --explain prints a table instead.
+
+Megatron's spelling works too: --data-path 0.7 A 0.3 B (or prefixes only, weighed by size), and
+per-split blends with --train-data-path / --valid-data-path / --test-data-path.
+
+\b
+Examples:
+  llm-mix data/wiki_text_document data/code_text_document --weights 0.7,0.3 \\
+      --seq-length 2048 --num-samples 100000 -o out/mix.json
+  llm-mix --data-path 0.7 data/wiki_text_document 0.3 data/code_text_document \\
+      --seq-length 2048 --tokens 2B --valid-samples 2000 -o out/mix.json --explain
+  llm-mix data/wiki_text_document --seq-length 1024 --num-samples 5000 --explain   # dry run
+  llm-mix --train-data-path 1 data/wiki 1 data/code --valid-data-path data/held_out \\
+      --seq-length 2048 --num-samples 50000 --valid-samples 500 -o mix.json
+  llm-mix data/a data/b --weights 0.9,0.1 --seq-length 512 --num-samples 1000 \\
+      -o mix.json --materialize out/train_samples      # also the blended samples as .bin/.idx
+"""
+
+app = new_app("llm-mix", "Blend tokenized sources into a Megatron-identical sample plan.")
+
+# Megatron's flags take a variable number of values; click options take one. main() rewrites
+# `--data-path 0.7 A 0.3 B` into `--data-path 0.7 --data-path A ...` before typer sees it.
+MULTI_VALUE_FLAGS = ("--data-path", "--train-data-path", "--valid-data-path", "--test-data-path")
+
+
+@app.command(help=HELP, no_args_is_help=True)
+def mix(
+    prefixes: list[str] = typer.Argument(
+        None, metavar="PREFIX...", help="Tokenized datasets (foo, foo.bin or foo.idx)."
+    ),
+    weights: str = typer.Option(
+        None,
+        "--weights",
+        "-w",
+        metavar="W1,W2,...",
+        help="One weight per PREFIX, comma-separated (normalised); default: by size.",
+    ),
+    output: Path = typer.Option(
+        None, "-o", "--output", metavar="MIX.json", help="mix.json to write (the index cache goes beside it)."
+    ),
+    seq_length: str = typer.Option(
+        None,
+        "--seq-length",
+        metavar="N",
+        help="Tokens per sample (each sample holds one more, as in Megatron).",
+    ),
+    num_samples: str = typer.Option(
+        None, "--num-samples", metavar="N", help="Training samples (10000, 10K, 2M)."
+    ),
+    tokens: str = typer.Option(
+        None,
+        "--tokens",
+        metavar="T",
+        help="Training tokens instead: samples = ceil(T / seq-length) (2B, 500M).",
+    ),
+    valid_samples: str = typer.Option(
+        "0", "--valid-samples", metavar="N", help="Samples of the valid split (0: none)."
+    ),
+    test_samples: str = typer.Option(
+        "0", "--test-samples", metavar="N", help="Samples of the test split (0: none)."
+    ),
+    seed: str = typer.Option("1234", "--seed", metavar="N", help="Seed of the shuffles (Megatron's --seed)."),
+    split: str = typer.Option(
+        "969,30,1",
+        "--split",
+        metavar="TRAIN,VALID,TEST",
+        help="Train,valid,test proportions of each source's sequences.",
+    ),
+    data_path: list[str] = typer.Option(
+        None,
+        "--data-path",
+        metavar="[W] PREFIX ...",
+        help="Megatron spelling: W1 PREFIX1 W2 PREFIX2 ... (or prefixes only).",
+    ),
+    train_data_path: list[str] = typer.Option(
+        None,
+        "--train-data-path",
+        metavar="[W] PREFIX ...",
+        help="Per-split blend for train (Megatron spelling).",
+    ),
+    valid_data_path: list[str] = typer.Option(
+        None, "--valid-data-path", metavar="[W] PREFIX ...", help="Per-split blend for valid."
+    ),
+    test_data_path: list[str] = typer.Option(
+        None, "--test-data-path", metavar="[W] PREFIX ...", help="Per-split blend for test."
+    ),
+    explain: bool = typer.Option(
+        False, "--explain", help="Print per source: requested vs realized share, epochs, tokens, warnings."
+    ),
+    materialize: str = typer.Option(
+        None,
+        "--materialize",
+        metavar="PREFIX",
+        help="Also write the train split's samples, in plan order, as PREFIX.bin/.idx.",
+    ),
+    allow_mixed_tokenizers: bool = typer.Option(
+        False, "--allow-mixed-tokenizers", help="Blend sources whose sidecars name different tokenizers."
+    ),
+    max_epochs: float = typer.Option(
+        4.0, "--max-epochs", metavar="E", help="Warn when a source is repeated more than this many epochs."
+    ),
+    surplus: float = typer.Option(
+        0.005, "--surplus", metavar="S", help="Megatron's mid_level_dataset_surplus."
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
+) -> None:
+    from llmtools.data import mix as lib
+    from llmtools.errors import UsageError
+    from llmtools.fsutil import check_writable
+
+    if output is None and not explain:
+        raise UsageError("-o/--output mix.json is required (or --explain for a dry run)")
+    if materialize and output is None:
+        raise UsageError("--materialize needs -o/--output")
+    if seq_length is None:
+        raise UsageError("--seq-length is required")
+    per_split = {
+        name: lib.parse_data_path(values, flag)
+        for name, values, flag in (
+            ("train", train_data_path, "--train-data-path"),
+            ("valid", valid_data_path, "--valid-data-path"),
+            ("test", test_data_path, "--test-data-path"),
+        )
+        if values
+    }
+    blend = None
+    if data_path:
+        if prefixes or weights:
+            raise UsageError("give either PREFIX... [--weights] or --data-path, not both")
+        blend = lib.parse_data_path(data_path)
+    elif prefixes:
+        blend = lib.Blend(list(prefixes), lib.parse_weights(weights))
+    elif weights:
+        raise UsageError("--weights given but no PREFIX")
+    if blend is not None and per_split:
+        raise UsageError(
+            "per-split blends (--train-data-path ...) replace PREFIX.../--data-path; give one or the other"
+        )
+    if blend is None and not per_split:
+        raise UsageError("no data: give PREFIX... (or --data-path / --train-data-path)")
+    if max_epochs <= 0:
+        raise UsageError("--max-epochs must be positive")
+    config = lib.MixConfig(
+        blend=blend,
+        blend_per_split=per_split or None,
+        seq_length=lib.parse_count(seq_length, "--seq-length"),
+        num_samples=lib.parse_count(num_samples, "--num-samples"),
+        tokens=lib.parse_count(tokens, "--tokens"),
+        valid_samples=lib.parse_count(valid_samples, "--valid-samples", allow_zero=True),
+        test_samples=lib.parse_count(test_samples, "--test-samples", allow_zero=True),
+        seed=lib.parse_count(seed, "--seed", allow_zero=True),
+        split=split,
+        surplus=surplus,
+        allow_mixed_tokenizers=allow_mixed_tokenizers,
+        max_epochs=max_epochs,
+    )
+    outputs = [output] if output else []
+    if materialize:
+        outputs += [Path(f"{materialize}.bin"), Path(f"{materialize}.idx")]
+    check_writable(outputs, force)
+
+    plan = lib.build_plan(config)
+    for note in plan.notes:
+        log(f"llm-mix: note: {note}")
+    for warning in plan.warnings:
+        log(f"llm-mix: warning: {warning}")
+    written: list[Path] = []
+    if output is not None:
+        written += lib.save_plan(plan, output)
+    if materialize:
+        from llmtools.data.dataset import BlendedGPTDataset
+
+        dataset = BlendedGPTDataset.from_plan(plan, "train", source=str(output))
+        written += lib.materialize(dataset, materialize, mix_path=output)
+    if as_json:
+        summary = lib.plan_to_json(plan)
+        summary.pop("config", None)
+        summary["written"] = [str(p) for p in written]
+        emit(json.dumps(summary))
+    elif explain:
+        emit(lib.explain(plan))
+        for path in written:
+            log(f"llm-mix: wrote {path}")
+    else:
+        for path in written:
+            emit(str(path))
+
+
+def expand_multi_value_flags(argv: list[str]) -> list[str]:
+    """``--data-path 0.7 A 0.3 B`` -> ``--data-path 0.7 --data-path A --data-path 0.3 --data-path B``."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in MULTI_VALUE_FLAGS:
+            j = i + 1
+            # values run to the next option; a negative number (a bad weight) is still a value
+            while j < len(argv) and (not argv[j].startswith("-") or _looks_numeric(argv[j])):
+                out += [arg, argv[j]]
+                j += 1
+            if j == i + 1:
+                out.append(arg)  # let the parser report the missing value
+            i = j
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    sys.argv[1:] = expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv))
+    run(app, "llm-mix")
+
+
+if __name__ == "__main__":
+    main()

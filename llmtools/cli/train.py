@@ -1,0 +1,173 @@
+"""``llm-train``: pretrain or continue-pretrain a LLaMA-family model with DeepSpeed ZeRO."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import typer
+
+from llmtools.cli._common import emit, new_app, run
+
+EXAMPLES = """
+Examples:
+
+\b
+  # one process, no launcher (the tiny preset, ZeRO-2, on CPU)
+  llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json -o runs/tiny
+
+\b
+  # override any key; unknown keys are refused with a suggestion
+  llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero1.json \\
+      --set training.train_steps=50 --set optimizer.lr=1e-3 --set data.mix=out/mix.json
+
+\b
+  # two processes on one machine (same losses as one process with twice the accumulation)
+  torchrun --nproc_per_node 2 --master_port 29512 -m llmtools.cli.train configs/train/tiny.yaml \\
+      --deepspeed configs/deepspeed/zero2.json -o runs/tiny2
+  deepspeed --num_gpus 2 --master_port 29513 --module llmtools.cli.train configs/train/tiny.yaml \\
+      --deepspeed configs/deepspeed/zero3.json -o runs/tiny3
+
+\b
+  # many machines: the DeepSpeed launcher with a hostfile, or srun under Slurm (one task per GPU)
+  deepspeed --hostfile hosts --module llmtools.cli.train configs/train/1b.yaml --deepspeed ds.json -o runs/1b
+  srun --ntasks-per-node 8 llm-train configs/train/1b.yaml --deepspeed ds.json -o runs/1b
+
+\b
+  # continue an interrupted run from its newest complete checkpoint
+  llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json -o runs/tiny --resume auto
+
+\b
+  # check the config, data and DeepSpeed config without training (prints the resolved DeepSpeed config)
+  llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json --dry-run
+"""
+
+app = new_app("llm-train", "Pretrain a LLaMA-family model with DeepSpeed ZeRO.", single_command=True)
+
+
+@app.command(
+    help="Train a LLaMA-family model with DeepSpeed ZeRO 0-3 (one process or under a launcher).\n\n"
+    "Writes RUN/config.yaml (fully resolved), RUN/ds_config.json, RUN/metrics.jsonl (one record per "
+    "log step and eval; schemas/metrics.schema.json), RUN/checkpoints/ and, with --tensorboard, "
+    "RUN/tensorboard/. Prints metrics.jsonl and the last checkpoint on stdout; progress on stderr. "
+    "Bad config keys, types, DeepSpeed contradictions, a tokenizer that does not fit the model, or "
+    "data that ends too early fail before any compute (exit 2).\n" + EXAMPLES,
+    no_args_is_help=True,
+)
+def train(
+    config: Path = typer.Argument(
+        ..., help="Train config (YAML; see configs/train/ and schemas/train-config.schema.json)."
+    ),
+    deepspeed: Path = typer.Option(
+        ..., "--deepspeed", help='DeepSpeed JSON config; "auto" values are filled from the train config.'
+    ),
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="Run folder [default: runs/<config name>]."
+    ),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override a config key: section.key=value (repeatable)."
+    ),
+    resume: str | None = typer.Option(
+        None, "--resume", help="Continue from a checkpoint: auto | latest | STEP | PATH."
+    ),
+    reset_data: bool = typer.Option(
+        False,
+        "--reset-data",
+        help="With --resume: keep the step count and LR schedule, start the (new) data from its beginning.",
+    ),
+    tensorboard: bool = typer.Option(
+        False, "--tensorboard", help="Also write TensorBoard events to RUN/tensorboard/."
+    ),
+    force: bool = typer.Option(False, "--force", help="Start over in a run folder that already holds a run."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Check everything, print the resolved DeepSpeed config, train nothing."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    local_rank: int | None = typer.Option(
+        None,
+        "--local_rank",
+        "--local-rank",
+        hidden=True,
+        help="Set by the deepspeed launcher (LOCAL_RANK is used).",
+    ),
+) -> None:
+    from llmtools.train.config import load_train_config
+    from llmtools.train.deepspeed_config import load_ds_config
+
+    if reset_data and resume is None:
+        from llmtools.errors import UsageError
+
+        raise UsageError("--reset-data: only with --resume (it restarts the data of a resumed run)")
+    cfg = load_train_config(config, set_)
+    ds_raw = load_ds_config(deepspeed)
+    run_dir = output or Path("runs") / config.stem
+    if dry_run:
+        from llmtools.train.distributed import detect_environment
+        from llmtools.train.plan import make_plan
+
+        detect_environment()
+        plan = make_plan(
+            cfg, ds_raw, world_size=int(os.environ.get("WORLD_SIZE", "1")), ds_source=str(deepspeed)
+        )
+        emit(
+            json.dumps(
+                {
+                    "steps": plan.steps,
+                    "total_steps": plan.total_steps,
+                    "seq_length": plan.seq_length,
+                    "grad_accumulation": plan.grad_accumulation,
+                    "num_parameters": plan.model_config.num_parameters(),
+                    "deepspeed": plan.ds_config,
+                },
+                indent=None if json_out else 2,
+            )
+        )
+        return
+
+    from llmtools.train.distributed import destroy
+    from llmtools.train.loop import RunOptions
+    from llmtools.train.loop import train as run_training
+
+    try:
+        result = run_training(
+            cfg,
+            ds_raw,
+            RunOptions(
+                run_dir=run_dir,
+                ds_source=str(deepspeed),
+                tensorboard=tensorboard,
+                resume=resume,
+                force=force,
+                reset_data=reset_data,
+            ),
+        )
+    finally:
+        destroy()
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    if json_out:
+        emit(
+            json.dumps(
+                {
+                    "run_dir": str(result.run_dir),
+                    "steps": result.steps,
+                    "first_loss": result.first_loss,
+                    "final_loss": result.final_loss,
+                    "eval_loss": result.eval_loss,
+                    "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+                }
+            )
+        )
+    else:
+        emit(str(result.run_dir / "metrics.jsonl"))
+        if result.checkpoint:
+            emit(str(result.checkpoint))
+
+
+def main() -> None:
+    run(app, "llm-train")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+"""Chat templates: render a conversation exactly as ``transformers``' ``apply_chat_template`` does.
+
+A template is Jinja2 source, taken from one of
+
+* a tokenizer's own ``chat_template`` (``tokenizer_config.json`` in its folder, or a standalone
+  ``chat_template.jinja`` there, as transformers >= 4.43 saves it),
+* a named built-in (:data:`BUILTIN_TEMPLATES`: ``chatml``, ``llama3``),
+* a file: Jinja source (``.jinja``/``.j2``/anything) or a ``tokenizer_config.json``.
+
+It is compiled the way transformers compiles it: an ``ImmutableSandboxedEnvironment`` with
+``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension, a ``{% generation %}`` block
+(rendered through), the ``tojson`` filter that does not HTML-escape, and the globals
+``raise_exception`` and ``strftime_now``. The template sees ``messages``, ``add_generation_prompt``
+and the tokenizer's special-token strings (``bos_token``, ``eos_token``, ...), as in transformers.
+
+Where the assistant turns are (:meth:`ChatTemplate.assistant_spans`): the conversation is rendered
+prefix by prefix. For assistant message ``i``, its span starts at the end of
+``render(messages[:i], add_generation_prompt=True)`` (the assistant header is then already written),
+or later where its content begins (found by rendering a sentinel in its place, for templates without
+a generation prompt), and ends at the end of ``render(messages[:i+1])``, so it holds the content *and* the template's
+end-of-turn marker (``<|im_end|>``, ``<|eot_id|>``): the model learns to stop. Templates that are
+not prefix-stable (that rewrite earlier turns once later ones exist) fall back to finding the
+assistant content itself in the full rendering.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from llmtools.errors import InputError, UsageError
+from llmtools.formats.jsonfile import read_json_object
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# Meta's Llama-3 instruct template (without the tool-calling and date preamble of 3.1+).
+LLAMA3 = (
+    "{% set loop_messages = messages %}"
+    "{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+    " + message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+
+BUILTIN_TEMPLATES: dict[str, str] = {"chatml": CHATML, "llama3": LLAMA3}
+# Special-token strings a built-in needs when the tokenizer does not name its own.
+BUILTIN_DEFAULTS: dict[str, dict[str, str]] = {
+    "chatml": {"eos_token": "<|im_end|>"},
+    "llama3": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+}
+SENTINEL = "\ue000llmtools-content\ue001"  # private-use characters: no template writes them
+SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+class TemplateRenderError(InputError):
+    """The template failed on this conversation (raise_exception, an undefined variable, a type error)."""
+
+
+@dataclass
+class ChatTemplate:
+    """A compiled chat template plus the special-token strings it is rendered with."""
+
+    source: str
+    text: str
+    special_tokens: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def hash(self) -> str:
+        return "sha256:" + hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+    def identity(self) -> dict:
+        return {"source": self.source, "hash": self.hash}
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        """The conversation as text, exactly as ``apply_chat_template(..., tokenize=False)`` gives it."""
+        import jinja2
+
+        template = _compile(self.text)
+        try:
+            return template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens
+            )
+        except jinja2.TemplateError as error:
+            raise TemplateRenderError(f"chat template {self.source}: {error}") from None
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as error:
+            raise TemplateRenderError(
+                f"chat template {self.source}: {type(error).__name__}: {error}"
+            ) from None
+
+    def assistant_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+        """The rendering and the ``[start, end)`` character span of every assistant turn in it."""
+        full = self.render(messages)
+        spans: list[tuple[int, int]] = []
+        stable = True
+        for i, message in enumerate(messages):
+            if message.get("role") != "assistant":
+                continue
+            head = self.render(messages[:i], add_generation_prompt=True)
+            upto = self.render(messages[: i + 1])
+            if not (full.startswith(head) and full.startswith(upto) and len(head) <= len(upto)):
+                stable = False
+                break
+            spans.append((max(len(head), self._content_start(messages, i, full)), len(upto)))
+        if stable:
+            return full, spans
+        eos = self.special_tokens.get("eos_token")
+        return full, _find_contents(full, messages, self.source, eos if isinstance(eos, str) else None)
+
+    def _content_start(self, messages: list[dict], i: int, full: str) -> int:
+        """Where assistant message ``i``'s content begins: rendered with a sentinel in its place.
+
+        Covers templates without an ``add_generation_prompt`` branch, whose header would otherwise
+        count as assistant text. -1 when the sentinel cannot be placed (the template rewrites it).
+        """
+        probe = [*messages[:i], {**messages[i], "content": SENTINEL}]
+        try:
+            text = self.render(probe)
+        except TemplateRenderError:
+            return -1
+        at = text.find(SENTINEL)
+        return at if at >= 0 and full.startswith(text[:at]) else -1
+
+
+def _find_contents(
+    full: str, messages: list[dict], source: str, eos: str | None = None
+) -> list[tuple[int, int]]:
+    """Fallback for templates that are not prefix-stable: each assistant content, searched in order
+    (plus the EOS string when the template writes it right after the content, so stopping is learnt)."""
+    spans, pos = [], 0
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, str):
+            continue
+        for candidate in (content, content.strip()):
+            at = full.find(candidate, pos) if candidate else -1
+            if at >= 0:
+                break
+        if at < 0:
+            if message.get("role") == "assistant":
+                raise TemplateRenderError(
+                    f"chat template {source}: cannot locate an assistant turn in the rendering "
+                    "(the template rewrites turns and is not prefix-stable)"
+                )
+            continue
+        end = at + len(candidate)
+        if message.get("role") == "assistant":
+            if eos and full.startswith(eos, end):
+                end += len(eos)
+            spans.append((at, end))
+        pos = end
+    return spans
+
+
+@lru_cache(maxsize=16)
+def _compile(text: str):
+    """Compile as transformers' ``_compile_jinja_template`` does (same environment, filters, globals)."""
+    from datetime import datetime
+
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(jinja2.ext.Extension):
+        # transformers' {% generation %} marks assistant text; here it only has to render its body.
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # Jinja's own tojson HTML-escapes; transformers replaces it with plain json.dumps.
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    def strftime_now(format):
+        return datetime.now().strftime(format)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    try:
+        return env.from_string(text)
+    except jinja2.TemplateSyntaxError as error:
+        raise InputError(f"chat template: line {error.lineno}: syntax error: {error.message}") from None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------
+def load_chat_template(
+    spec: str | os.PathLike | None, tokenizer: str | os.PathLike | None = None
+) -> ChatTemplate:
+    """The template named by ``spec`` (built-in name or file), else the tokenizer's own.
+
+    Special-token strings (``bos_token`` ...) come from the tokenizer's folder when it has a
+    ``tokenizer_config.json`` / ``special_tokens_map.json``, else from the built-in's defaults.
+    """
+    folder = _tokenizer_folder(tokenizer)
+    specials = _special_tokens(folder) if folder else {}
+    if spec is None or str(spec) == "":
+        if folder is None:
+            raise UsageError(
+                f"--chat-template: tokenizer {tokenizer} has no folder with a tokenizer_config.json; "
+                f"name a template ({', '.join(BUILTIN_TEMPLATES)}) or give a template file"
+            )
+        text = _template_in_folder(folder)
+        if text is None:
+            raise UsageError(
+                f"--chat-template: {folder} has no chat_template (tokenizer_config.json or chat_template.jinja); "
+                f"name one ({', '.join(BUILTIN_TEMPLATES)}) or give a template file"
+            )
+        source = f"{folder}/tokenizer_config.json"
+    elif str(spec) in BUILTIN_TEMPLATES:
+        name = str(spec)
+        text = BUILTIN_TEMPLATES[name]
+        specials = {**BUILTIN_DEFAULTS.get(name, {}), **specials}
+        source = name
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise UsageError(
+                f"--chat-template: {path}: no such file and not a built-in name ({', '.join(BUILTIN_TEMPLATES)})"
+            )
+        text = _template_from_file(path)
+        source = str(path)
+    _compile(text)  # syntax errors surface now, naming the template
+    return ChatTemplate(source=source, text=text, special_tokens=specials)
+
+
+def _tokenizer_folder(tokenizer: str | os.PathLike | None) -> Path | None:
+    if tokenizer is None or str(tokenizer) == "byte":
+        return None
+    path = Path(tokenizer)
+    folder = path if path.is_dir() else path.parent
+    return folder if folder.is_dir() else None
+
+
+def _read_json(path: Path) -> dict:
+    return read_json_object(path, "JSON file")
+
+
+def _pick_template(value, where: str) -> str:
+    """``chat_template`` is a string, or a list of ``{name, template}`` (the ``default`` one is used)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {item.get("name"): item.get("template") for item in value if isinstance(item, dict)}
+        if isinstance(named.get("default"), str):
+            return named["default"]
+    raise InputError(f"{where}[chat_template]: expected a string or a list with a 'default' template")
+
+
+def _template_in_folder(folder: Path) -> str | None:
+    jinja = folder / "chat_template.jinja"
+    if jinja.exists():
+        return jinja.read_text(encoding="utf-8")
+    config = folder / "tokenizer_config.json"
+    if config.exists():
+        data = _read_json(config)
+        if data.get("chat_template") is not None:
+            return _pick_template(data["chat_template"], str(config))
+    return None
+
+
+def _template_from_file(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: not UTF-8 text ({error})") from None
+    if path.suffix == ".json":
+        data = _read_json(path)
+        if "chat_template" not in data:
+            raise InputError(f"{path}: no chat_template key")
+        return _pick_template(data["chat_template"], str(path))
+    return text
+
+
+def _token_string(value) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _special_tokens(folder: Path) -> dict[str, object]:
+    """``bos_token`` etc. as transformers passes them to the template (strings)."""
+    out: dict[str, object] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the config wins, as in transformers
+        path = folder / name
+        if not path.exists():
+            continue
+        data = _read_json(path)
+        for key in SPECIAL_TOKEN_KEYS:
+            token = _token_string(data.get(key))
+            if token is not None:
+                out[key] = token
+        extra = data.get("additional_special_tokens") or data.get("extra_special_tokens")
+        if isinstance(extra, list):
+            out["additional_special_tokens"] = [t for t in map(_token_string, extra) if t is not None]
+    return out

@@ -1,0 +1,715 @@
+"""A local Hugging Face dataset as input to ``json2bin``: text columns to tokenize, or token ids as they are.
+
+What can be read (all offline, nothing is downloaded):
+
+* a ``save_to_disk`` folder (``Dataset`` or ``DatasetDict``; ``llm-export hf`` writes one),
+* Parquet files (``x.parquet``, a glob, or a folder of them such as ``llm-export hf --format parquet``),
+* Arrow files (``datasets``' streaming IPC ``.arrow`` shards, or Arrow IPC files),
+* any other local folder ``datasets.load_dataset(folder)`` opens with ``HF_DATASETS_OFFLINE=1``
+  (data files with an optional README.md ``configs`` section). The installed ``datasets`` no longer
+  runs dataset *scripts*; such a folder is reported as an input error.
+
+Parquet and Arrow files are read with pyarrow directly, batch by batch: no copy into the
+``datasets`` cache, and memory stays flat. Two uses:
+
+* :class:`HFDocumentSource` is a :class:`llmtools.data.sources.DocumentSource` over text columns, for
+  the json2bin pipeline (same tokenization, error handling and sidecar as JSONL).
+* :func:`import_token_ids` writes a column of token-id lists (``input_ids``) straight to a
+  ``.bin/.idx`` pair without re-tokenizing: offsets and values go from Arrow buffers to the writer.
+  A ``sequence_lengths`` column (written by ``llm-export hf`` for sentence-split sources) restores
+  the sequence boundaries, so JSONL -> bin -> HF -> bin gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from llmtools.data.sources import BadRecord, DocBatch
+from llmtools.errors import InputError, UsageError
+from llmtools.formats.indexed import IndexedDatasetWriter, dtype_for_vocab
+
+MANIFEST_NAME = "llmtools.json"  # written by llm-export hf; carries the original sidecar
+BATCH_ROWS = 1000
+HF_SUFFIXES = (".parquet", ".arrow")
+
+
+def looks_like_hf(path: str | os.PathLike) -> bool:
+    """True for inputs json2bin should read as a Hugging Face dataset rather than JSONL."""
+    text = str(path)
+    if text.endswith(HF_SUFFIXES):
+        return True
+    return os.path.isdir(text)
+
+
+# --------------------------------------------------------------------------------------------------
+# Opening: every kind of input becomes an ArrowSource that yields pyarrow tables of chosen columns.
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class ArrowSource:
+    """A readable table: its name (for messages), schema, row count, files, and a batch iterator."""
+
+    name: str
+    schema: object  # pyarrow.Schema
+    num_rows: int | None
+    files: list[Path]
+    split: str | None
+    manifest: dict | None = None
+    _iter: object = field(default=None, repr=False)
+    _bytes: object = field(default=None, repr=False)
+
+    def check_columns(self, columns: Sequence[str]) -> None:
+        have = list(self.schema.names)
+        for column in columns:
+            if column not in have:
+                raise InputError(f"{self.name}: no column {column!r} (have {', '.join(have) or 'none'})")
+
+    def column_bytes(self, columns: Sequence[str]) -> int | None:
+        """Uncompressed Arrow size of ``columns`` (for a progress bar), when cheap to know."""
+        return self._bytes(list(columns)) if self._bytes is not None else None
+
+    def batches(self, columns: Sequence[str], batch_rows: int = BATCH_ROWS) -> Iterator:
+        """pyarrow Tables/RecordBatches holding ``columns``, in row order."""
+        self.check_columns(columns)
+        return self._iter(list(columns), batch_rows)
+
+
+def open_hf(path: str | os.PathLike, split: str | None = None) -> ArrowSource:
+    """Open a local Hugging Face dataset (see the module docstring). ``split`` picks a split."""
+    text = str(path)
+    if glob.has_magic(text) and not os.path.exists(text):
+        files = sorted(Path(p) for p in glob.glob(text, recursive=True) if os.path.isfile(p))
+        if not files:
+            raise InputError(f"{text}: no file matches this pattern")
+        return _open_files(text, files, split)
+    p = Path(text)
+    if not p.exists():
+        raise InputError(f"{p}: no such file or folder")
+    if p.is_file():
+        if p.suffix not in HF_SUFFIXES:
+            raise InputError(
+                f"{p}: not a Hugging Face dataset (expected .parquet/.arrow files or a dataset folder)"
+            )
+        return _open_files(text, [p], split)
+    if (p / "dataset_dict.json").exists() or (p / "state.json").exists():
+        return _open_saved(p, split)
+    if _is_llmtools_export(p):  # llm-export hf --format parquet: data/{split}-*.parquet
+        parquet = sorted(p.glob(f"data/{split or '*'}-*.parquet"))
+        if not parquet:
+            raise InputError(f"{p}: no Parquet shards for split {split!r} under {p / 'data'}")
+        return _open_files(str(p), parquet, split, manifest=_read_manifest(p))
+    return _open_with_load_dataset(p, split)
+
+
+def _is_llmtools_export(folder: Path) -> bool:
+    return (folder / MANIFEST_NAME).exists()
+
+
+def _read_manifest(folder: Path) -> dict | None:
+    path = folder / MANIFEST_NAME
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: not valid JSON ({error})") from None
+    return data if isinstance(data, dict) else None
+
+
+def _open_files(name: str, files: list[Path], split: str | None, manifest: dict | None = None) -> ArrowSource:
+    kinds = {f.suffix for f in files}
+    if len(kinds) > 1 or not kinds <= set(HF_SUFFIXES):
+        raise InputError(
+            f"{name}: expected only .parquet or only .arrow files, found {', '.join(sorted(kinds))}"
+        )
+    if kinds == {".parquet"}:
+        schema, rows = _parquet_schema(files)
+        return ArrowSource(
+            name, schema, rows, files, split, manifest, _parquet_iter(files), _parquet_bytes(files)
+        )
+    schema, rows = _arrow_schema(files)
+    return ArrowSource(name, schema, rows, files, split, manifest, _arrow_iter(files))
+
+
+def _parquet_schema(files: list[Path]):
+    import pyarrow.parquet as pq
+
+    schema, rows = None, 0
+    for f in files:
+        try:
+            meta = pq.ParquetFile(f)
+        except Exception as error:  # noqa: BLE001 - pyarrow raises several kinds for a corrupt file
+            raise InputError(f"{f}: not a readable Parquet file ({error})") from None
+        this = meta.schema_arrow
+        if schema is None:
+            schema = this
+        elif not this.remove_metadata().equals(schema.remove_metadata()):
+            raise InputError(f"{f}: its columns differ from {files[0]} ({this.names} vs {schema.names})")
+        rows += meta.metadata.num_rows
+    return schema, rows
+
+
+def _parquet_bytes(files: list[Path]):
+    def column_bytes(columns: list[str]) -> int:
+        import pyarrow.parquet as pq
+
+        total = 0
+        for f in files:
+            meta = pq.ParquetFile(f).metadata
+            for g in range(meta.num_row_groups):
+                group = meta.row_group(g)
+                for c in range(group.num_columns):
+                    chunk = group.column(c)
+                    if chunk.path_in_schema.split(".")[0] in columns:
+                        total += chunk.total_uncompressed_size
+        return total
+
+    return column_bytes
+
+
+def _parquet_iter(files: list[Path]):
+    def iterate(columns: list[str], batch_rows: int):
+        import pyarrow.parquet as pq
+
+        for f in files:
+            try:
+                yield from pq.ParquetFile(f).iter_batches(batch_size=batch_rows, columns=columns)
+            except OSError as error:
+                raise InputError(f"{f}: corrupt Parquet data ({error})") from None
+
+    return iterate
+
+
+def _open_ipc(path: Path):
+    """An Arrow IPC reader: ``datasets`` writes the streaming format, others the file format."""
+    import pyarrow as pa
+
+    source = pa.OSFile(str(path), "rb")  # streamed, not mapped: memory stays flat on large shards
+    try:
+        return pa.ipc.open_stream(source)
+    except (pa.ArrowException, OSError):
+        source.seek(0)
+        try:
+            return pa.ipc.open_file(source)
+        except (pa.ArrowException, OSError) as error:
+            raise InputError(f"{path}: not an Arrow IPC file ({error})") from None
+
+
+def _arrow_schema(files: list[Path]):
+    schema = None
+    for f in files:
+        this = _open_ipc(f).schema
+        if schema is None:
+            schema = this
+        elif not this.remove_metadata().equals(schema.remove_metadata()):
+            raise InputError(f"{f}: its columns differ from {files[0]} ({this.names} vs {schema.names})")
+    return schema, None
+
+
+def _arrow_iter(files: list[Path]):
+    def iterate(columns: list[str], batch_rows: int):
+        import pyarrow as pa
+
+        for f in files:
+            reader = _open_ipc(f)
+            try:
+                if isinstance(reader, pa.ipc.RecordBatchFileReader):
+                    batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+                else:
+                    batches = iter(reader)
+                for batch in batches:
+                    yield batch.select(columns)
+            except (pa.ArrowException, OSError) as error:
+                raise InputError(f"{f}: corrupt Arrow data ({error})") from None
+
+    return iterate
+
+
+def _pick_split(name: str, splits: Sequence[str], split: str | None) -> str:
+    splits = list(splits)
+    if split is not None:
+        if split not in splits:
+            raise InputError(f"{name}: no split {split!r} (have {', '.join(splits) or 'none'}); use --split")
+        return split
+    if len(splits) == 1:
+        return splits[0]
+    if "train" in splits:
+        return "train"
+    raise InputError(f"{name}: several splits ({', '.join(splits)}); choose one with --split")
+
+
+def _dataset_source(name: str, ds, split: str | None, manifest: dict | None) -> ArrowSource:
+    files = [Path(f["filename"]) for f in ds.cache_files]
+
+    def iterate(columns: list[str], batch_rows: int):
+        yield from ds.select_columns(columns).with_format("arrow").iter(batch_size=batch_rows)
+
+    def column_bytes(columns: list[str]) -> int:
+        return int(sum(ds.data.column(c).nbytes for c in columns))
+
+    return ArrowSource(name, ds.features.arrow_schema, len(ds), files, split, manifest, iterate, column_bytes)
+
+
+def _open_saved(folder: Path, split: str | None) -> ArrowSource:
+    """A ``save_to_disk`` folder, read straight from the Arrow files its ``state.json`` lists (streamed,
+    not memory-mapped, so memory stays flat); ``load_from_disk`` only for the rare indexed layouts."""
+    if (folder / "dataset_dict.json").exists():
+        splits = _read_json(folder / "dataset_dict.json").get("splits") or []
+        chosen = _pick_split(str(folder), splits, split)
+        return _open_saved_dataset(folder / chosen, f"{folder}[{chosen}]", chosen)
+    return _open_saved_dataset(folder, str(folder), split)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: not a readable JSON file ({error})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    return data
+
+
+def _open_saved_dataset(folder: Path, name: str, split: str | None) -> ArrowSource:
+    state = _read_json(folder / "state.json")
+    own = state.get("_split")
+    if split is not None and own is not None and split != own:
+        raise InputError(f"{name}: no split {split!r} (this saved dataset is the {own!r} split)")
+    entries = state.get("_data_files")
+    if state.get("_indices_data_files") or not isinstance(entries, list):
+        return _load_saved(folder, name, split or own)
+    files = []
+    for entry in entries:
+        path = folder / str(entry.get("filename", "")) if isinstance(entry, dict) else folder
+        if not path.is_file():
+            raise InputError(f"{folder / 'state.json'}: lists {path.name}, which is missing")
+        files.append(path)
+    if not files:
+        return _load_saved(folder, name, split or own)
+    return _open_files(name, files, split or own, manifest=_read_manifest(folder))
+
+
+def _load_saved(folder: Path, name: str, split: str | None) -> ArrowSource:
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(folder))
+    except Exception as error:  # noqa: BLE001 - datasets and pyarrow raise many kinds for a bad folder
+        raise InputError(
+            f"{folder}: not a readable save_to_disk folder ({type(error).__name__}: {error})"
+        ) from None
+    return _dataset_source(name, loaded, split, _read_manifest(folder))
+
+
+def _open_with_load_dataset(folder: Path, split: str | None) -> ArrowSource:
+    # A local folder: never reach the network. `datasets` reads this when first imported, so set it first.
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(str(folder))
+    except Exception as error:  # noqa: BLE001 - datasets raises many kinds for an unusable folder
+        raise InputError(
+            f"{folder}: datasets.load_dataset cannot open this folder offline ({type(error).__name__}: {error})"
+        ) from None
+    if isinstance(loaded, datasets.DatasetDict):
+        chosen = _pick_split(str(folder), list(loaded), split)
+        return _dataset_source(f"{folder}[{chosen}]", loaded[chosen], chosen, None)
+    return _dataset_source(str(folder), loaded, split, None)
+
+
+# --------------------------------------------------------------------------------------------------
+# Text columns -> the json2bin pipeline
+# --------------------------------------------------------------------------------------------------
+def file_inputs(files: Sequence[Path]) -> list[dict]:
+    """Sidecar ``inputs`` entries (path, size, sha256) for the files a dataset was read from."""
+    out = []
+    for f in files:
+        digest = hashlib.sha256()
+        with open(f, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+        out.append({"path": str(f), "size": f.stat().st_size, "sha256": digest.hexdigest()})
+    return out
+
+
+class HFDocumentSource:
+    """:class:`~llmtools.data.sources.DocumentSource` over the text columns of a local HF dataset.
+
+    ``keys`` are the columns to read (``--json-keys``). A null value is a bad record of kind
+    ``not_a_string`` (skipped or fatal, as json2bin decides); a column that is not text at all is an
+    input error before anything is written.
+    """
+
+    def __init__(self, path: str | os.PathLike, keys: Sequence[str] = ("text",), split: str | None = None,
+                 batch_rows: int = BATCH_ROWS) -> None:  # fmt: skip
+        import pyarrow as pa
+
+        self.table = open_hf(path, split)
+        self.keys = list(keys)
+        self.table.check_columns(self.keys)
+        for key in self.keys:
+            kind = self.table.schema.field(key).type
+            if not (
+                pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+            ):
+                hint = (
+                    " (token ids: they are imported as they are, without a tokenizer)"
+                    if _is_id_list(kind)
+                    else ""
+                )
+                raise InputError(f"{self.table.name}: column {key!r} is {kind}, not text{hint}")
+        self.batch_rows = batch_rows
+        self.skipped: dict[str, int] = {}
+        self.total_bytes = self.table.column_bytes(self.keys)
+
+    def batches(self) -> Iterator[DocBatch]:
+        row = 0
+        for batch in self.table.batches(self.keys, self.batch_rows):
+            n = batch.num_rows
+            texts: dict[str, list[str]] = {}
+            bad: list[BadRecord] = []
+            for key in self.keys:
+                column = batch.column(key)
+                texts[key] = column.to_pylist()
+                if column.null_count:
+                    for i in np.flatnonzero(np.asarray(column.is_null())):
+                        bad.append(
+                            BadRecord(
+                                "not_a_string",
+                                f"{self.table.name}: row {row + int(i)}: column {key!r} is null",
+                                row + int(i) + 1,
+                            )
+                        )
+            lines = list(range(row + 1, row + n + 1))
+            if bad:
+                texts, lines = _drop_rows(texts, lines, {b.line for b in bad})
+            nbytes = int(sum(batch.column(k).nbytes for k in self.keys))
+            yield DocBatch(texts, self.table.name, lines, bad, nbytes)
+            row += n
+
+    def inputs(self) -> list[dict]:
+        return file_inputs(self.table.files)
+
+
+def _drop_rows(texts: dict[str, list], lines: list[int], drop: set[int]):
+    keep = [i for i, line in enumerate(lines) if line not in drop]
+    return {k: [v[i] for i in keep] for k, v in texts.items()}, [lines[i] for i in keep]
+
+
+def _is_id_list(kind) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return pa.types.is_integer(kind.value_type)
+    return False
+
+
+# --------------------------------------------------------------------------------------------------
+# Token-id columns -> .bin/.idx without re-tokenizing
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class TokenImportConfig:
+    source: str
+    output_prefix: str
+    """Written as ``{output_prefix}_{column}_document.{bin,idx,json}`` (json2bin's naming)."""
+    column: str = "input_ids"
+    split: str | None = None
+    tokenizer: str | None = None
+    append_eod: bool = False
+    force: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.column:
+            raise UsageError("--json-keys: give the column of token ids (for example input_ids)")
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.output_prefix}_{self.column}_document"
+
+
+@dataclass
+class TokenImportResult:
+    prefix: str
+    documents: int = 0
+    tokens: int = 0
+    dtype: str = ""
+    files: list[str] = field(default_factory=list)
+
+
+def is_token_column(path: str | os.PathLike, column: str, split: str | None = None) -> bool:
+    """True when ``column`` of the dataset holds lists of integers (already tokenized)."""
+    table = open_hf(path, split)
+    table.check_columns([column])
+    return _is_id_list(table.schema.field(column).type)
+
+
+def import_token_ids(config: TokenImportConfig) -> TokenImportResult:
+    """Write the token-id lists of ``config.column`` as a Megatron ``.bin/.idx`` pair (+ sidecar)."""
+    import pyarrow as pa
+
+    from llmtools.formats.indexed import bin_path, idx_path
+    from llmtools.formats.sidecar import sidecar_path, write_sidecar
+    from llmtools.fsutil import check_writable
+
+    table = open_hf(config.source, config.split)
+    table.check_columns([config.column])
+    kind = table.schema.field(config.column).type
+    if not _is_id_list(kind):
+        raise InputError(f"{table.name}: column {config.column!r} is {kind}, not lists of token ids")
+    prefix = config.prefix
+    check_writable([bin_path(prefix), idx_path(prefix), sidecar_path(prefix)], config.force)
+
+    original = ((table.manifest or {}).get("source") or {}).get("sidecar") or {}
+    tokenizer = None
+    if config.tokenizer:
+        from llmtools.tokenize import load_tokenizer
+
+        tokenizer = load_tokenizer(config.tokenizer)
+        identity = tokenizer.identity()
+    else:
+        identity = original.get("tokenizer")
+    vocab = (identity or {}).get("vocab_size")
+    dtype = _output_dtype(vocab, table, kind)
+    eod = (identity or {}).get("eod_id")
+    if config.append_eod and eod is None:
+        raise UsageError("--append-eod: the end-of-document id is unknown; give --tokenizer")
+    with_sentences = "sequence_lengths" in table.schema.names
+    columns = [config.column] + (["sequence_lengths"] if with_sentences else [])
+
+    from tqdm.auto import tqdm
+
+    result = TokenImportResult(prefix, dtype=np.dtype(dtype).name)
+    bar = tqdm(total=table.num_rows, unit="doc", unit_scale=True, desc="hf2bin", disable=not config.progress)
+    row = empty = 0
+    try:
+        with IndexedDatasetWriter(prefix, dtype) as writer:
+            for batch in table.batches(columns):
+                values, lengths = _flat_ids(batch.column(config.column), table.name, config.column, row)
+                if values.size and vocab and (int(values.max()) >= vocab or int(values.min()) < 0):
+                    bad = int(np.argmax((values >= vocab) | (values < 0)))
+                    at = row + int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
+                    raise InputError(
+                        f"{table.name}: row {at}: token id {int(values[bad])} is outside the vocabulary (size {vocab})"
+                    )
+                if config.append_eod:
+                    values, lengths = _append_eod(values, lengths, eod)
+                if with_sentences:
+                    _add_with_sentences(
+                        writer, values, lengths, batch.column("sequence_lengths"), table.name, row
+                    )
+                else:
+                    writer.add_documents(values, lengths)
+                result.documents += int(lengths.size)
+                empty += int(np.count_nonzero(lengths == 0))
+                result.tokens += int(values.size)
+                row += batch.num_rows
+                bar.update(batch.num_rows)
+    except pa.ArrowInvalid as error:
+        raise InputError(f"{table.name}: corrupt data near row {row} ({error})") from None
+    finally:
+        bar.close()
+    from llmtools import __version__
+
+    sidecar = {
+        "format": "llmtools.indexed-sidecar",
+        "version": 1,
+        "tool": f"llmtools {__version__}",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "tokenizer": identity,
+        "json_key": config.column,
+        "append_eod": bool(config.append_eod or original.get("append_eod", False)),
+        "dtype": np.dtype(dtype).name,
+        "special_tokens": original.get("special_tokens", "auto"),
+        "inputs": file_inputs(table.files),
+        "counts": {"documents": result.documents, "sequences": writer.num_sequences, "tokens": result.tokens,
+                   "empty_documents": empty, "skipped": {}},
+    }  # fmt: skip
+    result.files = [str(bin_path(prefix)), str(idx_path(prefix))]
+    # The sidecar schema needs a tokenizer identity; without one the output is what Megatron makes:
+    # a .bin/.idx pair of unknown provenance, which every reader accepts.
+    if identity:
+        write_sidecar(prefix, sidecar)
+        result.files.append(str(sidecar_path(prefix)))
+    return result
+
+
+def _output_dtype(vocab: int | None, table: ArrowSource, kind) -> np.dtype:
+    """Megatron's rule when the vocabulary is known; else the original .bin dtype or the column's."""
+    if vocab:
+        return dtype_for_vocab(vocab)
+    original = ((table.manifest or {}).get("source") or {}).get("dtype")
+    if original in ("uint16", "int32"):
+        return np.dtype(original)
+    width = np.dtype(kind.value_type.to_pandas_dtype())
+    return np.dtype(np.uint16) if width.itemsize <= 2 else np.dtype(np.int32)
+
+
+def _flat_ids(column, name: str, key: str, row: int) -> tuple[np.ndarray, np.ndarray]:
+    """(values, per-row lengths) of a list column, from its Arrow buffers (no Python lists)."""
+    import pyarrow as pa
+
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    values_parts, length_parts = [], []
+    for chunk in chunks:
+        if chunk.null_count:
+            bad = int(np.argmax(np.asarray(chunk.is_null())))
+            raise InputError(f"{name}: row {row + bad}: column {key!r} is null")
+        if pa.types.is_fixed_size_list(chunk.type):
+            size = chunk.type.list_size
+            lengths = np.full(len(chunk), size, dtype=np.int64)
+        else:
+            offsets = chunk.offsets.to_numpy().astype(np.int64)
+            lengths = np.diff(offsets)
+        values = chunk.flatten()
+        if values.null_count:
+            raise InputError(f"{name}: near row {row}: column {key!r} holds a null token id")
+        values_parts.append(values.to_numpy(zero_copy_only=False))
+        length_parts.append(lengths)
+        row += len(chunk)
+    if len(values_parts) == 1:
+        return values_parts[0], length_parts[0]
+    return np.concatenate(values_parts) if values_parts else np.empty(0, np.int64), np.concatenate(
+        length_parts
+    ) if length_parts else np.empty(0, np.int64)
+
+
+def _append_eod(values: np.ndarray, lengths: np.ndarray, eod: int) -> tuple[np.ndarray, np.ndarray]:
+    """Append ``eod`` to every non-empty document (Megatron's ``--append-eod``), vectorized."""
+    ends = np.cumsum(lengths)
+    positions = ends[lengths > 0]
+    return np.insert(values, positions, eod), lengths + (lengths > 0)
+
+
+def _add_with_sentences(writer, values, lengths, sentences, name: str, row: int) -> None:
+    flat, per_doc = _flat_ids(sentences, name, "sequence_lengths", row)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    sent_starts = np.concatenate([[0], np.cumsum(per_doc)])
+    for i in range(lengths.size):
+        parts = flat[sent_starts[i] : sent_starts[i + 1]]
+        if int(parts.sum()) != int(lengths[i]):
+            raise InputError(
+                f"{name}: row {row + i}: sequence_lengths sum to {int(parts.sum())}, not the {int(lengths[i])} tokens"
+            )
+        writer.add_document(values[starts[i] : starts[i + 1]], parts)
+
+
+# --------------------------------------------------------------------------------------------------
+# hf2bin: both kinds of columns, one call
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class Hf2BinConfig:
+    """``llm-prep hf2bin``: a local HF dataset -> ``{output_prefix}_{column}_document.{bin,idx,json}``."""
+
+    source: str
+    output_prefix: str
+    json_keys: Sequence[str] | None = None
+    """Columns to convert; default ``text``, or ``input_ids`` when there is no ``text`` column."""
+    split: str | None = None
+    tokenizer: str | None = None
+    """Needed for text columns; for token-id columns it sets the vocabulary (dtype) and the sidecar."""
+    append_eod: bool = False
+    workers: int | None = None
+    backend: str = "auto"
+    special_tokens: str = "auto"
+    skip_bad: bool = False
+    force: bool = False
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not self.output_prefix:
+            raise UsageError("--output: an output prefix is required")
+        if self.json_keys is not None:
+            self.json_keys = tuple(self.json_keys)
+            if not self.json_keys or any(not k for k in self.json_keys):
+                raise UsageError("--json-keys: give at least one non-empty column name")
+            if len(set(self.json_keys)) != len(self.json_keys):
+                raise UsageError(f"--json-keys: duplicate column in {list(self.json_keys)}")
+
+
+@dataclass
+class Hf2BinResult:
+    paths: list[str] = field(default_factory=list)
+    prefixes: list[str] = field(default_factory=list)
+    documents: int = 0
+    tokens: dict[str, int] = field(default_factory=dict)
+    tokenized: list[str] = field(default_factory=list)
+    copied: list[str] = field(default_factory=list)
+    summary: str = ""
+
+    def to_dict(self) -> dict:
+        return {"prefixes": self.prefixes, "paths": self.paths, "documents": self.documents, "tokens": self.tokens,
+                "tokenized_columns": self.tokenized, "token_id_columns": self.copied}  # fmt: skip
+
+
+def hf2bin(config: Hf2BinConfig) -> Hf2BinResult:
+    """Text columns go through json2bin (same tokenization, checks and sidecar as JSONL); token-id
+    columns are written as they are."""
+    from llmtools.formats.indexed import bin_path, idx_path
+    from llmtools.formats.sidecar import sidecar_path
+    from llmtools.fsutil import check_writable
+
+    table = open_hf(config.source, config.split)
+    keys = list(config.json_keys) if config.json_keys else [_default_key(table)]
+    table.check_columns(keys)
+    ids = [k for k in keys if _is_id_list(table.schema.field(k).type)]
+    texts = [k for k in keys if k not in ids]
+    prefixes = [f"{config.output_prefix}_{k}_document" for k in keys]
+    check_writable(
+        [p for prefix in prefixes for p in (bin_path(prefix), idx_path(prefix), sidecar_path(prefix))],
+        config.force,
+    )
+    if texts and not config.tokenizer:
+        raise UsageError(f"--tokenizer: needed to tokenize the text column {texts[0]!r}")
+    result = Hf2BinResult(prefixes=prefixes, tokenized=texts, copied=ids)
+    progress = config.progress if config.progress is not None else None
+    for key in ids:
+        done = import_token_ids(TokenImportConfig(
+            config.source, config.output_prefix, column=key, split=config.split, tokenizer=config.tokenizer,
+            append_eod=config.append_eod, force=config.force,
+            progress=progress if progress is not None else _stderr_tty()))  # fmt: skip
+        result.paths += done.files
+        result.documents = done.documents
+        result.tokens[key] = done.tokens
+    if texts:
+        from llmtools.data.json2bin import Json2BinConfig, json2bin
+
+        source = HFDocumentSource(config.source, texts, config.split)
+        j2b = Json2BinConfig(tokenizer=config.tokenizer, output_prefix=config.output_prefix, json_keys=texts,
+                             append_eod=config.append_eod, workers=config.workers, backend=config.backend,
+                             special_tokens=config.special_tokens, skip_bad=config.skip_bad, force=config.force,
+                             progress=progress)  # fmt: skip
+        done = json2bin(source=source, config=j2b)
+        result.paths += done.paths
+        result.documents = done.documents
+        result.tokens.update(done.tokens)
+        result.summary = done.summary()
+    if not result.summary:
+        result.summary = f"{result.documents:,} documents, {sum(result.tokens.values()):,} tokens (token ids copied, not re-tokenized)"
+    if ids and not any(p.endswith(".json") for p in result.paths):
+        result.summary += "; no sidecar written: the tokenizer is unknown (give --tokenizer to record it)"
+    return result
+
+
+def _default_key(table: ArrowSource) -> str:
+    for key in ("text", "input_ids"):
+        if key in table.schema.names:
+            return key
+    raise InputError(
+        f"{table.name}: no 'text' or 'input_ids' column (have {', '.join(table.schema.names)}); use --json-keys"
+    )
+
+
+def _stderr_tty() -> bool:
+    import sys
+
+    return sys.stderr.isatty()

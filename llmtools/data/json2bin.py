@@ -1,0 +1,519 @@
+"""json2bin: documents -> Megatron-LM ``.bin/.idx`` (+ sidecar), byte-identical to ``preprocess_data.py``.
+
+Pipeline (each step separable, datatrove-style):
+
+    DocumentSource.batches()  ->  work items (JSONL: raw chunks of whole lines, with file and line)
+    encode_item() in N worker processes: parse (JSON, checks) + batched encode -> flat token arrays
+    IndexedDatasetWriter.add_documents() in the main process: one bulk write per batch and key
+
+With gigatoken (the fast backend) there are no worker processes: its batch encode runs on its own
+thread pool of ``workers`` threads (``RAYON_NUM_THREADS``, set here; a pool does not survive fork)
+with the GIL released, so the main thread reads and parses the next ~4 MB while one encoder thread
+encodes the previous ones (``_threaded_stream``). gigatoken's one-time set-up (its first encode, ~0.4
+CPU-s) runs in a thread beside the first parsing, as part of its identity probe (``defer_probe``).
+
+Memory is bounded: at most ``2 * workers + 2`` work items (about 1 MiB of input each), or three
+groups of ~4 MB with gigatoken, are in flight, and the writer keeps its per-document bookkeeping on
+disk. Order is preserved, so the output does not depend on the number of workers.
+
+Megatron compatibility (``tools/preprocess_data.py``): one output pair per json key, named
+``{prefix}_{key}_document``; each text is encoded with the tokenizer's normal call (special-token
+policy ``auto``, see :mod:`llmtools.tokenize.base`); ``append_eod`` appends EOD to non-empty
+documents only; an empty document (no tokens) still gets a document index but no sequence; uint16
+tokens when the vocabulary is below 65500, else int32.
+
+Plain API::
+
+    from llmtools.data.json2bin import json2bin
+    result = json2bin(["corpus.jsonl"], "tokenizers/gpt2", "out/corpus", append_eod=True, workers=2)
+    result.prefixes   # ["out/corpus_text_document"]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from llmtools.data.sources import DocumentSource
+from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure, UsageError
+
+SIDECAR_FORMAT = "llmtools.indexed-sidecar"
+
+
+@dataclass
+class Json2BinConfig:
+    inputs: Sequence[str] = ()
+    """JSONL files, globs, '-' for stdin, .gz/.zst (ignored when a source is given)."""
+    tokenizer: str = "byte"
+    """tokenizer.json, HF folder, vocab.json (+merges.txt), .model, or 'byte' (--tokenizer)."""
+    output_prefix: str = ""
+    """Output prefix; files are {prefix}_{key}_document.{bin,idx,json} (--output/-o)."""
+    json_keys: Sequence[str] = ("text",)
+    """JSON keys to tokenize, one output pair each (--json-keys)."""
+    append_eod: bool = False
+    """Append the tokenizer's EOD id to every non-empty document (--append-eod)."""
+    workers: int | None = None
+    """Encoding processes, or gigatoken's threads (--workers); default: all CPU cores available to this process."""
+    backend: str = "auto"
+    """auto | tokenizers | gigatoken (--backend)."""
+    special_tokens: str = "auto"
+    """auto | split | plain: what a special token's string in the text becomes (--special-tokens)."""
+    skip_bad: bool = False
+    """Skip bad lines/files and count them by kind instead of stopping (--skip-bad)."""
+    force: bool = False
+    """Overwrite existing outputs (--force)."""
+    chunk_bytes: int = 1 << 20
+    """Input bytes per work item sent to a worker."""
+    progress: bool | None = None
+    """Progress bar on stderr; None = when stderr is a terminal."""
+    durable: bool = True
+
+    def __post_init__(self) -> None:
+        self.json_keys = tuple(self.json_keys)
+        if not self.output_prefix:
+            raise UsageError("--output: an output prefix is required")
+        if not self.json_keys or any(not k for k in self.json_keys):
+            raise UsageError("--json-keys: give at least one non-empty key")
+        if len(set(self.json_keys)) != len(self.json_keys):
+            raise UsageError(f"--json-keys: duplicate key in {list(self.json_keys)}")
+        if self.workers is None:
+            self.workers = default_workers()
+        if self.workers < 1:
+            raise UsageError(f"--workers: must be at least 1, got {self.workers}")
+        if self.chunk_bytes < 1:
+            raise UsageError(f"--chunk-bytes: must be positive, got {self.chunk_bytes}")
+
+    def prefix_for(self, key: str) -> str:
+        return f"{self.output_prefix}_{key}_document"
+
+
+def _remove_stale_temporaries(outputs) -> None:
+    """With --force: the ``NAME.tmp-*`` leftovers of an earlier killed run for these outputs go too."""
+    from llmtools.fsutil import TMP_MARK
+
+    for path in outputs:
+        for stale in path.parent.glob(f"{path.name}{TMP_MARK}*"):
+            stale.unlink(missing_ok=True)
+
+
+def default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class Json2BinResult:
+    prefixes: list[str]
+    paths: list[str]
+    documents: int = 0
+    empty_documents: dict[str, int] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    input_bytes: int = 0
+    seconds: float = 0.0
+    backend: str = ""
+    workers: int = 1
+    dtype: str = ""
+
+    def summary(self) -> str:
+        secs = max(self.seconds, 1e-9)
+        tokens = sum(self.tokens.values())
+        empty = sum(self.empty_documents.values())
+        skipped = sum(v for k, v in self.skipped.items() if k != "blank_line")
+        parts = [f"{self.documents:,} documents", f"{tokens:,} tokens"]
+        parts.append(
+            f"{empty:,} empty (kept as Megatron does: a document index, no tokens)" if empty else "0 empty"
+        )
+        parts.append(
+            f"{skipped:,} skipped"
+            + (
+                f" ({', '.join(f'{k}: {v}' for k, v in sorted(self.skipped.items()))})"
+                if self.skipped
+                else ""
+            )
+        )
+        rate = f"{self.input_bytes / 1e6 / secs:.1f} MB/s, {self.documents / secs:,.0f} docs/s, {tokens / secs:,.0f} tokens/s"
+        return f"{', '.join(parts)}; {self.input_bytes / 1e6:.1f} MB in {self.seconds:.2f} s ({rate}; {self.backend}, {self.workers} workers)"
+
+    def to_dict(self) -> dict:
+        return {
+            "prefixes": self.prefixes,
+            "paths": self.paths,
+            "documents": self.documents,
+            "empty_documents": self.empty_documents,
+            "tokens": self.tokens,
+            "skipped": self.skipped,
+            "input_bytes": self.input_bytes,
+            "seconds": round(self.seconds, 4),
+            "backend": self.backend,
+            "workers": self.workers,
+            "dtype": self.dtype,
+        }
+
+
+# -- the encode step (runs in worker processes) --------------------------------------------------------
+@dataclass
+class EncodedBatch:
+    tokens: dict[str, np.ndarray]
+    lengths: dict[str, np.ndarray]
+    documents: int
+    bad: list
+    blank_lines: int
+    nbytes: int
+
+
+def append_eod_ids(flat: np.ndarray, lengths: np.ndarray, eod: int) -> tuple[np.ndarray, np.ndarray]:
+    """Append ``eod`` to every non-empty document (Megatron: empty documents stay empty)."""
+    nonempty = lengths > 0
+    if not nonempty.any():
+        return flat, lengths
+    ends = np.cumsum(lengths)[nonempty]
+    return np.insert(flat, ends, eod), lengths + nonempty
+
+
+def encode_item(
+    item, tokenizer, keys: Sequence[str], append_eod: bool, dtype, skip_bad: bool
+) -> EncodedBatch:
+    """Parse one work item and encode its texts for every key."""
+    batch = item.parse(keys, skip_bad)
+    tokens, lengths = {}, {}
+    if batch.bad and not skip_bad:
+        # Encode nothing: the run is about to stop at the first bad line.
+        return EncodedBatch({}, {}, 0, batch.bad[:1], batch.blank_lines, batch.nbytes)
+    info = np.iinfo(dtype)
+    for key in keys:
+        flat, lens = tokenizer.encode_flat(batch.texts[key], None)
+        tokens[key], lengths[key] = _finish(flat, lens, tokenizer, append_eod, dtype, info)
+    return EncodedBatch(tokens, lengths, len(batch), batch.bad, batch.blank_lines, batch.nbytes)
+
+
+def _finish(flat, lens, tokenizer, append_eod, dtype, info):
+    if flat.size and flat.dtype != dtype and (int(flat.max()) > info.max or int(flat.min()) < info.min):
+        raise RuntimeFailure(
+            f"token id {int(flat.max())} does not fit {np.dtype(dtype).name} "
+            f"(the tokenizer's vocab_size {tokenizer.vocab_size} is wrong?)"
+        )
+    flat = flat.astype(dtype, copy=False)
+    if append_eod:
+        flat, lens = append_eod_ids(flat, lens, tokenizer.eod_id)
+    return flat, lens
+
+
+_WORKER: dict = {}
+
+
+def _init_worker(tokenizer, keys, append_eod, dtype, skip_bad, parent: int) -> None:
+    _WORKER.update(tokenizer=tokenizer, keys=keys, append_eod=append_eod, dtype=dtype, skip_bad=skip_bad)
+    _exit_with_parent(parent)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """If the main process is killed (SIGKILL), its workers would wait on their queue forever: exit instead."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="llmtools-parent-watch", daemon=True).start()
+
+
+def _work(item) -> EncodedBatch:
+    w = _WORKER
+    return encode_item(item, w["tokenizer"], w["keys"], w["append_eod"], w["dtype"], w["skip_bad"])
+
+
+def _encoded_stream(source: DocumentSource, tokenizer, config: Json2BinConfig, dtype):
+    """EncodedBatches in input order, from ``config.workers`` processes with bounded look-ahead."""
+    args = (tokenizer, config.json_keys, config.append_eod, dtype, config.skip_bad)
+    if config.workers > 1 and getattr(tokenizer, "parallel_in_process", False):
+        yield from _threaded_stream(source, tokenizer, config, dtype)
+        return
+    if config.workers == 1:
+        for item in source.batches():
+            yield encode_item(item, *args)
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    # fork: workers inherit the loaded tokenizer for free. ProcessPoolExecutor (not multiprocessing.Pool)
+    # because it notices a worker that dies (OOM killer) instead of waiting for its result forever.
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    executor = ProcessPoolExecutor(
+        config.workers,
+        mp_context=mp.get_context(method),
+        initializer=_init_worker,
+        initargs=(*args, os.getpid()),
+    )
+    finished = False
+    try:
+        pending: deque = deque()
+        limit = 2 * config.workers + 2
+        for item in source.batches():
+            pending.append(executor.submit(_work, item))
+            if len(pending) >= limit:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+        finished = True
+    except BrokenProcessPool:
+        raise RuntimeFailure(
+            "json2bin: a worker process died (killed, or out of memory?); no output was written"
+        ) from None
+    finally:
+        if not finished:  # stop at once: queued chunks are not needed any more
+            for process in list(getattr(executor, "_processes", {}).values()):
+                process.terminate()
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+GROUP_BYTES = 4 << 20
+"""Input bytes per encode call in the threaded pipeline: gigatoken's thread pool needs big batches."""
+
+
+def _encode_group(batches: list, tokenizer, keys: Sequence[str], append_eod: bool, dtype) -> EncodedBatch:
+    """Encode parsed DocBatches as one batch per key (runs in the encoder thread; the GIL is released
+    while gigatoken's thread pool encodes)."""
+    info = np.iinfo(dtype)
+    tokens, lengths = {}, {}
+    for key in keys:
+        texts = batches[0].texts[key] if len(batches) == 1 else [t for b in batches for t in b.texts[key]]
+        flat, lens = tokenizer.encode_flat(texts, None)
+        tokens[key], lengths[key] = _finish(flat, lens, tokenizer, append_eod, dtype, info)
+    return EncodedBatch(
+        tokens,
+        lengths,
+        sum(len(b) for b in batches),
+        [r for b in batches for r in b.bad],
+        sum(b.blank_lines for b in batches),
+        sum(b.nbytes for b in batches),
+    )
+
+
+def _threaded_stream(source: DocumentSource, tokenizer, config: Json2BinConfig, dtype):
+    """The pipeline for a tokenizer whose batch encode runs on its own thread pool with the GIL released
+    (gigatoken): this thread reads and parses (JSON) while one encoder thread encodes the previous group
+    of about GROUP_BYTES with all ``workers`` cores. No processes: no pickling, nothing imported twice,
+    and big batches for the pool. At most two groups wait for the encoder, so memory stays bounded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    keys, skip_bad = config.json_keys, config.skip_bad
+    pending: deque = deque()
+    group: list = []
+    group_bytes = 0
+    with ThreadPoolExecutor(1, thread_name_prefix="llmtools-encode") as encoder:
+        try:
+            for item in source.batches():
+                batch = item.parse(keys, skip_bad)
+                if batch.bad and not skip_bad:
+                    # The run stops at its first bad line: what is queued is not needed any more.
+                    yield EncodedBatch({}, {}, 0, batch.bad[:1], batch.blank_lines, batch.nbytes)
+                    return
+                group.append(batch)
+                group_bytes += batch.nbytes
+                if group_bytes >= GROUP_BYTES:
+                    pending.append(
+                        encoder.submit(_encode_group, group, tokenizer, keys, config.append_eod, dtype)
+                    )
+                    group, group_bytes = [], 0
+                    while len(pending) >= 2 or (pending and pending[0].done()):
+                        yield pending.popleft().result()
+            if group:
+                pending.append(
+                    encoder.submit(_encode_group, group, tokenizer, keys, config.append_eod, dtype)
+                )
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+# -- the whole run ------------------------------------------------------------------------------------
+def json2bin(
+    inputs: Sequence[str] | None = None,
+    tokenizer: str = "byte",
+    output_prefix: str = "",
+    *,
+    source: DocumentSource | None = None,
+    config: Json2BinConfig | None = None,
+    **options,
+) -> Json2BinResult:
+    """Tokenize documents into ``{output_prefix}_{key}_document.{bin,idx,json}``.
+
+    Either give ``inputs`` (JSONL paths/globs/'-') or a ready ``source`` (any DocumentSource).
+    ``options`` are the other :class:`Json2BinConfig` fields. Raises InputError (bad input),
+    UsageError (bad options, existing outputs without force), RuntimeFailure.
+    """
+    if config is None:
+        config = Json2BinConfig(
+            inputs=tuple(inputs or ()), tokenizer=str(tokenizer), output_prefix=str(output_prefix), **options
+        )
+    from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, dtype_for_vocab, idx_path
+    from llmtools.formats.sidecar import sidecar_path
+    from llmtools.fsutil import check_writable
+
+    outputs = []
+    for key in config.json_keys:
+        prefix = config.prefix_for(key)
+        outputs += [bin_path(prefix), idx_path(prefix), sidecar_path(prefix)]
+    check_writable(outputs, config.force)
+    if config.force:
+        _remove_stale_temporaries(outputs)
+    if source is None:
+        from llmtools.data.jsonl import JsonlSource
+
+        if not config.inputs:
+            raise UsageError("json2bin: give at least one INPUT (a JSONL file, a glob, or - for stdin)")
+        source = JsonlSource(config.inputs, skip_bad=config.skip_bad, chunk_bytes=config.chunk_bytes)
+    # gigatoken encodes in this process on its thread pool, sized (once, at first use) from this variable.
+    os.environ["RAYON_NUM_THREADS"] = str(config.workers)
+    from llmtools.tokenize import load_tokenizer
+
+    tok = load_tokenizer(
+        config.tokenizer, backend=config.backend, special_tokens=config.special_tokens, defer_probe=True
+    )
+    if config.workers > 1 and not tok.parallel_in_process:
+        # Workers are forked after the tokenizer is loaded; Rust thread pools must not be used before.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if config.append_eod and tok.eod_id is None:
+        raise UsageError(f"--append-eod: tokenizer {config.tokenizer} has no end-of-document token")
+    dtype = dtype_for_vocab(tok.vocab_size)
+
+    started = time.perf_counter()
+    result = Json2BinResult(
+        prefixes=[config.prefix_for(k) for k in config.json_keys],
+        paths=[],
+        workers=config.workers,
+        dtype=dtype.name,
+    )
+    skipped: dict[str, int] = {}
+    progress = _Progress(config.progress, source.total_bytes)
+    writers = [
+        IndexedDatasetWriter(config.prefix_for(k), dtype, durable=config.durable) for k in config.json_keys
+    ]
+    try:
+        with contextlib.ExitStack() as stack:  # the writers commit .bin/.idx only if the loop completes
+            for writer in writers:
+                stack.enter_context(writer)
+            for encoded in _encoded_stream(source, tok, config, dtype):
+                if encoded.bad:
+                    if not config.skip_bad:
+                        raise InputError(encoded.bad[0].message)
+                    for record in encoded.bad:
+                        skipped[record.kind] = skipped.get(record.kind, 0) + 1
+                if encoded.blank_lines:
+                    skipped["blank_line"] = skipped.get("blank_line", 0) + encoded.blank_lines
+                if encoded.documents:
+                    for key, writer in zip(config.json_keys, writers, strict=True):
+                        lengths = encoded.lengths[key]
+                        writer.add_documents(encoded.tokens[key], lengths)
+                        result.empty_documents[key] = result.empty_documents.get(key, 0) + int(
+                            (lengths == 0).sum()
+                        )
+                result.documents += encoded.documents
+                result.input_bytes += encoded.nbytes
+                progress.update(
+                    encoded.nbytes, encoded.documents, sum(int(t.size) for t in encoded.tokens.values())
+                )
+    except (LlmtoolsError, KeyboardInterrupt, OSError):
+        raise
+    except Exception as error:  # noqa: BLE001 - a worker or tokenizer failure: one line, exit 1
+        raise RuntimeFailure(f"json2bin failed: {type(error).__name__}: {error}") from error
+    finally:
+        progress.close()
+    for key, value in source.skipped.items():
+        skipped[key] = skipped.get(key, 0) + value
+    result.skipped = skipped
+    result.seconds = time.perf_counter() - started
+    result.backend = tok.backend  # known once gigatoken's probe has settled (see load_tokenizer)
+    inputs = source.inputs()
+    for key, writer in zip(config.json_keys, writers, strict=True):
+        prefix = config.prefix_for(key)
+        result.tokens[key] = writer.num_tokens
+        result.empty_documents.setdefault(key, 0)
+        sidecar = build_sidecar(tok, key, config, dtype, inputs, writer, result.empty_documents[key], skipped)
+        from llmtools.formats.sidecar import write_sidecar
+
+        result.paths += [str(bin_path(prefix)), str(idx_path(prefix)), str(write_sidecar(prefix, sidecar))]
+    return result
+
+
+def build_sidecar(tok, key, config, dtype, inputs, writer, empty, skipped) -> dict:
+    from llmtools import __version__
+
+    return {
+        "format": SIDECAR_FORMAT,
+        "version": 1,
+        "tool": f"llmtools {__version__}",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "tokenizer": tok.identity(),
+        "json_key": key,
+        "append_eod": bool(config.append_eod),
+        "dtype": np.dtype(dtype).name,
+        "special_tokens": config.special_tokens,
+        "inputs": inputs,
+        "counts": {
+            "documents": writer.num_documents,
+            "sequences": writer.num_sequences,
+            "tokens": writer.num_tokens,
+            "empty_documents": int(empty),
+            "skipped": dict(sorted(skipped.items())),
+        },
+    }
+
+
+class _Progress:
+    """tqdm bar on stderr in input bytes, with docs/s and tokens/s; silent when disabled."""
+
+    def __init__(self, enabled: bool | None, total: int | None) -> None:
+        if enabled is None:
+            enabled = sys.stderr.isatty()
+        self.bar = None
+        self.docs = self.tokens = 0
+        self.start = time.perf_counter()
+        self.last = 0.0
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1000,
+                desc="json2bin",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                smoothing=0.1,
+            )
+
+    def update(self, nbytes: int, docs: int, tokens: int) -> None:
+        self.docs += docs
+        self.tokens += tokens
+        if self.bar is None:
+            return
+        self.bar.update(nbytes)
+        now = time.perf_counter()
+        if now - self.last > 0.5:
+            self.last = now
+            secs = max(now - self.start, 1e-9)
+            self.bar.set_postfix_str(
+                f"{self.docs / secs:,.0f} docs/s, {self.tokens / secs:,.0f} tok/s", refresh=False
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -1,0 +1,349 @@
+"""JSONL input for json2bin: files, globs, ``-`` for stdin, gzip and zstd (detected by magic bytes).
+
+The reader in the main process only cuts the byte stream into chunks of whole lines (one C-level
+``rfind`` per chunk) and hashes what it reads; decoding UTF-8 and JSON happens in
+:meth:`JsonlChunk.parse`, inside the worker processes. Line numbers travel with each chunk, so
+every error names ``file:line``.
+
+What counts as bad input (kind = the key in the sidecar's ``counts.skipped``):
+
+* ``malformed_json``  a line that is not valid JSON
+* ``not_an_object``   valid JSON that is not an object
+* ``missing_key``     the object lacks one of ``--json-keys``
+* ``not_a_string``    the value of a json key is not a string (null, a number, a list)
+* ``invalid_utf8``    the line is not valid UTF-8, or a text holds a lone-surrogate escape (``\\ud800``)
+* ``truncated_line``  the file does not end with a newline and its last line is not valid JSON
+* ``empty_file``      a file with no bytes at all
+* ``truncated_file``  a .gz / .zst stream that ends early, or is corrupt
+
+Blank (whitespace-only) lines are not documents: they are skipped and counted as ``blank_line``,
+never an error. By default the first bad line stops the run with ``file:line: what is wrong``;
+with ``skip_bad`` bad lines are skipped and counted by kind.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import sys
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmtools.data.sources import BadRecord, DocBatch
+from llmtools.errors import InputError
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+STDIN = "-"
+STDIN_LABEL = "<stdin>"
+READ_BLOCK = 1 << 20
+
+
+def expand_inputs(inputs: Sequence[str]) -> list[str]:
+    """Files in the order given; globs expanded (sorted); ``-`` kept as stdin."""
+    out: list[str] = []
+    for item in inputs:
+        item = str(item)
+        if item == STDIN:
+            out.append(item)
+        elif os.path.exists(item):
+            if os.path.isdir(item):
+                raise InputError(
+                    f"{item}: is a directory (give JSONL files or a glob such as '{item}/*.jsonl')"
+                )
+            out.append(item)
+        elif glob.has_magic(item):
+            matches = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise InputError(f"{item}: no file matches this pattern")
+            out.extend(matches)
+        else:
+            raise InputError(f"{item}: no such file")
+    if out.count(STDIN) > 1:
+        raise InputError("-: stdin can be read only once")
+    return out
+
+
+@dataclass
+class JsonlChunk:
+    """Whole lines of one file: ``data`` starts at line ``first_line`` (1-based)."""
+
+    source: str
+    first_line: int
+    data: bytes
+    unterminated: bool = False  # the file's last line, with no newline after it
+
+    def parse(self, keys: Sequence[str], skip_bad: bool = True) -> DocBatch:
+        """Decode and validate the lines; with ``skip_bad=False`` stop at the first bad one."""
+        rows = self.data.split(b"\n")
+        if not self.unterminated:
+            rows.pop()  # the empty text after the final newline
+        if len(keys) == 1:
+            batch = self._parse_clean(rows, keys[0])
+            if batch is not None:
+                return batch
+        return self._parse_rows(rows, keys, skip_bad)
+
+    def _parse_clean(self, rows: list[bytes], key: str) -> DocBatch | None:
+        """The hot path for one key: every line an object whose ``key`` holds a string. One C-level loop,
+        no per-line checks in Python; None when any line is not like that (blank, bad JSON, a missing
+        key, not an object, not a string), and :meth:`_parse_rows` then judges the chunk line by line,
+        so the outcome is the same as if this path did not exist."""
+        loads = _loads()
+        try:
+            texts = [loads(row)[key] for row in rows]
+        except (ValueError, KeyError, TypeError, IndexError):
+            return None
+        if any(cls is not str for cls in set(map(type, texts))):
+            return None
+        lines = range(self.first_line, self.first_line + len(rows))
+        return DocBatch({key: texts}, self.source, lines, [], nbytes=len(self.data), blank_lines=0)
+
+    def _parse_rows(self, rows: list[bytes], keys: Sequence[str], skip_bad: bool) -> DocBatch:
+        texts: dict[str, list[str]] = {k: [] for k in keys}
+        columns = [texts[k] for k in keys]
+        lines: list[int] = []
+        bad: list[BadRecord] = []
+        blank = 0
+        loads = _loads()
+        number = self.first_line - 1
+        last = self.first_line + len(rows) - 1
+        for row in rows:
+            number += 1
+            try:
+                obj = loads(row)
+            except ValueError:  # JSON errors and UnicodeDecodeError alike: the slow path decides
+                obj = _load_slow(row, self.source, number, self.unterminated and number == last, keys)
+                if obj is None:
+                    blank += 1
+                    continue
+                if isinstance(obj, BadRecord):
+                    bad.append(obj)
+                    if not skip_bad:
+                        break
+                    continue
+            problem = _check(obj, keys)
+            if problem is not None:
+                kind, what = problem
+                bad.append(BadRecord(kind, f"{self.source}:{number}: {what}", number))
+                if not skip_bad:
+                    break
+                continue
+            for key, column in zip(keys, columns):  # noqa: B905 - same length by construction
+                column.append(obj[key])
+            lines.append(number)
+        return DocBatch(texts, self.source, lines, bad, nbytes=len(self.data), blank_lines=blank)
+
+
+def _loads():
+    """orjson (several times faster on text-heavy lines) when installed, else the standard library."""
+    try:
+        import orjson
+    except ImportError:
+        return json.loads
+    return orjson.loads
+
+
+def _load_slow(row: bytes, source: str, number: int, is_last_unterminated: bool, keys: Sequence[str]):
+    """A line orjson refused, judged by the standard library (what Megatron-LM parses with).
+
+    Returns the object (e.g. a NaN elsewhere in the line, which ``json`` accepts), a BadRecord worded
+    as the standard library words it, or None for a blank line.
+    """
+    if not row.strip():
+        return None
+    try:
+        text = row.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return BadRecord(
+            "invalid_utf8",
+            f"{source}:{number}: invalid UTF-8 (byte 0x{row[error.start]:02x} at column {error.start + 1})",
+            number,
+        )
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as error:
+        if is_last_unterminated:
+            return BadRecord(
+                "truncated_line",
+                f"{source}:{number}: truncated last line (no newline at end of file "
+                f"and not valid JSON: {error.msg} at column {error.colno})",
+                number,
+            )
+        return BadRecord(
+            "malformed_json",
+            f"{source}:{number}: malformed JSON: {error.msg} at column {error.colno}",
+            number,
+        )
+    if isinstance(obj, dict):
+        for key in keys:
+            value = obj.get(key)
+            if isinstance(value, str):
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:  # a \ud800-style escape: no tokenizer can encode it
+                    return BadRecord(
+                        "invalid_utf8",
+                        f"{source}:{number}: key {key!r} holds a lone surrogate escape (not valid Unicode)",
+                        number,
+                    )
+    return obj
+
+
+def _check(obj, keys: Sequence[str]) -> tuple[str, str] | None:
+    if not isinstance(obj, dict):
+        return "not_an_object", f"expected a JSON object, found {type(obj).__name__}"
+    for key in keys:
+        if key not in obj:
+            have = ", ".join(list(obj)[:8])
+            return "missing_key", f"missing key {key!r} (keys: {have or 'none'}; choose with --json-keys)"
+        value = obj[key]
+        if not isinstance(value, str):
+            shown = "null" if value is None else type(value).__name__
+            return "not_a_string", f"key {key!r} is {shown}, expected a string"
+    return None
+
+
+class _HashingReader:
+    """Reads a binary stream in blocks while counting and hashing the raw (compressed) bytes."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def blocks(self, size: int = READ_BLOCK) -> Iterator[bytes]:
+        while True:
+            block = self.stream.read(size)
+            if not block:
+                return
+            self.sha256.update(block)
+            self.size += len(block)
+            yield block
+
+
+class _Truncated(Exception):
+    pass
+
+
+def _decompress(blocks: Iterator[bytes], first: bytes) -> Iterator[bytes]:
+    """Plain, gzip (multi-member) or zstd (multi-frame) by magic bytes; _Truncated if the stream ends early."""
+    if first.startswith(GZIP_MAGIC):
+        new = lambda: zlib.decompressobj(wbits=31)  # noqa: E731
+    elif first.startswith(ZSTD_MAGIC):
+        import zstandard
+
+        new = zstandard.ZstdDecompressor().decompressobj
+    else:
+        yield first
+        yield from blocks
+        return
+    decoder, done = new(), False
+    pending = first
+    while True:
+        while pending:
+            try:
+                out = decoder.decompress(pending)
+            except Exception as error:  # noqa: BLE001 - zlib.error, zstandard.ZstdError
+                raise _Truncated(f"corrupt compressed data ({error})") from None
+            if out:
+                yield out
+            done = decoder.eof
+            pending = decoder.unused_data if done else b""
+            if done and pending:
+                decoder, done = new(), False  # the next gzip member / zstd frame
+        pending = next(blocks, None)
+        if pending is None:
+            break
+    if not done:
+        raise _Truncated("compressed stream ends early (truncated download?)")
+
+
+class JsonlSource:
+    """A :class:`~llmtools.data.sources.DocumentSource` over JSONL files (read sequentially, in order)."""
+
+    def __init__(
+        self, inputs: Sequence[str], skip_bad: bool = False, chunk_bytes: int = READ_BLOCK, stdin=None
+    ) -> None:
+        self.paths = expand_inputs(inputs)
+        self.skip_bad = skip_bad
+        self.chunk_bytes = max(1, int(chunk_bytes))
+        self.stdin = stdin
+        self.skipped: dict[str, int] = {}
+        self._inputs: list[dict] = []
+
+    @property
+    def total_bytes(self) -> int | None:
+        if STDIN in self.paths:
+            return None
+        total = 0
+        for path in self.paths:
+            with open(path, "rb") as handle:
+                head = handle.read(4)
+            if head.startswith(GZIP_MAGIC) or head.startswith(ZSTD_MAGIC):
+                return None  # the decompressed size is not known in advance
+            total += os.path.getsize(path)
+        return total
+
+    def inputs(self) -> list[dict]:
+        return list(self._inputs)
+
+    def _problem(self, kind: str, message: str) -> None:
+        if not self.skip_bad:
+            raise InputError(message)
+        self.skipped[kind] = self.skipped.get(kind, 0) + 1
+
+    def batches(self) -> Iterator[JsonlChunk]:
+        self._inputs = []
+        for path in self.paths:
+            yield from self._file_chunks(path)
+
+    def _file_chunks(self, path: str) -> Iterator[JsonlChunk]:
+        label = STDIN_LABEL if path == STDIN else path
+        if path == STDIN:
+            stream, close = (self.stdin or sys.stdin.buffer), False
+        else:
+            stream, close = open(path, "rb"), True  # noqa: SIM115 - closed below, generator may stop early
+        reader = _HashingReader(stream)
+        try:
+            blocks = reader.blocks(self.chunk_bytes)
+            first = next(blocks, b"")
+            if not first:
+                self._problem("empty_file", f"{label}: empty file (0 bytes, no JSON lines)")
+            else:
+                yield from self._chunks(label, _decompress(blocks, first))
+        finally:
+            if close:
+                stream.close()
+        self._inputs.append(
+            {
+                "path": label if path == STDIN else str(Path(path)),
+                "size": reader.size,
+                "sha256": reader.sha256.hexdigest(),
+            }
+        )
+
+    def _chunks(self, label: str, data: Iterator[bytes]) -> Iterator[JsonlChunk]:
+        line, carry = 1, b""
+        try:
+            for block in data:
+                cut = block.rfind(b"\n")
+                if cut < 0:
+                    carry += block  # one long line so far
+                    continue
+                # One copy of the block per chunk (not two): the carried-over part is short.
+                chunk = carry + block[: cut + 1] if carry else block[: cut + 1]
+                carry = block[cut + 1 :]
+                yield JsonlChunk(label, line, chunk)
+                line += chunk.count(b"\n")
+        except _Truncated as error:
+            self._problem("truncated_file", f"{label}:{line}: {error}")
+            return  # skip_bad: what came before the damage is kept, the partial tail is not
+        if carry:
+            yield JsonlChunk(label, line, carry, unterminated=True)
+        elif line == 1:
+            self._problem("empty_file", f"{label}: empty file (no JSON lines after decompression)")

@@ -1,0 +1,811 @@
+"""Sample plans: which sample of which source the blend yields at each position, as Megatron-LM would.
+
+:func:`build_plan` turns a :class:`MixConfig` (prefixes, weights, sequence length, sample counts, seed,
+split or per-split blends) into a :class:`MixPlan` holding, per split, each source's GPT indices
+(:mod:`llmtools.data.gpt_index`) and the blend's dataset / dataset-sample index
+(:mod:`llmtools.data.blend`), following megatron-core 0.16's ``BlendedMegatronDatasetBuilder``:
+
+- weights given: normalised; each source is indexed for ``ceil(ceil(size*w)*(1+surplus))`` samples
+  and the blend has ``sum(ceil(size*w))`` samples (the 2025-02 and later semantics);
+- no weights, several prefixes: each source is one epoch of its split, the weights are those
+  lengths, the blend has ``min(size, sum)`` samples;
+- one prefix, no weights: the source's own GPT indices for exactly ``size`` samples.
+
+A source with weight 0 is left out of the blend (Megatron refuses it) with a warning.
+
+:func:`save_plan` writes ``mix.json`` and the index cache (``.npy`` files beside it named by the plan's
+hash, each written atomically); :func:`load_split` reopens one split, rebuilding the arrays when the
+cache is missing.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from llmtools import __version__
+from llmtools.data.blend import (
+    DEFAULT_SURPLUS,
+    blend_weights,
+    build_blending_indices,
+    check_weights,
+    normalize_weights,
+    samples_per_dataset,
+)
+from llmtools.data.gpt_index import GPTIndices, build_gpt_indices
+from llmtools.data.splits import DEFAULT_SPLIT, SPLITS, parse_split, split_matrix, split_range
+from llmtools.errors import InputError, RuntimeFailure, UsageError
+from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
+from llmtools.formats.mix import FORMAT, VERSION, read_mix, write_mix
+from llmtools.formats.sidecar import read_sidecar
+from llmtools.fsutil import atomic_file
+
+MEGATRON_SEMANTICS = (
+    "megatron-core 0.16 (core_v0.16.1): per-dataset samples ceil(ceil(size*w)*(1+surplus)), "
+    "blend length sum(ceil(size*w)) (the 2025-02 and later surplus)"
+)
+DEFAULT_SEED = 1234
+DEFAULT_MAX_EPOCHS = 4.0
+
+
+# -- configuration -------------------------------------------------------------------------------
+@dataclass
+class Blend:
+    """One blend: prefixes and their weights (None = weigh by size, as Megatron does)."""
+
+    prefixes: list[str]
+    weights: list[float] | None = None
+    flag: str = field(default="--weights", compare=False, repr=False)  # named in error messages
+
+    def __post_init__(self) -> None:
+        if not self.prefixes:
+            raise UsageError("no data: give at least one PREFIX (or --data-path)")
+        if self.weights is not None:
+            if len(self.weights) != len(self.prefixes):
+                raise UsageError(
+                    f"{self.flag}: {len(self.weights)} weight(s) for {len(self.prefixes)} source(s); "
+                    "give one weight per PREFIX"
+                )
+            self.weights = check_weights(self.weights, self.flag)
+
+
+@dataclass
+class MixConfig:
+    """What llm-mix is asked for; checks itself and names the flag at fault."""
+
+    blend: Blend | None
+    seq_length: int
+    num_samples: int | None = None
+    tokens: int | None = None
+    valid_samples: int = 0
+    test_samples: int = 0
+    seed: int = DEFAULT_SEED
+    split: str = DEFAULT_SPLIT
+    blend_per_split: dict[str, Blend] | None = None
+    surplus: float = DEFAULT_SURPLUS
+    allow_mixed_tokenizers: bool = False
+    max_epochs: float = DEFAULT_MAX_EPOCHS
+
+    def __post_init__(self) -> None:
+        _positive_int(self.seq_length, "--seq-length")
+        if self.seq_length < 2:
+            raise UsageError("--seq-length must be at least 2")
+        if (self.num_samples is None) == (self.tokens is None):
+            raise UsageError("give exactly one of --num-samples N or --tokens T")
+        if self.tokens is not None:
+            _positive_int(self.tokens, "--tokens")
+            self.num_samples = -(-int(self.tokens) // int(self.seq_length))
+        _positive_int(self.num_samples, "--num-samples")
+        for flag, value in (("--valid-samples", self.valid_samples), ("--test-samples", self.test_samples)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise UsageError(f"{flag} must be a non-negative integer, not {value!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**32:
+            raise UsageError(f"--seed must be an integer in [0, 2**32), not {self.seed!r}")
+        if not (isinstance(self.surplus, float | int) and 0 <= self.surplus < 10):
+            raise UsageError(f"--surplus must be a number in [0, 10), not {self.surplus!r}")
+        if (self.blend is None) == (self.blend_per_split is None):
+            raise UsageError(
+                "give either PREFIX.../--data-path or per-split blends (--train-data-path ...), not both"
+            )
+        if self.blend_per_split is not None:
+            unknown = set(self.blend_per_split) - set(SPLITS)
+            if unknown:
+                raise UsageError(f"unknown split(s) {sorted(unknown)}; use train, valid, test")
+            if "train" not in self.blend_per_split:
+                raise UsageError("per-split blends need a train blend (--train-data-path)")
+        else:
+            self.split_vector = parse_split(self.split)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {"train": int(self.num_samples), "valid": self.valid_samples, "test": self.test_samples}
+
+
+def _positive_int(value, flag: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise UsageError(f"{flag} must be a positive integer, not {value!r}")
+
+
+# -- Megatron's --data-path spelling ------------------------------------------------------------------
+_NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$|^[-+]?(nan|inf|infinity)$", re.IGNORECASE)
+
+
+def parse_data_path(tokens: list[str], flag: str = "--data-path") -> Blend:
+    """``["0.7", "A", "0.3", "B"]`` -> Blend([A, B], [0.7, 0.3]); ``["A", "B"]`` -> weights by size.
+
+    As Megatron's ``get_blend_from_list``: an odd count, or weights that are not numbers, means a list
+    of prefixes only. A mixture (some numbers, some not, in weight places) is refused. A list may also
+    be given as one string with spaces.
+    """
+    items = [part for token in tokens for part in str(token).split()]
+    if not items:
+        raise UsageError(f"{flag}: no datasets given")
+    if len(items) % 2 == 1:
+        return Blend(items, None, flag)
+    weights, prefixes = items[0::2], items[1::2]
+    numeric = [bool(_NUMBER.match(w)) for w in weights]
+    if not any(numeric):
+        return Blend(items, None, flag)
+    if not all(numeric):
+        bad = weights[numeric.index(False)]
+        raise UsageError(f"{flag}: expected 'WEIGHT PREFIX' pairs, but {bad!r} is not a number")
+    return Blend(prefixes, [float(w) for w in weights], flag)
+
+
+# -- sources ----------------------------------------------------------------------------------------
+@dataclass
+class Source:
+    """One ``.bin/.idx`` prefix on disk and what its index and sidecar say."""
+
+    prefix: str  # as given
+    path: str  # absolute prefix
+    reader: IndexedDatasetReader = field(repr=False)
+    sidecar: dict | None = field(repr=False)
+    idx_sha256: str
+
+    @property
+    def tokenizer(self) -> dict | None:
+        tok = (self.sidecar or {}).get("tokenizer")
+        return tok if isinstance(tok, dict) else None
+
+    def describe(self) -> dict:
+        return {
+            "prefix": self.path,
+            "prefix_as_given": self.prefix,
+            "documents": int(self.reader.num_documents),
+            "sequences": int(self.reader.num_sequences),
+            "tokens": int(self.reader.num_tokens),
+            "dtype": str(self.reader.dtype),
+            "idx_sha256": self.idx_sha256,
+            "sidecar": self.sidecar is not None,
+            "tokenizer": self.tokenizer,
+        }
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def open_source(prefix: str, base: Path | None = None) -> Source:
+    """Open and check one prefix (missing, corrupt, empty are :class:`InputError`)."""
+    given = strip_suffix(prefix)
+    candidates = [Path(given)]
+    if base is not None and not Path(given).is_absolute():
+        candidates.append(base / given)
+    chosen = next(
+        (c for c in candidates if Path(f"{c}.idx").exists() and Path(f"{c}.bin").exists()), candidates[0]
+    )
+    if not Path(f"{chosen}.idx").exists() and not Path(f"{chosen}.bin").exists():
+        raise InputError(f"{given}: no such dataset (expected {given}.bin and {given}.idx)")
+    reader = IndexedDatasetReader(chosen)
+    if reader.num_sequences and int(reader.sequence_lengths.min()) < 0:
+        reader.validate()  # names the bad place
+    if reader.num_tokens == 0:
+        raise InputError(
+            f"{reader.idx_file}: the dataset is empty (0 tokens in {reader.num_documents} documents)"
+        )
+    sidecar = read_sidecar(chosen)
+    return Source(given, os.path.abspath(str(chosen)), reader, sidecar, _sha256(reader.idx_file))
+
+
+def check_tokenizers(sources: list[Source], allow_mixed: bool) -> tuple[dict | None, list[str]]:
+    """The common tokenizer identity (or None) and notes; mixed tokenizers are an error unless allowed."""
+    notes: list[str] = []
+    seen: dict[str, tuple[dict, str]] = {}
+    for source in sources:
+        tok = source.tokenizer
+        if tok is None:
+            why = "no sidecar" if source.sidecar is None else "its sidecar names no tokenizer"
+            notes.append(f"{source.prefix}: {why} (e.g. written by Megatron); its tokenizer is not checked")
+            continue
+        key = str(tok.get("hash") or json.dumps(tok, sort_keys=True))
+        seen.setdefault(key, (tok, source.prefix))
+    if len(seen) > 1:
+        described = "; ".join(
+            f"{prefix}: {tok.get('name') or tok.get('source') or '?'} ({tok.get('hash', 'no hash')})"
+            for tok, prefix in seen.values()
+        )
+        if not allow_mixed:
+            raise InputError(
+                f"sources were tokenized with different tokenizers: {described} "
+                "(--allow-mixed-tokenizers to blend them anyway)"
+            )
+        notes.append(f"mixed tokenizers allowed: {described}")
+        return None, notes
+    return (next(iter(seen.values()))[0] if seen else None), notes
+
+
+# -- the plan ---------------------------------------------------------------------------------------
+@dataclass
+class Component:
+    """One source's part in one split's blend."""
+
+    source: int
+    weight: float | None  # as given (None: weighed by size)
+    normalized_weight: float
+    split_range: tuple[int, int]
+    target_samples: int | None  # ceil(size*w): what the blend may draw
+    built_samples: int | None  # what the GPT index was asked for (None: one epoch)
+    indices: GPTIndices | None = field(default=None, repr=False)
+    drawn: int = 0
+
+
+@dataclass
+class SplitPlan:
+    name: str
+    requested: int
+    size: int
+    blend_weights: list[float]
+    components: list[Component]
+    dataset_index: np.ndarray | None = field(default=None, repr=False)
+    dataset_sample_index: np.ndarray | None = field(default=None, repr=False)
+
+
+@dataclass
+class MixPlan:
+    config: MixConfig
+    sources: list[Source]
+    splits: dict[str, SplitPlan]
+    tokenizer: dict | None
+    notes: list[str]
+    warnings: list[str]
+    hash: str
+
+
+def _identity(config: MixConfig, sources: list[Source], blends: dict[str, tuple[Blend, tuple | None]]) -> str:
+    """Hash of everything the arrays depend on (not paths: moved data keeps its cache)."""
+    ident = {
+        "semantics": MEGATRON_SEMANTICS,
+        "sources": [{"idx_sha256": s.idx_sha256, "dtype": str(s.reader.dtype)} for s in sources],
+        "seq_length": config.seq_length,
+        "seed": config.seed,
+        "surplus": config.surplus,
+        "sizes": config.sizes,
+        "blends": {
+            name: {
+                "sources": [_index_of(sources, p) for p in b.prefixes],
+                "weights": b.weights,
+                "bookend": list(bk) if bk else None,
+            }
+            for name, (b, bk) in blends.items()
+        },
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _index_of(sources: list[Source], prefix: str) -> int:
+    given = strip_suffix(prefix)
+    for i, s in enumerate(sources):
+        if s.prefix == given:
+            return i
+    raise KeyError(prefix)
+
+
+def _split_blends(config: MixConfig) -> dict[str, tuple[Blend, tuple | None]]:
+    """Per split: the blend and the book-end of each source's sequences that it reads."""
+    if config.blend_per_split is not None:
+        return {name: (blend, (0.0, 1.0)) for name, blend in config.blend_per_split.items()}
+    matrix = split_matrix(config.split_vector)
+    return {name: (config.blend, matrix[i]) for i, name in enumerate(SPLITS)}
+
+
+def build_plan(
+    config: MixConfig, base: Path | None = None, with_arrays: bool = True, only: str | None = None
+) -> MixPlan:
+    """Open the sources, check them, and compute every index of every split (or of split ``only``)."""
+    blends = _split_blends(config)
+    sources: list[Source] = []
+    by_abs: dict[str, int] = {}
+    for blend, _ in blends.values():
+        for prefix in blend.prefixes:
+            given = strip_suffix(prefix)
+            if any(s.prefix == given for s in sources):
+                continue
+            source = open_source(given, base)
+            if source.path in by_abs:
+                raise UsageError(
+                    f"{given}: the same dataset is given twice ({sources[by_abs[source.path]].prefix})"
+                )
+            by_abs[source.path] = len(sources)
+            sources.append(source)
+    tokenizer, notes = check_tokenizers(sources, config.allow_mixed_tokenizers)
+    warnings: list[str] = []
+    splits: dict[str, SplitPlan] = {}
+    per_split = config.blend_per_split is not None
+    for name in SPLITS:
+        size = config.sizes[name]
+        blend, bookend = blends.get(name, (None, None))
+        if only is None and size > 0 and blend is None:
+            raise UsageError(f"--{name}-samples {size} but no --{name}-data-path blend for it")
+        if only is None and size > 0 and bookend is None:
+            raise UsageError(
+                f"--{name}-samples {size} but --split {config.split} gives the {name} split no data"
+            )
+        if only is None and name != "train" and size == 0 and per_split and blend is not None:
+            raise UsageError(f"--{name}-data-path given but --{name}-samples is 0; give --{name}-samples N")
+        if blend is None or bookend is None or size == 0 or (only is not None and name != only):
+            continue
+        splits[name] = _plan_split(
+            name, size, blend, bookend, sources, config, warnings, with_arrays, per_split
+        )
+    if "train" not in splits and only is None:
+        raise UsageError(f"--split {config.split}: the train split is empty")
+    plan = MixPlan(config, sources, splits, tokenizer, notes, warnings, _identity(config, sources, blends))
+    if with_arrays:
+        warnings.extend(_warnings(plan))
+    return plan
+
+
+def _plan_split(
+    name: str,
+    size: int,
+    blend: Blend,
+    bookend,
+    sources: list[Source],
+    config: MixConfig,
+    warnings: list[str],
+    with_arrays: bool,
+    per_split: bool = False,
+) -> SplitPlan:
+    ids = [_index_of(sources, p) for p in blend.prefixes]
+    weights = blend.weights
+    components: list[Component] = []
+    if weights is not None:
+        kept = [(i, w) for i, w in zip(ids, weights, strict=True) if w > 0]
+        for i, w in zip(ids, weights, strict=True):
+            if w == 0:
+                warnings.append(f"{sources[i].prefix}: weight 0, left out of the {name} blend")
+        norm = normalize_weights([w for _, w in kept])
+        targets, built = samples_per_dataset(norm, size, config.surplus)
+        for (i, w), nw, t, b in zip(kept, norm, targets, built, strict=True):
+            components.append(Component(i, w, nw, _range(sources[i], bookend, name), t, b))
+    else:
+        for i in ids:
+            components.append(Component(i, None, 0.0, _range(sources[i], bookend, name), None, None))
+    # Megatron reads a lone prefix directly (no blend, no surplus): without a weight in a global blend,
+    # and always in a per-split blend.
+    single = len(components) == 1 and (weights is None or per_split)
+    if single:
+        components[0].built_samples = size
+        components[0].target_samples = size
+        components[0].normalized_weight = 1.0
+    for comp in components:
+        comp.indices = _gpt(sources[comp.source], comp, config, name)
+    if single:
+        total, bw = size, [1.0]
+    elif weights is None:
+        lengths = [c.indices.num_samples for c in components]
+        bw = normalize_weights(lengths)
+        for c, nw in zip(components, bw, strict=True):
+            c.normalized_weight = nw
+            c.target_samples = c.indices.num_samples
+        total = min(size, sum(lengths))
+        if total < size:
+            warnings.append(
+                f"{name}: without weights each source gives one epoch (Megatron's rule): {total} samples, "
+                f"fewer than the {size} requested; give weights to repeat data"
+            )
+    else:
+        total = sum(c.target_samples for c in components)
+        bw = blend_weights([c.normalized_weight for c in components])
+    plan = SplitPlan(name, size, total, bw, components)
+    if with_arrays:
+        if single:
+            plan.dataset_index = np.zeros(total, dtype=np.int16)
+            plan.dataset_sample_index = np.arange(total, dtype=np.int64)
+        else:
+            plan.dataset_index, plan.dataset_sample_index = build_blending_indices(bw, total)
+        counts = np.bincount(plan.dataset_index, minlength=len(components))
+        for c, drawn in zip(components, counts.tolist(), strict=True):
+            c.drawn = drawn
+            if drawn > c.indices.num_samples:
+                raise RuntimeFailure(
+                    f"{name} blend draws {drawn} samples from {sources[c.source].prefix}, more than the "
+                    f"{c.indices.num_samples} its index holds; raise --surplus (now {config.surplus})"
+                )
+    return plan
+
+
+def _range(source: Source, bookend, name: str) -> tuple[int, int]:
+    beg, end = split_range(source.reader.num_sequences, bookend)
+    if end <= beg:
+        raise InputError(
+            f"{source.prefix}: its {name} split is empty ({source.reader.num_sequences} sequences, "
+            f"split {bookend[0]:.4g}..{bookend[1]:.4g}); use a coarser --split or more data"
+        )
+    return beg, end
+
+
+def _gpt(source: Source, comp: Component, config: MixConfig, name: str) -> GPTIndices:
+    lengths = source.reader.sequence_lengths
+    beg, end = comp.split_range
+    if int(np.sum(lengths[beg:end], dtype=np.int64)) < 2:
+        raise InputError(
+            f"{source.prefix}: its {name} split (sequences {beg}..{end}) holds fewer than 2 tokens"
+        )
+    return build_gpt_indices(lengths, comp.split_range, comp.built_samples, config.seq_length, config.seed)
+
+
+def _warnings(plan: MixPlan) -> list[str]:
+    out = []
+    seq = plan.config.seq_length
+    for split in plan.splits.values():
+        for c in split.components:
+            src = plan.sources[c.source]
+            epochs = epochs_drawn(c, seq)
+            if c.drawn == 0:
+                out.append(
+                    f"{src.prefix}: weight {c.normalized_weight:.3g} is too small: it gets no sample of the "
+                    f"{split.size} in the {split.name} blend"
+                )
+            elif epochs > plan.config.max_epochs:
+                out.append(
+                    f"{src.prefix}: repeated {epochs:.2f} epochs in the {split.name} split (more than {plan.config.max_epochs:g})"
+                )
+            elif epochs > 1:
+                out.append(
+                    f"{src.prefix}: exhausted: its {split.name} split is read {epochs:.2f} times (repeated data)"
+                )
+    return out
+
+
+def epochs_drawn(c: Component, seq_length: int) -> float:
+    """How many times the drawn samples read the split's tokens (each sample advances seq_length)."""
+    tpe = c.indices.tokens_per_epoch
+    return (c.drawn * seq_length + 1) / tpe if c.drawn else 0.0
+
+
+# -- mix.json and the cache --------------------------------------------------------------------------
+ARRAYS = ("document_index", "sample_index", "shuffle_index")
+
+
+def cache_names(plan_hash: str, split: SplitPlan) -> dict[str, str]:
+    names = {
+        "dataset_index": f"{plan_hash}-{split.name}-dataset_index.npy",
+        "dataset_sample_index": f"{plan_hash}-{split.name}-dataset_sample_index.npy",
+    }
+    for k, _ in enumerate(split.components):
+        for what in ARRAYS:
+            names[f"{k}.{what}"] = f"{plan_hash}-{split.name}-{k}-{what}.npy"
+    return names
+
+
+def plan_to_json(plan: MixPlan) -> dict:
+    config = plan.config
+    seq = config.seq_length
+    splits = {}
+    files: dict[str, dict[str, str]] = {}
+    for name, split in plan.splits.items():
+        files[name] = cache_names(plan.hash, split)
+        comps = []
+        for c in split.components:
+            src = plan.sources[c.source]
+            comps.append(
+                {
+                    "source": c.source,
+                    "prefix": src.path,
+                    "weight": c.weight,
+                    "normalized_weight": c.normalized_weight,
+                    "sequence_range": list(c.split_range),
+                    "tokens_per_epoch": c.indices.tokens_per_epoch,
+                    "target_samples": c.target_samples,
+                    "built_samples": c.built_samples,
+                    "index_samples": c.indices.num_samples,
+                    "epochs": c.indices.num_epochs,
+                    "separate_final_epoch": c.indices.separate_final_epoch,
+                    "samples_drawn": c.drawn,
+                    "tokens_drawn": c.drawn * seq,
+                    "epochs_drawn": round(epochs_drawn(c, seq), 6),
+                    "realized_share": c.drawn / split.size if split.size else 0.0,
+                }
+            )
+        splits[name] = {
+            "requested_samples": split.requested,
+            "num_samples": split.size,
+            "blend_weights": split.blend_weights,
+            "components": comps,
+        }
+    sources = []
+    for i, s in enumerate(plan.sources):
+        entry = s.describe()
+        train = plan.splits["train"]
+        comp = next((c for c in train.components if c.source == i), None)
+        entry["weight"] = comp.weight if comp else None
+        entry["normalized_weight"] = comp.normalized_weight if comp else 0.0
+        entry["samples_drawn"] = comp.drawn if comp else 0
+        entry["epochs"] = comp.indices.num_epochs if comp else 0
+        entry["epochs_drawn"] = round(epochs_drawn(comp, seq), 6) if comp else 0.0
+        entry["realized_share"] = comp.drawn / train.size if comp else 0.0
+        sources.append(entry)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "tool": f"llmtools {__version__}",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "megatron_semantics": MEGATRON_SEMANTICS,
+        "seq_length": seq,
+        "sample_tokens": seq + 1,
+        "seed": config.seed,
+        "split": config.split if config.blend_per_split is None else None,
+        "per_split_blends": config.blend_per_split is not None,
+        "surplus": config.surplus,
+        "requested": {
+            "num_samples": config.num_samples,
+            "tokens": config.tokens,
+            "valid_samples": config.valid_samples,
+            "test_samples": config.test_samples,
+        },
+        "tokenizer": plan.tokenizer,
+        "sources": sources,
+        "splits": splits,
+        "warnings": plan.warnings,
+        "notes": plan.notes,
+        "cache": {"hash": plan.hash, "files": files},
+        "config": _config_json(config),
+    }
+
+
+def _config_json(config: MixConfig) -> dict:
+    def blend(b: Blend | None):
+        return (
+            None if b is None else {"prefixes": [strip_suffix(p) for p in b.prefixes], "weights": b.weights}
+        )
+
+    return {
+        "blend": blend(config.blend),
+        "blend_per_split": None
+        if config.blend_per_split is None
+        else {k: blend(v) for k, v in config.blend_per_split.items()},
+        "seq_length": config.seq_length,
+        "num_samples": config.num_samples,
+        "valid_samples": config.valid_samples,
+        "test_samples": config.test_samples,
+        "seed": config.seed,
+        "split": config.split,
+        "surplus": config.surplus,
+        "allow_mixed_tokenizers": config.allow_mixed_tokenizers,
+    }
+
+
+def config_from_json(data: dict, path: Path) -> MixConfig:
+    raw = data.get("config")
+    if not isinstance(raw, dict):
+        raise InputError(f"{path}[config]: missing; this mix.json cannot be rebuilt")
+
+    def blend(b):
+        return None if b is None else Blend(list(b["prefixes"]), b["weights"])
+
+    try:
+        return MixConfig(
+            blend=blend(raw["blend"]),
+            blend_per_split=None
+            if raw["blend_per_split"] is None
+            else {k: blend(v) for k, v in raw["blend_per_split"].items()},
+            seq_length=raw["seq_length"],
+            num_samples=raw["num_samples"],
+            valid_samples=raw["valid_samples"],
+            test_samples=raw["test_samples"],
+            seed=raw["seed"],
+            split=raw["split"],
+            surplus=raw["surplus"],
+            allow_mixed_tokenizers=raw.get("allow_mixed_tokenizers", False),
+        )
+    except (KeyError, TypeError) as error:
+        raise InputError(f"{path}[config]: malformed ({error})") from None
+    except UsageError as error:
+        raise InputError(f"{path}[config]: {error}") from None
+
+
+def split_arrays(split: SplitPlan) -> dict[str, np.ndarray]:
+    arrays = {"dataset_index": split.dataset_index, "dataset_sample_index": split.dataset_sample_index}
+    for k, c in enumerate(split.components):
+        arrays[f"{k}.document_index"] = c.indices.document_index
+        arrays[f"{k}.sample_index"] = c.indices.sample_index
+        arrays[f"{k}.shuffle_index"] = c.indices.shuffle_index
+    return arrays
+
+
+def write_cache(plan: MixPlan, folder: Path, durable: bool = True) -> list[Path]:
+    """Write every split's arrays as ``.npy`` files named by the hash (each atomically); their paths."""
+    written = []
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in plan.splits.values():
+        names = cache_names(plan.hash, split)
+        for key, array in split_arrays(split).items():
+            path = folder / names[key]
+            with atomic_file(path, "wb", durable=durable) as handle:
+                np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
+            written.append(path)
+    return written
+
+
+def save_plan(plan: MixPlan, output: str | os.PathLike) -> list[Path]:
+    """Write the cache, then mix.json last (a mix.json never points at a missing cache)."""
+    output = Path(output)
+    written = write_cache(plan, output.parent if str(output.parent) else Path("."))
+    write_mix(output, plan_to_json(plan))
+    return [output, *written]
+
+
+def load_split_arrays(mix: dict, path: Path, split: str) -> dict[str, np.ndarray] | None:
+    """Memory-map one split's cached arrays; None when any file is missing or unreadable."""
+    files = mix["cache"].get("files", {}).get(split)
+    if not isinstance(files, dict):
+        return None
+    arrays = {}
+    for key, name in files.items():
+        file = path.parent / name
+        if not file.exists():
+            return None
+        try:
+            arrays[key] = np.load(file, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError):
+            return None
+    return arrays
+
+
+def reopen_plan(path: str | os.PathLike, with_arrays: bool = True) -> tuple[dict, MixPlan]:
+    """Rebuild the plan a mix.json describes (sources reopened, indices recomputed); checks the hash."""
+    path = Path(path)
+    mix = read_mix(path)
+    config = config_from_json(mix, path)
+    plan = build_plan(config, base=path.parent, with_arrays=with_arrays)
+    if plan.hash != mix["cache"]["hash"]:
+        raise InputError(
+            f"{path}: its sources changed since it was written (plan hash {plan.hash} != {mix['cache']['hash']}); "
+            "run llm-mix again"
+        )
+    return mix, plan
+
+
+def explain(plan: MixPlan) -> str:
+    """A human table: per split and source, requested vs realized share, epochs, tokens; then warnings."""
+    seq = plan.config.seq_length
+    lines = [
+        f"plan {plan.hash}: seq_length {seq} (+1 token per sample), seed {plan.config.seed}, {MEGATRON_SEMANTICS}"
+    ]
+    for split in plan.splits.values():
+        lines.append(
+            f"\n[{split.name}] {split.size} samples (requested {split.requested}), {split.size * seq:,} tokens"
+        )
+        header = f"  {'source':<40} {'requested':>9} {'realized':>9} {'samples':>10} {'tokens':>15} {'split tokens':>14} {'epochs':>7} {'built':>5}"
+        lines.append(header)
+        for c in split.components:
+            src = plan.sources[c.source]
+            name = src.prefix if len(src.prefix) <= 40 else "…" + src.prefix[-39:]
+            lines.append(
+                f"  {name:<40} {c.normalized_weight:>9.4f} {c.drawn / split.size:>9.4f} {c.drawn:>10} "
+                f"{c.drawn * seq:>15,} {c.indices.tokens_per_epoch:>14,} {epochs_drawn(c, seq):>7.2f} {c.indices.num_epochs:>5}"
+            )
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    for warning in plan.warnings:
+        lines.append(f"warning: {warning}")
+    return "\n".join(lines)
+
+
+# -- parsing what the command line gives ------------------------------------------------------------
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+
+
+def parse_count(text: str | int | None, flag: str, allow_zero: bool = False) -> int | None:
+    """``"2048"``, ``"10_000"``, ``"10M"``, ``"1.5B"`` -> int; a one-line :class:`UsageError` otherwise."""
+    if text is None:
+        return None
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        match = re.fullmatch(r"\s*(\d[\d_]*(?:\.\d+)?)\s*([kKmMbBgGtT]?)\s*", str(text))
+        if not match:
+            raise UsageError(
+                f"{flag}: {text!r} is not a {'non-negative' if allow_zero else 'positive'} integer"
+            )
+        number, suffix = match.groups()
+        scaled = float(number.replace("_", "")) * _SUFFIX[suffix.lower()]
+        if scaled != int(scaled) or (not suffix and "." in number):
+            raise UsageError(f"{flag}: {text!r} is not a whole number")
+        value = int(scaled)
+    if value < 0 or (value == 0 and not allow_zero):
+        raise UsageError(
+            f"{flag}: must be a {'non-negative' if allow_zero else 'positive'} integer, not {text!r}"
+        )
+    return value
+
+
+def parse_weights(text: str | None) -> list[float] | None:
+    """``"0.7,0.3"`` -> [0.7, 0.3] (checked by :class:`Blend`); None when not given."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in str(text).replace(" ", ",").split(",") if p.strip()]
+    if not parts:
+        raise UsageError("--weights: empty; give one number per PREFIX, like 0.7,0.3")
+    out = []
+    for i, part in enumerate(parts):
+        try:
+            out.append(float(part))
+        except ValueError:
+            raise UsageError(f"--weights: weight {i + 1} ({part!r}) is not a number") from None
+    return out
+
+
+# -- materialize ------------------------------------------------------------------------------------
+def materialize(
+    dataset, prefix: str | os.PathLike, mix_path: str | os.PathLike | None = None, chunk: int = 4096
+) -> list[Path]:
+    """Write the dataset's samples in plan order, one ``seq_length + 1``-token document each, as PREFIX.bin/.idx.
+
+    A sidecar ``PREFIX.json`` records the tokenizer identity (when the plan has one) so that
+    llm-prep inspect / cat and llm-export can decode it.
+    """
+    from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, idx_path
+    from llmtools.formats.sidecar import write_sidecar
+
+    prefix = strip_suffix(prefix)
+    dtypes = {p.tokens.dtype for p in dataset.parts}
+    dtype = dtypes.pop() if len(dtypes) == 1 else np.dtype(np.int32)
+    width = dataset.seq_length + 1
+    n = len(dataset)
+    with IndexedDatasetWriter(prefix, dtype) as writer:
+        for lo in range(0, n, chunk):
+            block = dataset.batch(np.arange(lo, min(n, lo + chunk), dtype=np.int64))
+            writer.add_documents(
+                block.reshape(-1).astype(dtype), np.full(block.shape[0], width, dtype=np.int64)
+            )
+    inputs = []
+    if mix_path is not None:
+        mp = Path(mix_path)
+        inputs.append({"path": str(mp), "size": mp.stat().st_size, "sha256": _sha256(mp)})
+    tok = dataset.tokenizer
+    sidecar = {
+        "format": "llmtools.indexed-sidecar",
+        "version": 1,
+        "tool": f"llmtools {__version__}",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "tokenizer": tok,
+        "json_key": None,
+        "append_eod": False,
+        "dtype": str(np.dtype(dtype)),
+        "inputs": inputs,
+        "counts": {"documents": n, "sequences": n, "tokens": n * width, "empty_documents": 0, "skipped": {}},
+        "materialized": {
+            "mix": str(mix_path) if mix_path else None,
+            "split": dataset.split,
+            "fingerprint": dataset.fingerprint,
+            "seq_length": dataset.seq_length,
+        },
+    }
+    written = [bin_path(prefix), idx_path(prefix)]
+    if tok is not None:  # without a known tokenizer the file is like one Megatron wrote: no sidecar
+        written.append(write_sidecar(prefix, sidecar))
+    return written

@@ -1,0 +1,140 @@
+"""A built-in, generated sample corpus: deterministic from a seed, with structure a tiny model learns.
+
+Two sources in different styles, so the mixing demo has something to blend:
+
+* ``stories`` — short children's stories from a small grammar. Within a story the same name, pet,
+  colour and place recur, so a model can learn to copy them forward; sentence shapes repeat.
+* ``arith``   — lines of small-number arithmetic and counting (``7 + 5 = 12``, ``3, 4, 5, 6``):
+  exact, checkable patterns whose loss falls fast.
+
+The text depends only on (style, seed, document number): the same call gives the same bytes on any
+machine and Python version (no ``hash()``, only ``random.Random`` seeded from sha256).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from llmtools.errors import UsageError
+
+STYLES = ("stories", "arith")
+
+NAMES = {
+    "Mia": "She",
+    "Tom": "He",
+    "Lily": "She",
+    "Ben": "He",
+    "Sara": "She",
+    "Max": "He",
+    "Anna": "She",
+    "Leo": "He",
+    "Zoe": "She",
+    "Sam": "He",
+    "Nina": "She",
+    "Jack": "He",
+    "Ella": "She",
+    "Finn": "He",
+}
+PETS = ["dog", "cat", "bird", "fish", "rabbit", "frog", "turtle", "pony"]
+COLORS = ["red", "blue", "green", "yellow", "purple", "orange", "pink", "white"]
+THINGS = ["ball", "kite", "hat", "box", "book", "boat", "cup", "drum"]
+PLACES = ["park", "garden", "forest", "beach", "lake", "farm", "hill", "town"]
+FEELINGS = ["happy", "sad", "scared", "proud", "tired", "excited", "surprised", "calm"]
+WEATHER = ["sunny", "rainy", "windy", "cold", "warm", "snowy"]
+
+
+def _rng(style: str, seed: int, index: int) -> random.Random:
+    digest = hashlib.sha256(f"llmtools-sample-corpus/{style}/{seed}/{index}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "little"))
+
+
+def story(rng: random.Random) -> str:
+    name, friend = rng.sample(sorted(NAMES), 2)
+    pet, color, thing, place = rng.choice(PETS), rng.choice(COLORS), rng.choice(THINGS), rng.choice(PLACES)
+    feeling, end_feeling, weather = (
+        rng.choice(FEELINGS),
+        rng.choice(["happy", "proud", "calm"]),
+        rng.choice(WEATHER),
+    )
+    they = NAMES[name]  # the pronoun agrees with the name: one more thing to learn
+    lines = [
+        f"Once upon a time, there was a child named {name}.",
+        f"{name} had a {color} {thing} and a little {pet}.",
+        f"It was a {weather} day, so {name} went to the {place} with the {pet}.",
+    ]
+    middle = [
+        f"At the {place}, {name} played with the {color} {thing}.",
+        f"The {pet} ran around and {name} laughed.",
+        f'Then {name} met {friend}. {friend} said, "I like your {color} {thing}!"',
+        f"{name} felt {feeling} when the {thing} rolled away.",
+        f"{friend} helped {name} look for the {color} {thing} near the {place}.",
+        f"They found the {thing} under a big tree.",
+    ]
+    rng.shuffle(middle)
+    lines += middle[: rng.randint(3, len(middle))]
+    lines += [f"{they} thanked {friend}. {name} and the {pet} went home {end_feeling}.", "The end."]
+    return " ".join(lines)
+
+
+def arith(rng: random.Random) -> str:
+    out = []
+    for _ in range(rng.randint(6, 14)):
+        kind = rng.random()
+        if kind < 0.4:
+            a, b = rng.randint(0, 50), rng.randint(0, 50)
+            out.append(f"{a} + {b} = {a + b}")
+        elif kind < 0.7:
+            a, b = rng.randint(0, 99), rng.randint(0, 50)
+            a, b = max(a, b), min(a, b)
+            out.append(f"{a} - {b} = {a - b}")
+        elif kind < 0.85:
+            a, b = rng.randint(0, 12), rng.randint(0, 12)
+            out.append(f"{a} * {b} = {a * b}")
+        else:
+            start, step = rng.randint(0, 40), rng.randint(1, 5)
+            out.append(", ".join(str(start + step * k) for k in range(rng.randint(4, 8))))
+    return "\n".join(out) + "\n"
+
+
+GENERATORS = {"stories": story, "arith": arith}
+
+
+def generate(style: str, docs: int, seed: int = 1234) -> Iterator[str]:
+    """``docs`` texts of ``style``, deterministic from ``seed``."""
+    if style not in GENERATORS:
+        raise UsageError(f"--style: unknown style {style!r} (choose from {', '.join(STYLES)})")
+    make = GENERATORS[style]
+    for i in range(docs):
+        yield make(_rng(style, seed, i))
+
+
+def write_sample_corpus(
+    output_dir: str | os.PathLike,
+    docs: int = 2000,
+    seed: int = 1234,
+    styles: Sequence[str] = STYLES,
+    force: bool = False,
+) -> list[Path]:
+    """Write ``{output_dir}/{style}.jsonl`` (``{"text": ...}`` per line) for each style; returns the paths."""
+    from llmtools.fsutil import atomic_file, check_writable
+
+    if docs < 1:
+        raise UsageError(f"--docs: must be at least 1, got {docs}")
+    styles = list(dict.fromkeys(styles))
+    for style in styles:
+        if style not in GENERATORS:
+            raise UsageError(f"--style: unknown style {style!r} (choose from {', '.join(STYLES)})")
+    out = Path(output_dir)
+    paths = [out / f"{style}.jsonl" for style in styles]
+    check_writable(paths, force)
+    out.mkdir(parents=True, exist_ok=True)
+    for style, path in zip(styles, paths, strict=True):
+        with atomic_file(path, "w", encoding="utf-8") as handle:
+            for text in generate(style, docs, seed):
+                handle.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+    return paths

@@ -1,0 +1,21 @@
+"""Reading a JSON object from a file with the one error model: a message naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from llmtools.errors import InputError
+
+
+def read_json_object(path: str | os.PathLike, what: str = "JSON file") -> dict:
+    """Parse ``path`` as a JSON object; :class:`InputError` naming the file when it is not one."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: not a valid {what} ({error})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a {what} must be a JSON object")
+    return data

@@ -1,0 +1,194 @@
+"""``llm-log plot``: training curves of one or more runs, overlaid, in four panels.
+
+Panels: loss (raw, faint, and an exponential moving average, bold; eval loss as markers), learning
+rate, gradient norm, throughput (tokens/s, or samples/s when a log has no token counts). The x axis
+is steps or consumed tokens. matplotlib runs headless (Agg); the PNG is written atomically.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmtools.errors import InputError, UsageError
+from llmtools.fsutil import check_writable, commit_file, tmp_sibling
+from llmtools.logs.analysis import SpikeDetector
+from llmtools.logs.records import Record
+
+PANELS = ("loss", "lr", "grad_norm", "throughput")
+
+
+@dataclass
+class PlotConfig:
+    output: Path
+    x: str = "steps"
+    smooth: float | None = None  # EMA weight; None: a time constant of ~0.5% of the run's points
+    title: str | None = None
+    force: bool = False
+    dpi: int = 100
+    width: float = 12.0
+    height: float = 8.0
+
+    def __post_init__(self) -> None:
+        self.output = Path(self.output)
+        if self.x not in ("steps", "tokens"):
+            raise UsageError(f"--x must be 'steps' or 'tokens', got {self.x!r}")
+        if self.smooth is not None and not 0 <= self.smooth < 1:
+            raise UsageError(f"--smooth must be in [0, 1), got {self.smooth}")
+        if self.output.suffix.lower() != ".png":
+            raise UsageError(f"-o/--output: {self.output} must end in .png")
+        if not (20 <= self.dpi <= 600):
+            raise UsageError(f"--dpi must be between 20 and 600, got {self.dpi}")
+
+
+@dataclass
+class Curves:
+    """The series of one run, kept as compact arrays (a million points is 8 MB per series)."""
+
+    name: str
+    series: dict[str, tuple[array, array]] = field(default_factory=dict)
+    has_tokens: bool = False
+
+    def _append(self, key: str, x: float, y: float) -> None:
+        xs, ys = self.series.setdefault(key, (array("d"), array("d")))
+        # x going back is a resume from an earlier checkpoint: the new values supersede the old
+        # ones from that point on (what TensorBoard shows too), so the curve never zig-zags.
+        while xs and xs[-1] >= x:
+            xs.pop()
+            ys.pop()
+        xs.append(x)
+        ys.append(y)
+
+    def add(self, record: Record, x_axis: str, last_tokens: list) -> None:
+        values = record.values
+        if "consumed_tokens" in values:
+            last_tokens[0] = values["consumed_tokens"]
+            self.has_tokens = True
+        if x_axis == "tokens":
+            if last_tokens[0] is None:
+                return
+            x = last_tokens[0]
+        else:
+            x = record.step
+        if record.kind == "eval":
+            if "eval_loss" in values:
+                self._append("eval_loss", x, values["eval_loss"])
+            return
+        if record.kind != "train":
+            return
+        for name in ("loss", "lr", "grad_norm"):
+            value = values.get(name)
+            if value is not None and math.isfinite(value):
+                self._append(name, x, value)
+        for name in ("tokens_per_s", "samples_per_s"):
+            value = values.get(name)
+            if value is not None and math.isfinite(value):
+                self._append(name, x, value)
+
+    def points(self, key: str) -> int:
+        return len(self.series[key][0]) if key in self.series else 0
+
+
+def auto_smoothing(points: int) -> float:
+    """An EMA weight whose time constant is ~0.5% of the points: none for a short log, strong for a long one."""
+    return max(0.0, 1.0 - 200.0 / points) if points else 0.0
+
+
+def ema(values: array, alpha: float) -> list[float]:
+    """TensorBoard-style smoothing with debiasing, so the curve starts at the first value."""
+    out = []
+    last = 0.0
+    for i, value in enumerate(values, 1):
+        last = alpha * last + (1 - alpha) * value
+        out.append(last / (1 - alpha**i) if alpha else value)
+    return out
+
+
+def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
+    """Draw and write the PNG; returns what was drawn per panel (points per run), for callers and tests."""
+    check_writable([config.output], config.force)
+    if not any(run.points("loss") or run.points("lr") or run.points("eval_loss") for run in runs):
+        hint = " (no consumed_tokens in the logs: use --x steps)" if config.x == "tokens" else ""
+        raise InputError(
+            "nothing to plot: no loss, lr or eval loss in " + ", ".join(r.name for r in runs) + hint
+        )
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("llm-log plot needs matplotlib: pip install 'llmtools[plot]'") from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(config.width, config.height), dpi=config.dpi, sharex=True)
+    ax_loss, ax_lr, ax_gn, ax_tp = axes.flat
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    drawn = {panel: {} for panel in PANELS}
+    throughput_label = "tokens/s"
+    for index, run in enumerate(runs):
+        color = colors[index % len(colors)]
+        if run.points("loss"):
+            xs, ys = run.series["loss"]
+            alpha = config.smooth if config.smooth is not None else auto_smoothing(len(ys))
+            ax_loss.plot(xs, ys, color=color, alpha=0.3, linewidth=0.8)
+            ax_loss.plot(xs, ema(ys, alpha), color=color, linewidth=1.8, label=run.name)
+            detector = SpikeDetector()
+            spikes = [(x, y) for x, y in zip(xs, ys, strict=True) if detector.check(y) is not None]
+            if spikes:
+                ax_loss.plot(
+                    *zip(*spikes, strict=True), "x", color="red", markersize=7, label=f"{run.name} spikes"
+                )
+            drawn["loss"][run.name] = len(xs)
+        if run.points("eval_loss"):
+            xs, ys = run.series["eval_loss"]
+            ax_loss.plot(xs, ys, "o--", color=color, markersize=4, linewidth=0.8, label=f"{run.name} (eval)")
+            drawn["loss"][run.name] = drawn["loss"].get(run.name, 0) + len(xs)
+        for key, ax in (("lr", ax_lr), ("grad_norm", ax_gn)):
+            if run.points(key):
+                xs, ys = run.series[key]
+                ax.plot(xs, ys, color=color, linewidth=1.2, label=run.name)
+                drawn[key][run.name] = len(xs)
+        key = "tokens_per_s" if run.points("tokens_per_s") else "samples_per_s"
+        if key == "samples_per_s":
+            throughput_label = "tokens/s or samples/s" if drawn["throughput"] else "samples/s"
+        if run.points(key):
+            xs, ys = run.series[key]
+            ax_tp.plot(
+                xs, ys, color=color, linewidth=1.0, label=f"{run.name} ({key.replace('_per_s', '/s')})"
+            )
+            drawn["throughput"][run.name] = len(xs)
+    ax_loss.set_title("loss (raw, smoothed; eval o, spikes x)")
+    ax_lr.set_title("learning rate")
+    ax_gn.set_title("grad norm")
+    ax_tp.set_title(f"throughput ({throughput_label})")
+    if drawn["grad_norm"] and all(
+        v > 0 for run in runs if run.points("grad_norm") for v in run.series["grad_norm"][1]
+    ):
+        ax_gn.set_yscale("log")
+    xlabel = "consumed tokens" if config.x == "tokens" else "step"
+    for ax in axes.flat:
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8, loc="best")
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
+    for ax in axes[1]:
+        ax.set_xlabel(xlabel)
+    fig.suptitle(config.title or ", ".join(run.name for run in runs))
+    fig.tight_layout()
+    tmp = tmp_sibling(config.output, suffix=".png")
+    try:
+        fig.savefig(tmp, format="png")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; a plot is for sharing
+        commit_file(tmp, config.output, durable=False)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return drawn

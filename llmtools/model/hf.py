@@ -1,0 +1,417 @@
+"""Hugging Face interop: ``config.json`` both ways, safetensors folders in and out.
+
+Because :class:`~llmtools.model.llama.LlamaForCausalLM` uses Hugging Face's parameter names, a
+folder written by ``transformers``' ``save_pretrained`` loads with no renaming, and the folders
+written here load with ``AutoModelForCausalLM.from_pretrained``.
+
+:func:`save_hf_folder` streams: tensors are written one at a time straight into the shard files
+(it writes the safetensors header itself, from shapes known in advance), so converting a checkpoint
+never holds more than one tensor beyond what the caller already holds. Values may be
+:class:`TensorSource` objects that load their tensor only when it is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmtools.errors import InputError
+from llmtools.fsutil import atomic_dir
+from llmtools.model.config import ModelConfig
+from llmtools.model.hf_config import from_hf_config, read_hf_config, to_hf_config
+
+SAFETENSORS_DTYPES = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float64: "F64",
+}
+DTYPE_NAMES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+DEFAULT_SHARD_SIZE = 5 * 10**9  # "5GB", transformers 4.x save_pretrained's default
+# Buffers some older checkpoints carry; they are recomputed, never loaded.
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+# ---- names -------------------------------------------------------------------------------------------
+
+
+def expected_parameter_names(config: ModelConfig, include_tied: bool = False) -> list[str]:
+    """Hugging Face's parameter names for this shape, in state-dict order.
+
+    ``lm_head.weight`` is left out when tied (HF does not save it) unless ``include_tied``.
+    """
+    names = ["model.embed_tokens.weight"]
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
+        if config.qk_norm:
+            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+    names.append("model.norm.weight")
+    if include_tied or not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    return names
+
+
+# ---- loading -----------------------------------------------------------------------------------------
+
+
+def load_hf_state_dict(
+    folder: str | os.PathLike, dtype: str | torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """All tensors of a Hugging Face model folder: ``model.safetensors``, sharded safetensors with
+    ``model.safetensors.index.json``, or (older folders) ``pytorch_model.bin`` (+ index)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: not a folder")
+    target = _as_dtype(dtype) if dtype is not None else None
+    files = _weight_files(folder)
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        try:
+            if path.suffix == ".safetensors":
+                part = load_file(path)
+            else:
+                part = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except (SafetensorError, OSError, RuntimeError) as error:
+            raise InputError(f"{path}: cannot read weights ({error})") from None
+        for name, tensor in part.items():
+            if name.endswith(IGNORED_SUFFIXES):
+                continue
+            if name in state:
+                raise InputError(f"{path}[{name}]: tensor appears in two weight files")
+            state[name] = tensor.to(target) if target is not None and tensor.is_floating_point() else tensor
+    return state
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = folder / index_name
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as error:
+                raise InputError(f"{index}[weight_map]: not a valid shard index ({error})") from None
+            files = [folder / name for name in dict.fromkeys(weight_map.values())]
+            for path in files:
+                if not path.is_file():
+                    raise InputError(f"{index}: names shard {path.name}, which is missing")
+            return files
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return [folder / name]
+    raise InputError(f"{folder}: no model.safetensors, shard index or pytorch_model.bin")
+
+
+def load_state_dict_into(
+    model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str, assign: bool = False
+) -> None:
+    """``model.load_state_dict`` with errors that name the source and the tensor, and tied
+    embeddings handled (a checkpoint may or may not carry ``lm_head.weight``)."""
+    config: ModelConfig = model.config
+    state = {k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)}
+    expected = expected_parameter_names(config, include_tied=True)
+    wanted = set(expected)
+    for name in state:
+        if name not in wanted:
+            raise InputError(f"{source}[{name}]: unexpected tensor for this model shape")
+    if config.tie_word_embeddings and "lm_head.weight" in state and "model.embed_tokens.weight" in state:
+        if not torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"]):
+            raise InputError(f"{source}[lm_head.weight]: differs from the embedding but the config ties them")
+    own = dict(model.named_parameters(remove_duplicate=False))
+    for name in expected:
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        if name not in state:
+            raise InputError(f"{source}[{name}]: missing")
+        if tuple(state[name].shape) != tuple(own[name].shape):
+            raise InputError(
+                f"{source}[{name}]: shape {tuple(state[name].shape)}, the model expects "
+                f"{tuple(own[name].shape)}"
+            )
+    state = {k: v for k, v in state.items() if not (k == "lm_head.weight" and config.tie_word_embeddings)}
+    model.load_state_dict(state, strict=False, assign=assign)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+
+
+def load_hf_model(folder: str | os.PathLike, dtype: str | torch.dtype | None = None):
+    """A :class:`LlamaForCausalLM` with the config and weights of a Hugging Face folder.
+
+    Built on the meta device and filled by assignment, so the weights are held once.
+    """
+    from llmtools.model.llama import LlamaForCausalLM
+
+    folder = Path(folder)
+    config = from_hf_config(read_hf_config(folder), source=str(folder / "config.json"))
+    state = load_hf_state_dict(folder, dtype=dtype)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    load_state_dict_into(model, state, str(folder), assign=True)
+    return model
+
+
+def load_hf_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
+    """Copy a Hugging Face folder's weights into an existing model (``--init-from``), after checking
+    that the folder's config describes the same shape."""
+    folder = Path(folder)
+    theirs = from_hf_config(read_hf_config(folder), source=str(folder / "config.json"))
+    check_same_shape(model.config, theirs, str(folder / "config.json"))
+    state = load_hf_state_dict(folder)
+    with torch.no_grad():
+        load_state_dict_into(model, state, str(folder))
+
+
+SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "qk_norm",
+    "tie_word_embeddings",
+)
+
+
+def check_same_shape(ours: ModelConfig, theirs: ModelConfig, source: str) -> None:
+    for name in SHAPE_FIELDS:
+        if getattr(ours, name) != getattr(theirs, name):
+            raise InputError(
+                f"{source}[{name}]: {getattr(theirs, name)!r} but the model config has "
+                f"{getattr(ours, name)!r}"
+            )
+
+
+# ---- saving ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorSource:
+    """A tensor known by shape and dtype, loaded only when :func:`save_hf_folder` writes it.
+
+    Any object with ``shape``, ``dtype`` and ``load()`` is accepted in its place (duck typing), so a
+    checkpoint reader can hand over its own lazy tensors.
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    load: Callable[[], torch.Tensor]
+
+
+def save_hf_folder(
+    state: Mapping[str, torch.Tensor | TensorSource] | torch.nn.Module,
+    config: ModelConfig,
+    folder: str | os.PathLike,
+    *,
+    dtype: str | torch.dtype | None = None,
+    max_shard_size: int | str = DEFAULT_SHARD_SIZE,
+    bos_token_id: int | None = None,
+    eos_token_id: int | list[int] | None = None,
+    extra_files: Mapping[str, str | os.PathLike] | Iterable[str | os.PathLike] | None = None,
+    force: bool = False,
+) -> Path:
+    """Write a folder that ``AutoModelForCausalLM.from_pretrained`` loads: config.json,
+    generation_config.json, model.safetensors (or shards of at most ``max_shard_size`` bytes with
+    model.safetensors.index.json), and ``extra_files`` (e.g. tokenizer.json) copied in.
+
+    ``state`` uses HF names (a module is taken by its state_dict); a tied ``lm_head.weight`` is
+    dropped. ``dtype`` casts floating tensors (None keeps each as it is). The folder appears only
+    when complete; an existing one is replaced only with ``force``.
+    """
+    if isinstance(state, torch.nn.Module):
+        state = state.state_dict()
+    names = expected_parameter_names(config)
+    missing = [n for n in names if n not in state]
+    if missing:
+        raise InputError(
+            f"save_hf_folder: tensor {missing[0]!r} missing from the state dict "
+            f"({len(missing)} missing in all)"
+        )
+    extra = sorted(
+        set(state) - set(names) - {"lm_head.weight"} - {k for k in state if k.endswith(IGNORED_SUFFIXES)}
+    )
+    if extra:
+        raise InputError(f"save_hf_folder: unexpected tensor {extra[0]!r} for this model shape")
+    target = _as_dtype(dtype) if dtype is not None else None
+    specs = []
+    for name in names:
+        value = state[name]
+        shape = tuple(value.shape)
+        src_dtype = value.dtype
+        out_dtype = target if target is not None and src_dtype.is_floating_point else src_dtype
+        if out_dtype not in SAFETENSORS_DTYPES:
+            raise InputError(f"save_hf_folder[{name}]: dtype {out_dtype} cannot be written")
+        nbytes = _numel(shape) * out_dtype.itemsize
+        specs.append((name, shape, out_dtype, nbytes, value))
+    limit = _parse_size(max_shard_size)
+    shards: list[list[tuple]] = [[]]
+    size = 0
+    for spec in specs:
+        if shards[-1] and size + spec[3] > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(spec)
+        size += spec[3]
+    config_dtype = target or specs[0][2]
+
+    folder = Path(folder)
+    with atomic_dir(folder, force=force) as tmp:
+        weight_map: dict[str, str] = {}
+        for i, shard in enumerate(shards):
+            file = (
+                "model.safetensors"
+                if len(shards) == 1
+                else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            )
+            write_safetensors(tmp / file, shard)
+            weight_map.update({spec[0]: file for spec in shard})
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": sum(s[3] for s in specs)}, "weight_map": weight_map}
+            (tmp / "model.safetensors.index.json").write_text(
+                json.dumps(index, indent=2) + "\n", encoding="utf-8"
+            )
+        hf_config = to_hf_config(
+            config, dtype=config_dtype, bos_token_id=bos_token_id, eos_token_id=eos_token_id
+        )
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+        generation = {"_from_model_config": True, "bos_token_id": bos_token_id, "eos_token_id": eos_token_id}
+        (tmp / "generation_config.json").write_text(
+            json.dumps({k: v for k, v in generation.items() if v is not None}, indent=2) + "\n",
+            encoding="utf-8",
+        )
+        for name, path in _extra_items(extra_files):
+            path = Path(path)
+            if not path.is_file():
+                raise InputError(f"{path}: extra file to copy into the model folder is missing")
+            shutil.copyfile(path, tmp / name)
+    return folder
+
+
+def write_safetensors(path: Path, shard: list[tuple]) -> None:
+    """Write one safetensors file from ``(name, shape, dtype, nbytes, tensor_or_source)`` specs.
+
+    Header from the planned shapes, then each tensor's bytes as it is loaded (the safetensors
+    layout: u64 little-endian header length, JSON header padded to 8 bytes, contiguous data)."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape, dtype, nbytes, _ in shard:
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(raw)))
+        handle.write(raw)
+        for name, shape, dtype, nbytes, value in shard:
+            # Anything with shape/dtype/load() streams (TensorSource, or a checkpoint reader's own type).
+            tensor = value if isinstance(value, torch.Tensor) else value.load()
+            if tuple(tensor.shape) != shape:
+                raise InputError(
+                    f"save_hf_folder[{name}]: loaded shape {tuple(tensor.shape)}, announced {shape}"
+                )
+            tensor = tensor.detach().to(device="cpu", dtype=dtype).contiguous()
+            data = tensor.reshape(-1).view(torch.uint8).numpy()  # raw bytes; the machine is little-endian
+            if data.nbytes != nbytes:
+                raise InputError(f"save_hf_folder[{name}]: {data.nbytes} bytes, expected {nbytes}")
+            handle.write(memoryview(data))
+            del tensor, data
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+_write_safetensors = write_safetensors  # the name llmtools.ckpt.convert imported first
+
+
+def _extra_items(extra_files) -> list[tuple[str, Path]]:
+    if not extra_files:
+        return []
+    if isinstance(extra_files, Mapping):
+        return [(str(k), Path(v)) for k, v in extra_files.items()]
+    return [(Path(p).name, Path(p)) for p in extra_files]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _parse_size(size: int | str) -> int:
+    """Bytes from an int or a string like ``"5GB"``, ``"500MB"``, ``"2GiB"``."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        value = size
+    else:
+        text = str(size).strip().upper().replace(" ", "")
+        units = {
+            "KIB": 1024,
+            "MIB": 1024**2,
+            "GIB": 1024**3,
+            "TIB": 1024**4,
+            "KB": 10**3,
+            "MB": 10**6,
+            "GB": 10**9,
+            "TB": 10**12,
+            "B": 1,
+        }
+        number, factor = text, 1
+        for unit, scale in units.items():
+            if text.endswith(unit):
+                number, factor = text[: -len(unit)], scale
+                break
+        try:
+            value = int(float(number) * factor)
+        except ValueError:
+            raise InputError(f"--shard-size: {size!r} is not a size (e.g. 5GB, 500MB, 2GiB)") from None
+    if value <= 0:
+        raise InputError(f"--shard-size: must be positive, got {size!r}")
+    return value
+
+
+def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in DTYPE_NAMES:
+        return DTYPE_NAMES[dtype]
+    raise InputError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
+
+
+__all__ = [
+    "to_hf_config",
+    "from_hf_config",
+    "read_hf_config",
+    "load_hf_state_dict",
+    "load_hf_model",
+    "load_hf_weights",
+    "load_state_dict_into",
+    "save_hf_folder",
+    "TensorSource",
+    "write_safetensors",
+    "expected_parameter_names",
+    "check_same_shape",
+]

@@ -1,0 +1,592 @@
+"""The train config: nested dataclasses that check themselves, loaded from YAML with ``--set`` overrides.
+
+Layout (``schemas/train-config.schema.json``; example ``configs/train/tiny.yaml``)::
+
+    model:      preset (name in configs/models/, a path, or null) + inline ModelConfig fields, init_from
+    data:       mix (a mix.json) or prefixes + weights + seq_length; split, seed, cache_dir
+    training:   micro_batch_size, global_batch_size, train_steps or train_tokens, precision, clip_grad, seed
+    optimizer:  AdamW (lr, betas, eps, weight_decay; no decay on norms and biases)
+    schedule:   warmup then cosine | linear | constant | wsd | inverse_sqrt; total_steps fixed in the config
+    eval:       every N steps on the valid split (loss, perplexity), iters batches
+    logging:    log_every, tensorboard
+    checkpoint: save_every, keep_last, keep_every
+    health:     NaN/inf loss and grad-norm spikes: skip the step or stop with a checkpoint
+
+Every key is checked: an unknown key is an error with a ``difflib`` suggestion, a wrong type names the key
+and the file. Nothing here imports torch, so ``llm-train --help`` and config validation stay instant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from llmtools.errors import InputError, UsageError
+from llmtools.train.lora import LoraSection  # issue 8 (no torch at import)
+
+PRECISIONS = ("fp32", "bf16")
+SCHEDULES = ("cosine", "linear", "constant", "wsd", "inverse_sqrt")
+WSD_DECAYS = ("linear", "cosine", "1-sqrt")
+OPTIMIZERS = ("adamw", "adafactor")
+HEALTH_ACTIONS = ("skip", "stop")
+SPIKE_ACTIONS = ("skip", "stop", "warn")
+
+
+def _bad(key: str, message: str) -> InputError:
+    return InputError(f"{key}: {message}")
+
+
+@dataclass
+class ModelSection:
+    """Which model: a preset (configs/models/NAME.yaml or a path) with inline overrides, or all inline."""
+
+    preset: str | None = None
+    """Preset name (configs/models/NAME.yaml) or a YAML/JSON path; null: the init_from folder's config.json,
+    or the shape all inline."""
+    init_from: str | None = None
+    """A Hugging Face folder (config.json + safetensors) whose weights start the run (continued pretraining)."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Inline ModelConfig fields (hidden_size, num_hidden_layers, ...); they override the preset's."""
+
+
+@dataclass
+class DataSection:
+    """Where the tokens come from: a mix.json from llm-mix, or prefixes with weights."""
+
+    mix: str | None = None
+    """A mix.json written by llm-mix (its seq_length and number of samples are used)."""
+    prefixes: list[str] = field(default_factory=list)
+    """Indexed-dataset prefixes (PREFIX.bin/.idx), when no mix is given."""
+    weights: list[float] | None = None
+    """Sampling weights, one per prefix (default: equal)."""
+    seq_length: int | None = None
+    """Tokens per sample (required with prefixes; must match the mix when both are given)."""
+    split: str = "969,30,1"
+    """train,valid,test document split, Megatron style (prefixes only; a mix carries its own)."""
+    seed: int = 1234
+    """Seed of the sample order (prefixes only; a mix carries its own)."""
+    cache_dir: str | None = None
+    """Where the sample-index cache goes (prefixes only); default beside the data."""
+
+    def __post_init__(self) -> None:
+        if self.mix is None and not self.prefixes:
+            raise _bad("data", "give data.mix (a mix.json) or data.prefixes (with data.seq_length)")
+        if self.mix is not None and self.prefixes:
+            raise _bad("data", "give data.mix or data.prefixes, not both")
+        if self.prefixes and self.seq_length is None:
+            raise _bad("data.seq_length", "required with data.prefixes")
+        if self.weights is not None:
+            if not self.prefixes:
+                raise _bad("data.weights", "only with data.prefixes (a mix carries its own weights)")
+            if len(self.weights) != len(self.prefixes):
+                raise _bad("data.weights", f"{len(self.weights)} weights for {len(self.prefixes)} prefixes")
+            if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
+                raise _bad("data.weights", "weights must be >= 0 with a positive sum")
+        if self.seq_length is not None and self.seq_length < 1:
+            raise _bad("data.seq_length", f"must be >= 1, got {self.seq_length}")
+
+
+@dataclass
+class TrainingSection:
+    """Batch sizes, how long, precision, clipping."""
+
+    micro_batch_size: int = 4
+    """Samples per rank per forward/backward."""
+    global_batch_size: int = 8
+    """Samples per optimizer step over all ranks (= micro x accumulation x world size)."""
+    train_steps: int | None = None
+    """Optimizer steps to run (give this or train_tokens)."""
+    train_tokens: int | None = None
+    """Tokens to train on; steps = ceil(tokens / (global_batch_size x seq_length))."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Parameter/compute precision: fp32, or bf16 with fp32 master weights (DeepSpeed bf16)."""
+    clip_grad: float = 1.0
+    """Gradient clipping by global norm (0 disables)."""
+    seed: int = 1234
+    """Seed of the model initialisation and of every RNG."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass: less memory, ~30% more compute."""
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch_size", "global_batch_size"):
+            if getattr(self, name) < 1:
+                raise _bad(f"training.{name}", f"must be >= 1, got {getattr(self, name)}")
+        if self.global_batch_size % self.micro_batch_size:
+            raise _bad(
+                "training.global_batch_size",
+                f"{self.global_batch_size} is not a multiple of training.micro_batch_size={self.micro_batch_size}",
+            )
+        if (self.train_steps is None) == (self.train_tokens is None):
+            raise _bad("training", "give exactly one of training.train_steps and training.train_tokens")
+        if self.train_steps is not None and self.train_steps < 1:
+            raise _bad("training.train_steps", f"must be >= 1, got {self.train_steps}")
+        if self.train_tokens is not None and self.train_tokens < 1:
+            raise _bad("training.train_tokens", f"must be >= 1, got {self.train_tokens}")
+        if self.precision not in PRECISIONS:
+            raise _bad("training.precision", f"{self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.clip_grad < 0:
+            raise _bad("training.clip_grad", f"must be >= 0, got {self.clip_grad}")
+
+
+@dataclass
+class OptimizerSection:
+    """AdamW; weight decay applies to matrices only (never to norms, biases, or 1-D parameters)."""
+
+    name: Literal["adamw", "adafactor"] = "adamw"
+    """Optimizer: adamw, or adafactor (torch.optim.Adafactor: factored second moments, no first moment;
+    uses lr and weight_decay, not betas/eps)."""
+    lr: float = 3e-4
+    """Peak learning rate (after warmup)."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """Adam betas [beta1, beta2]."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay on matrices (embeddings and linear weights)."""
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise _bad("optimizer.name", f"{self.name!r} is not one of {', '.join(OPTIMIZERS)}")
+        if not self.lr > 0:
+            raise _bad("optimizer.lr", f"must be > 0, got {self.lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise _bad("optimizer.betas", f"must be two numbers in [0, 1), got {self.betas}")
+        if not self.eps > 0:
+            raise _bad("optimizer.eps", f"must be > 0, got {self.eps}")
+        if self.weight_decay < 0:
+            raise _bad("optimizer.weight_decay", f"must be >= 0, got {self.weight_decay}")
+
+
+@dataclass
+class ScheduleSection:
+    """Learning rate: linear warmup, then a decay shape; total_steps fixed so incremental runs share a curve."""
+
+    kind: Literal["cosine", "linear", "constant", "wsd", "inverse_sqrt"] = "cosine"
+    """Shape after warmup: cosine, linear, constant, wsd (warmup-stable-decay), inverse_sqrt."""
+    warmup_steps: int = 0
+    """Linear warmup from 0 to optimizer.lr over this many steps."""
+    total_steps: int | None = None
+    """Length of the curve (default: the run's train steps). Fix it to continue a run on the same curve."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of optimizer.lr (cosine, linear, wsd)."""
+    decay_fraction: float = 0.2
+    """WSD: the last fraction of total_steps spent decaying."""
+    decay_shape: Literal["linear", "cosine", "1-sqrt"] = "1-sqrt"
+    """WSD: the shape of the final decay."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCHEDULES:
+            raise _bad("schedule.kind", f"{self.kind!r} is not one of {', '.join(SCHEDULES)}")
+        if self.warmup_steps < 0:
+            raise _bad("schedule.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        if self.total_steps is not None and self.total_steps < 1:
+            raise _bad("schedule.total_steps", f"must be >= 1, got {self.total_steps}")
+        if self.total_steps is not None and self.warmup_steps > self.total_steps:
+            raise _bad(
+                "schedule.warmup_steps",
+                f"{self.warmup_steps} is longer than schedule.total_steps={self.total_steps}",
+            )
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise _bad("schedule.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        if not 0 < self.decay_fraction <= 1:
+            raise _bad("schedule.decay_fraction", f"must be in (0, 1], got {self.decay_fraction}")
+        if self.decay_shape not in WSD_DECAYS:
+            raise _bad("schedule.decay_shape", f"{self.decay_shape!r} is not one of {', '.join(WSD_DECAYS)}")
+
+
+@dataclass
+class EvalSection:
+    """Evaluation on the valid split: loss and perplexity."""
+
+    every: int = 0
+    """Evaluate every N steps (and after the last step); 0 disables."""
+    iters: int = 4
+    """Micro-batches per rank per evaluation."""
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise _bad("eval.every", f"must be >= 0, got {self.every}")
+        if self.iters < 1:
+            raise _bad("eval.iters", f"must be >= 1, got {self.iters}")
+
+
+@dataclass
+class LoggingSection:
+    """What is logged, how often."""
+
+    log_every: int = 10
+    """A metrics record (metrics.jsonl) and a stderr line every N steps."""
+    tensorboard: bool = False
+    """Also write TensorBoard events to RUN_DIR/tensorboard/."""
+
+    def __post_init__(self) -> None:
+        if self.log_every < 1:
+            raise _bad("logging.log_every", f"must be >= 1, got {self.log_every}")
+
+
+@dataclass
+class CheckpointSection:
+    """When checkpoints are written (through llmtools.ckpt) and which are kept."""
+
+    save_every: int = 0
+    """Save every N steps (and at the end); 0 saves only at the end."""
+    save_final: bool = True
+    """Save after the last step."""
+    keep_last: int | None = None
+    """Keep only the newest N checkpoints."""
+    keep_every: int | None = None
+    """Also keep every checkpoint whose step is a multiple of this."""
+
+    def __post_init__(self) -> None:
+        if self.save_every < 0:
+            raise _bad("checkpoint.save_every", f"must be >= 0, got {self.save_every}")
+        for name in ("keep_last", "keep_every"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise _bad(f"checkpoint.{name}", f"must be >= 1, got {value}")
+
+
+@dataclass
+class HealthSection:
+    """What happens on a NaN/inf loss or a grad-norm spike."""
+
+    nan_action: Literal["skip", "stop"] = "stop"
+    """NaN/inf loss or grad norm: skip the update, or stop (with a checkpoint of the last good state)."""
+    spike_factor: float = 0.0
+    """A grad norm above spike_factor x the median of the last spike_window norms is a spike; 0 disables."""
+    spike_window: int = 20
+    """How many recent (healthy) grad norms the median is taken over; detection starts once it is full."""
+    spike_action: Literal["skip", "stop", "warn"] = "skip"
+    """On a spike: skip the update, stop with a checkpoint, or only warn."""
+    max_skips: int = 10
+    """Stop once this many consecutive steps have been skipped."""
+
+    def __post_init__(self) -> None:
+        if self.nan_action not in HEALTH_ACTIONS:
+            raise _bad("health.nan_action", f"{self.nan_action!r} is not one of {', '.join(HEALTH_ACTIONS)}")
+        if self.spike_action not in SPIKE_ACTIONS:
+            raise _bad(
+                "health.spike_action", f"{self.spike_action!r} is not one of {', '.join(SPIKE_ACTIONS)}"
+            )
+        if self.spike_factor < 0 or (0 < self.spike_factor <= 1):
+            raise _bad("health.spike_factor", f"must be 0 (off) or > 1, got {self.spike_factor}")
+        if self.spike_window < 2:
+            raise _bad("health.spike_window", f"must be >= 2, got {self.spike_window}")
+        if self.max_skips < 1:
+            raise _bad("health.max_skips", f"must be >= 1, got {self.max_skips}")
+
+
+@dataclass
+class TrainConfig:
+    """The whole train config. ``source`` is the YAML it came from (for messages and relative paths)."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=lambda: DataSection(mix="mix.json"))
+    training: TrainingSection = field(default_factory=lambda: TrainingSection(train_steps=100))
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    health: HealthSection = field(default_factory=HealthSection)
+    # --- sft/lora (issue 8): top-level `task: pretrain|sft`, optional `lora:` section ---
+    task: str = "pretrain"
+    lora: LoraSection | None = None
+    # --- end sft/lora ---
+    source: str | None = field(default=None, metadata={"internal": True})
+
+    # -- derived values --------------------------------------------------------------------------
+    def grad_accumulation(self, world_size: int) -> int:
+        """Micro-batches per rank per step; the global batch must split evenly over the ranks."""
+        per_step = self.training.micro_batch_size * world_size
+        if self.training.global_batch_size % per_step:
+            raise UsageError(
+                f"training.global_batch_size={self.training.global_batch_size} is not a multiple of "
+                f"training.micro_batch_size={self.training.micro_batch_size} x world size {world_size}"
+            )
+        return self.training.global_batch_size // per_step
+
+    def steps(self, seq_length: int) -> int:
+        """Optimizer steps of this run (train_steps, or train_tokens rounded up to whole steps)."""
+        if self.training.train_steps is not None:
+            return self.training.train_steps
+        return math.ceil(self.training.train_tokens / (self.training.global_batch_size * seq_length))
+
+    def total_steps(self, seq_length: int) -> int:
+        """Length of the LR curve: schedule.total_steps, else this run's steps."""
+        return self.schedule.total_steps or self.steps(seq_length)
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.metadata.get("internal"):
+                continue
+            value = getattr(self, f.name)
+            if not dataclasses.is_dataclass(value):  # task (a string), lora when off (None)
+                out[f.name] = value
+                continue
+            section = dataclasses.asdict(value)
+            if f.name == "model":
+                section = {
+                    "preset": section["preset"],
+                    "init_from": section["init_from"],
+                    **section["overrides"],
+                }
+            out[f.name] = section
+        return out
+
+    def fingerprint(self) -> str:
+        """sha256 over what determines the trained weights (model, data, batch, optimizer, schedule)."""
+        d = self.to_dict()
+        keep = {k: d[k] for k in ("model", "data", "training", "optimizer", "schedule")}
+        keep["training"].pop("activation_checkpointing", None)  # same weights with or without it
+        if self.task != "pretrain" or self.lora is not None:  # issue 8; pretrain hashes stay as they were
+            keep.update(task=d["task"], lora=d["lora"])
+        return "sha256:" + hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
+
+
+SECTION_TYPES = {
+    "model": ModelSection,
+    "data": DataSection,
+    "training": TrainingSection,
+    "optimizer": OptimizerSection,
+    "schedule": ScheduleSection,
+    "eval": EvalSection,
+    "logging": LoggingSection,
+    "checkpoint": CheckpointSection,
+    "health": HealthSection,
+    "lora": LoraSection,
+}
+
+
+def all_keys() -> list[str]:
+    """Every ``section.key`` the config knows (for suggestions and the schema)."""
+    keys = []
+    for name, cls in SECTION_TYPES.items():
+        for f in dataclasses.fields(cls):
+            if name == "model" and f.name == "overrides":
+                continue
+            keys.append(f"{name}.{f.name}")
+    return keys
+
+
+def suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# -- typed coercion ---------------------------------------------------------------------------------
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
+    if origin in (list, tuple):
+        args = typing.get_args(tp)
+        return f"list of {_type_name(args[0])}" if args else "list"
+    if origin is dict:
+        return "mapping"
+    return {int: "integer", float: "number", str: "string", bool: "true/false"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+def coerce(value: Any, tp, key: str, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; convert what is safe (int -> float, '3e-4' -> float)."""
+    origin = typing.get_origin(tp)
+    wrong = InputError(f"{where}: {key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return coerce(value, arg, key, where)
+            except InputError:
+                continue
+        raise wrong
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise InputError(
+            f"{where}: {key}: {value!r} is not one of {', '.join(map(str, typing.get_args(tp)))}"
+            + (suggest(value, typing.get_args(tp)) if isinstance(value, str) else "")
+        )
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise wrong
+        (item,) = typing.get_args(tp) or (Any,)
+        return [coerce(v, item, f"{key}[{i}]", where) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise wrong
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise wrong
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise wrong
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads 3e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise wrong from None
+        raise wrong
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise wrong
+    raise wrong
+
+
+def _section_from_dict(name: str, cls: type, raw: Any, where: str):
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: {name}: expected a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    if cls is ModelSection:
+        overrides = {}
+        for key, value in raw.items():
+            if key in ("preset", "init_from"):
+                kwargs[key] = coerce(value, hints[key], f"model.{key}", where)
+            else:
+                overrides[str(key)] = value  # checked against ModelConfig's fields when the model resolves
+        kwargs["overrides"] = overrides
+    else:
+        for key, value in raw.items():
+            if key not in names:
+                raise InputError(f"{where}: unknown key {name}.{key}" + suggest(f"{name}.{key}", all_keys()))
+            kwargs[key] = coerce(value, hints[key], f"{name}.{key}", where)
+    try:
+        return cls(**kwargs)
+    except InputError as error:
+        raise InputError(f"{where}: {error}") from None
+
+
+def from_dict(raw: Any, where: str = "<config>") -> TrainConfig:
+    """Build and validate a TrainConfig from a parsed YAML mapping."""
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: a train config must be a mapping of sections, got {type(raw).__name__}")
+    sections = {}
+    for key, value in raw.items():
+        # --- sft/lora (issue 8) ---
+        if key == "task":
+            from llmtools.train.sft import check_task
+
+            sections["task"] = check_task(value, where)
+            continue
+        if key == "lora" and value is None:
+            continue
+        # --- end sft/lora ---
+        if key not in SECTION_TYPES:
+            raise InputError(
+                f"{where}: unknown section {key!r}" + suggest(str(key), list(SECTION_TYPES) + all_keys())
+            )
+        sections[key] = _section_from_dict(key, SECTION_TYPES[key], value, where)
+    if "data" not in sections:
+        raise InputError(f"{where}: missing section 'data' (data.mix or data.prefixes)")
+    if "training" not in sections:
+        raise InputError(
+            f"{where}: missing section 'training' (training.train_steps or training.train_tokens)"
+        )
+    config = TrainConfig(**sections, source=where)
+    if config.schedule.total_steps is not None and config.training.train_steps is not None:
+        if config.training.train_steps > config.schedule.total_steps:
+            raise InputError(
+                f"{where}: training.train_steps={config.training.train_steps} runs past "
+                f"schedule.total_steps={config.schedule.total_steps}"
+            )
+    return config
+
+
+def parse_set(item: str) -> tuple[list[str], Any]:
+    """``section.key=value`` -> (["section", "key"], value parsed as YAML)."""
+    import yaml
+
+    if "=" not in item:
+        raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set optimizer.lr=1e-3")
+    key, text = item.split("=", 1)
+    key = key.strip()
+    parts = key.split(".")
+    if len(parts) != 2 or not all(parts):
+        raise UsageError(
+            f"--set {item!r}: KEY must be section.key, e.g. training.train_steps" + suggest(key, all_keys())
+        )
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    return parts, value
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply ``--set`` items to a parsed config; unknown keys are refused with a suggestion."""
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    known = set(all_keys())
+    for item in overrides:
+        (section, key), value = parse_set(item)
+        dotted = f"{section}.{key}"
+        if dotted not in known and section != "model":
+            raise UsageError(f"--set {item!r}: unknown key {dotted}" + suggest(dotted, known))
+        if section != "model":
+            value = coerce(
+                value, typing.get_type_hints(SECTION_TYPES[section])[key], dotted, f"--set {item!r}"
+            )
+        target = raw.setdefault(section, {})
+        if target is None:
+            target = raw[section] = {}
+        if not isinstance(target, dict):
+            raise UsageError(f"--set {item!r}: section {section} is not a mapping in the config")
+        target[key] = value
+    return raw
+
+
+def load_train_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML train config (or start from an empty one when ``path`` is None) and apply ``--set``."""
+    import yaml
+
+    raw: Any = {}
+    where = "<--set>"
+    if path is not None:
+        path = Path(path)
+        where = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InputError(f"{path}: no such train config") from None
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark is not None else ""
+            raise InputError(f"{path}{line}: not valid YAML ({getattr(error, 'problem', error)})") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: a train config must be a mapping of sections")
+    raw = apply_overrides(raw, overrides or [])
+    config = from_dict(raw, where)
+    return config

@@ -1,0 +1,217 @@
+"""A standard DeepSpeed config, with ``"auto"`` values filled from the train config (as the HF Trainer does).
+
+A real value that disagrees with the train config is an error naming both (the DeepSpeed file and key, the
+train-config key and its value), so there is exactly one source of truth for batch sizes, clipping,
+precision, the optimizer and the schedule. Whatever is still ``"auto"`` after filling is an error too.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from llmtools.errors import InputError
+from llmtools.train.config import TrainConfig
+
+AUTO = "auto"
+
+# DeepSpeed scheduler types and the train-config schedule kind each one is.
+DS_SCHEDULERS = {"WarmupLR": "constant", "WarmupDecayLR": "linear", "WarmupCosineLR": "cosine"}
+
+
+def load_ds_config(path: str | os.PathLike) -> dict:
+    """Read a DeepSpeed JSON config; a syntax error names the line and column."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such DeepSpeed config") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}:{error.lineno}:{error.colno}: not valid JSON ({error.msg})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a DeepSpeed config must be a JSON object")
+    return data
+
+
+class _Filler:
+    def __init__(self, ds: dict, ds_source: str, cfg_source: str) -> None:
+        self.ds = ds
+        self.ds_source = ds_source
+        self.cfg_source = cfg_source
+
+    def fill(self, path: str, value: Any, cfg_key: str, *, shown: str | None = None) -> None:
+        """Set ``path`` (dotted) to ``value`` when absent or "auto"; a different real value is an error."""
+        node = self.ds
+        parts = path.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise InputError(f"{self.ds_source}[{path}]: expected an object at {part!r}")
+        key = parts[-1]
+        current = node.get(key, AUTO)
+        if current == AUTO:
+            node[key] = value
+            return
+        if not _same(current, value):
+            raise InputError(
+                f"{self.ds_source}[{path}]={json.dumps(current)} contradicts {shown or f'{cfg_key}={json.dumps(value)}'} "
+                f'in {self.cfg_source} (write "auto" in the DeepSpeed config, or make them agree)'
+            )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return abs(a - b) <= 1e-12 * max(abs(a), abs(b), 1.0)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def resolve_ds_config(
+    ds: dict,
+    config: TrainConfig,
+    *,
+    world_size: int,
+    total_steps: int,
+    hidden_size: int | None = None,
+    cpu: bool = True,
+    ds_source: str = "<deepspeed config>",
+) -> dict:
+    """Return a copy of ``ds`` with every ``"auto"`` filled and checked against ``config``."""
+    ds = copy.deepcopy(ds)
+    cfg_source = config.source or "<train config>"
+    fill = _Filler(ds, ds_source, cfg_source).fill
+    t = config.training
+    gas = config.grad_accumulation(world_size)
+
+    fill("train_micro_batch_size_per_gpu", t.micro_batch_size, "training.micro_batch_size")
+    fill(
+        "gradient_accumulation_steps",
+        gas,
+        f"training.global_batch_size/(training.micro_batch_size x {world_size} ranks)",
+    )
+    fill("train_batch_size", t.global_batch_size, "training.global_batch_size")
+    fill("gradient_clipping", t.clip_grad, "training.clip_grad")
+
+    bf16 = t.precision == "bf16"
+    fill("bf16.enabled", bf16, "training.precision", shown=f"training.precision={t.precision!r}")
+    if ds.get("fp16", {}).get("enabled", False) not in (False, AUTO):
+        raise InputError(
+            f"{ds_source}[fp16.enabled]=true contradicts training.precision={t.precision!r} in {cfg_source} "
+            f"(fp16 is not supported: use bf16)"
+        )
+    if "fp16" in ds:
+        ds["fp16"]["enabled"] = False
+
+    opt = config.optimizer
+    if "optimizer" in ds and opt.name != "adamw":
+        raise InputError(
+            f"{ds_source}[optimizer]: optimizer.name={opt.name!r} in {cfg_source} is built by llm-train; "
+            "remove the optimizer section from the DeepSpeed config"
+        )
+    if "optimizer" in ds:
+        section = ds["optimizer"]
+        kind = str(section.get("type", AUTO))
+        if kind == AUTO:
+            section["type"] = "AdamW"
+        elif kind.lower() not in ("adam", "adamw"):
+            raise InputError(
+                f"{ds_source}[optimizer.type]={kind!r} contradicts optimizer.name={opt.name!r} in {cfg_source}"
+            )
+        fill("optimizer.params.lr", opt.lr, "optimizer.lr")
+        fill("optimizer.params.betas", list(opt.betas), "optimizer.betas")
+        fill("optimizer.params.eps", opt.eps, "optimizer.eps")
+        fill("optimizer.params.weight_decay", opt.weight_decay, "optimizer.weight_decay")
+        if kind.lower() == "adam":
+            fill("optimizer.params.adam_w_mode", True, "optimizer.name (adamw = decoupled decay)")
+        if cpu:
+            prefer_torch_adam(ds)
+
+    sched = config.schedule
+    if "scheduler" in ds:
+        section = ds["scheduler"]
+        kind = section.get("type", AUTO)
+        if kind == AUTO:
+            kind = section["type"] = {v: k for k, v in DS_SCHEDULERS.items()}.get(sched.kind, AUTO)
+            if kind == AUTO:
+                raise InputError(
+                    f"{ds_source}[scheduler.type]: no DeepSpeed scheduler matches schedule.kind={sched.kind!r} "
+                    f"in {cfg_source}; remove the scheduler section to use llmtools' schedule"
+                )
+        if DS_SCHEDULERS.get(kind) != sched.kind:
+            raise InputError(
+                f"{ds_source}[scheduler.type]={kind!r} contradicts schedule.kind={sched.kind!r} in {cfg_source}"
+            )
+        fill("scheduler.params.warmup_num_steps", sched.warmup_steps, "schedule.warmup_steps")
+        fill("scheduler.params.warmup_type", "linear", "schedule (linear warmup)")
+        if kind == "WarmupCosineLR":
+            fill("scheduler.params.total_num_steps", total_steps, "schedule.total_steps")
+            fill("scheduler.params.warmup_min_ratio", 0.0, "schedule (warmup from 0)")
+            fill("scheduler.params.cos_min_ratio", sched.min_lr_ratio, "schedule.min_lr_ratio")
+        else:
+            fill("scheduler.params.warmup_min_lr", 0.0, "schedule (warmup from 0)")
+            fill("scheduler.params.warmup_max_lr", opt.lr, "optimizer.lr")
+            if kind == "WarmupDecayLR":
+                if sched.min_lr_ratio != 0:
+                    raise InputError(
+                        f"{ds_source}[scheduler.type]=WarmupDecayLR decays to 0, which contradicts "
+                        f"schedule.min_lr_ratio={sched.min_lr_ratio} in {cfg_source}"
+                    )
+                fill("scheduler.params.total_num_steps", total_steps, "schedule.total_steps")
+
+    zero = ds.get("zero_optimization")
+    if isinstance(zero, dict) and hidden_size:
+        for key, value in (
+            ("reduce_bucket_size", hidden_size * hidden_size),
+            ("stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size)),
+            ("stage3_param_persistence_threshold", 10 * hidden_size),
+        ):
+            if zero.get(key) == AUTO:
+                zero[key] = value
+
+    leftover = list(_find_auto(ds))
+    if leftover:
+        raise InputError(f'{ds_source}[{leftover[0]}]: "auto" that llm-train does not know how to fill')
+
+    micro, accum, total = (
+        ds["train_micro_batch_size_per_gpu"],
+        ds["gradient_accumulation_steps"],
+        ds["train_batch_size"],
+    )
+    if micro * accum * world_size != total:
+        raise InputError(
+            f"{ds_source}: train_batch_size={total} != train_micro_batch_size_per_gpu={micro} x "
+            f"gradient_accumulation_steps={accum} x world size {world_size}"
+        )
+    return ds
+
+
+def prefer_torch_adam(ds: dict) -> None:
+    """On CPU, a DeepSpeed-config Adam(W) without ``torch_adam`` compiles a C++ op (~150 s); torch's is the
+    same maths, so use it unless the config says otherwise."""
+    section = ds.get("optimizer")
+    if isinstance(section, dict) and str(section.get("type", "")).lower() in ("adam", "adamw"):
+        section.setdefault("params", {}).setdefault("torch_adam", True)
+
+
+def _find_auto(node: Any, prefix: str = ""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _find_auto(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _find_auto(value, f"{prefix}[{i}]")
+    elif node == AUTO:
+        yield prefix
+
+
+def zero_stage(ds: dict) -> int:
+    zero = ds.get("zero_optimization") or {}
+    return int(zero.get("stage", 0)) if isinstance(zero, dict) else 0

@@ -1,0 +1,128 @@
+"""One process without a launcher, or many under deepspeed / torchrun / srun: find out which, and set up.
+
+Under a launcher, RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT are in the environment
+(deepspeed and torchrun set them). Under ``srun`` they are derived from SLURM_* (the first host of the
+allocation is the master). Alone, a one-rank gloo group over an in-memory store is made, which needs no
+port. Gloo is used on CPU, NCCL on CUDA. The process group is created here, before DeepSpeed sees it, so
+DeepSpeed neither probes MPI nor builds its shared-memory comm op (a ~90 s C++ build on CPU machines).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+from dataclasses import dataclass
+
+from llmtools.errors import RuntimeFailure, UsageError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: str  # "cpu" or "cuda:N"
+    launcher: str  # none | torchrun/deepspeed | srun
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _slurm_master() -> str:
+    nodes = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or "localhost"
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, check=True
+        )
+        return out.stdout.split()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return nodes.split(",")[0].split("[")[0]
+
+
+def detect_environment() -> str:
+    """Fill RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* for the current launcher; returns the launcher's name."""
+    if _env_int("RANK") is not None and _env_int("WORLD_SIZE") is not None:
+        os.environ.setdefault("LOCAL_RANK", os.environ.get("LOCAL_RANK", "0"))
+        return "launcher"
+    if _env_int("SLURM_PROCID") is not None and _env_int("SLURM_NTASKS") is not None:
+        os.environ["RANK"] = os.environ["SLURM_PROCID"]
+        os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+        os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+        os.environ.setdefault("MASTER_ADDR", _slurm_master())
+        os.environ.setdefault("MASTER_PORT", str(29500 + (_env_int("SLURM_JOB_ID") or 0) % 1000))
+        return "srun"
+    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
+    return "none"
+
+
+def init_distributed(timeout_s: int = 1800) -> DistInfo:
+    """Create the process group (idempotent) and return who we are."""
+    import torch
+    import torch.distributed as dist
+
+    launcher = detect_environment()
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    cuda = torch.cuda.is_available()
+    backend = "nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+    else:
+        device = "cpu"
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        _skip_ds_shm_op()
+        # One thread per rank on small CPU machines, unless the user chose: oversubscription makes step times
+        # swing by 100x.
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(world, 1)))
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s)
+        try:
+            if world == 1 and "MASTER_ADDR" not in os.environ:  # alone: no rendezvous, no port
+                store = dist.HashStore()
+                dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+            else:
+                dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+        except (RuntimeError, ValueError) as error:
+            raise RuntimeFailure(
+                f"could not initialise the {backend} process group (rank {rank}/{world}): {error}"
+            ) from None
+    return DistInfo(rank, world, local, backend, device, launcher)
+
+
+def _skip_ds_shm_op() -> None:
+    """Tell DeepSpeed its CPU shared-memory comm op is unavailable, so it uses plain gloo (same results)."""
+    try:
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    except (ImportError, AttributeError):
+        pass
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def destroy() -> None:
+    import sys
+
+    dist = sys.modules.get("torch.distributed")  # never imported: nothing to tear down (and stay fast)
+    if dist is not None and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,229 @@
+"""Everything that can be checked before compute starts: model shape, data, lengths, DeepSpeed config.
+
+``make_plan`` turns a TrainConfig and a DeepSpeed config into a :class:`TrainPlan` or raises an
+InputError naming the file and key: an unknown model field, a tokenizer whose vocabulary does not fit
+the model, a sequence longer than the model's positions, data that ends before the requested steps,
+a DeepSpeed value that contradicts the train config. No torch here; the datasets are numpy memmaps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from llmtools.errors import InputError
+from llmtools.train.config import TrainConfig
+from llmtools.train.deepspeed_config import resolve_ds_config, zero_stage
+
+
+@dataclass
+class TrainPlan:
+    config: TrainConfig
+    model_config: Any  # llmtools.model.ModelConfig
+    train_data: Any  # BlendedGPTDataset (train split)
+    valid_data: Any | None  # BlendedGPTDataset (valid split) or None when there is none
+    ds_config: dict
+    world_size: int
+    seq_length: int
+    steps: int
+    total_steps: int
+    grad_accumulation: int
+    tokenizer: dict | None
+    warnings: list[str]
+
+    @property
+    def zero_stage(self) -> int:
+        return zero_stage(self.ds_config)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.config.training.global_batch_size * self.seq_length
+
+
+def resolve_model_config(config: TrainConfig):
+    """The ModelConfig: preset (or the init_from folder's config.json) with inline overrides applied."""
+    from llmtools.model import ModelConfig, load_model_config
+
+    section = config.model
+    where = config.source or "<train config>"
+    fields = [f.name for f in dataclasses.fields(ModelConfig)]
+    for key in section.overrides:
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields + ["preset", "init_from"], n=1, cutoff=0.6)
+            hint = f" (did you mean 'model.{close[0]}'?)" if close else ""
+            raise InputError(f"{where}: unknown key model.{key}{hint}")
+    if section.preset is not None:
+        base = load_model_config(section.preset).to_dict()
+    elif section.init_from is not None:
+        from llmtools.train.sft import init_model_source  # issue 8: or the model of one of our checkpoints
+
+        base = load_model_config(init_model_source(section.init_from)).to_dict()
+    else:
+        base = {}
+    merged = {**base, **section.overrides}
+    if not merged:
+        raise InputError(f"{where}: model: give model.preset, model.init_from, or the model fields inline")
+    try:
+        return load_model_config(merged)
+    except InputError as error:
+        raise InputError(f"{where}: model: {error}") from None
+
+
+def _open_data(config: TrainConfig, split: str):
+    from llmtools.data.dataset import BlendedGPTDataset
+
+    data = config.data
+    if data.mix is not None:
+        if not os.path.exists(data.mix):
+            raise InputError(f"{config.source}: data.mix: {data.mix}: no such file (make one with llm-mix)")
+        return BlendedGPTDataset.from_mix(data.mix, split=split)
+    raise NotImplementedError  # prefixes are opened in make_plan, where num_samples is known
+
+
+def _open_prefixes(config: TrainConfig, split: str, num_samples: int):
+    from llmtools.data.dataset import BlendedGPTDataset
+
+    data = config.data
+    weights = data.weights or [1.0] * len(data.prefixes)
+    return BlendedGPTDataset.from_prefixes(
+        data.prefixes,
+        weights,
+        data.seq_length,
+        num_samples,
+        seed=data.seed,
+        split=data.split,
+        cache_dir=data.cache_dir,
+        **({"split_name": split} if split != "train" else {}),
+    )
+
+
+def _len_or_zero(dataset) -> int:
+    try:
+        return len(dataset)
+    except TypeError:
+        return 0
+
+
+def make_plan(
+    config: TrainConfig,
+    ds_raw: dict,
+    *,
+    world_size: int = 1,
+    cpu: bool = True,
+    ds_source: str = "<deepspeed config>",
+    consumed_samples: int = 0,
+    open_valid: bool = True,
+) -> TrainPlan:
+    """Check everything and open the data; raise before any compute."""
+    where = config.source or "<train config>"
+    warnings: list[str] = []
+    model_config = resolve_model_config(config)
+    t = config.training
+    gas = config.grad_accumulation(world_size)
+
+    # Data. A mix fixes seq_length and the number of samples; prefixes get exactly what the run needs.
+    if config.data.mix is not None:
+        if config.task == "sft":  # --- sft (issue 8) ---
+            from llmtools.train.sft import open_sft_data
+
+            open_sft_data(config, 0)  # raises: sft reads an llm-prep sft prefix, not a mix
+        train = _open_data(config, "train")
+        seq_length = int(train.seq_length)
+        if config.data.seq_length is not None and config.data.seq_length != seq_length:
+            raise InputError(
+                f"{where}: data.seq_length={config.data.seq_length} contradicts seq_length={seq_length} "
+                f"of {config.data.mix}"
+            )
+    else:
+        seq_length = int(config.data.seq_length)
+        needed = config.steps(seq_length) * t.global_batch_size
+        if config.task == "sft":  # --- sft (issue 8): one llm-prep sft prefix, cycled as needed ---
+            from llmtools.train.sft import open_sft_data
+
+            train = open_sft_data(config, needed)
+        else:
+            train = _open_prefixes(config, "train", needed)
+    steps = config.steps(seq_length)
+    total_steps = config.total_steps(seq_length)
+    if steps > total_steps:
+        raise InputError(
+            f"{where}: the run has {steps} steps but schedule.total_steps={total_steps}: "
+            "raise schedule.total_steps (the LR curve would end before the data does)"
+        )
+
+    needed = steps * t.global_batch_size
+    available = _len_or_zero(train)
+    if available < needed:
+        source = config.data.mix or ", ".join(config.data.prefixes)
+        raise InputError(
+            f"{source}: the data ends before the requested steps: {available} training samples of "
+            f"{seq_length} tokens, but {steps} steps x global batch {t.global_batch_size} = {needed} samples "
+            f"are needed (fewer steps: --set training.train_steps={available // t.global_batch_size}, "
+            "or a mix with more samples: llm-mix --num-samples)"
+        )
+
+    # The tokenizer must fit the model's embedding.
+    tokenizer = getattr(train, "tokenizer", None)
+    vocab = getattr(train, "vocab_size", None)
+    if vocab is not None and vocab > model_config.vocab_size:
+        name = (tokenizer or {}).get("name") or (tokenizer or {}).get("source") or "the data's tokenizer"
+        raise InputError(
+            f"{config.data.mix or config.data.prefixes[0]}: tokenizer {name!r} has {vocab} ids but the model's "
+            f"vocab_size is {model_config.vocab_size} (model.preset={config.model.preset!r}): "
+            f"--set model.vocab_size={_round_vocab(vocab)}"
+        )
+    if vocab is None:
+        warnings.append("the data has no sidecar: its tokenizer's vocabulary size is unknown, not checked")
+    if seq_length > model_config.max_position_embeddings:
+        raise InputError(
+            f"{where}: seq_length {seq_length} is longer than model.max_position_embeddings="
+            f"{model_config.max_position_embeddings}"
+        )
+
+    valid = None
+    if config.task == "sft" and config.eval.every > 0:  # --- sft (issue 8) ---
+        warnings.append("task sft has no valid split yet; eval.every ignored")
+    elif open_valid and config.eval.every > 0:
+        try:
+            if config.data.mix is not None:
+                valid = _open_data(config, "valid")
+            else:
+                valid = _open_prefixes(config, "valid", config.eval.iters * t.micro_batch_size * world_size)
+        except (InputError, ValueError, KeyError) as error:
+            warnings.append(f"no valid split to evaluate on ({error}); eval.every ignored")
+            valid = None
+        if valid is not None and _len_or_zero(valid) == 0:
+            warnings.append("the valid split is empty; eval.every ignored")
+            valid = None
+
+    ds_config = resolve_ds_config(
+        ds_raw,
+        config,
+        world_size=world_size,
+        total_steps=total_steps,
+        hidden_size=model_config.hidden_size,
+        cpu=cpu,
+        ds_source=ds_source,
+    )
+    return TrainPlan(
+        config=config,
+        model_config=model_config,
+        train_data=train,
+        valid_data=valid,
+        ds_config=ds_config,
+        world_size=world_size,
+        seq_length=seq_length,
+        steps=steps,
+        total_steps=total_steps,
+        grad_accumulation=gas,
+        tokenizer=tokenizer,
+        warnings=warnings,
+    )
+
+
+def _round_vocab(vocab: int, multiple: int = 64) -> int:
+    # Megatron pads the vocabulary to a multiple of 128 x TP; 64 keeps matmuls aligned without much waste.
+    return -(-vocab // multiple) * multiple

@@ -1,0 +1,23 @@
+"""Build hook for the one compiled piece of llmtools: the index builders of llm-mix.
+
+Everything else is in pyproject.toml. The extension is optional: without a C compiler the install
+still succeeds, and llmtools compiles it on first use (or falls back to numpy/Python, with a warning).
+"""
+
+import sys
+
+from setuptools import Extension, setup
+
+extra = [] if sys.platform == "win32" else ["-O3", "-ffp-contract=off", "-fno-fast-math"]
+
+setup(
+    ext_modules=[
+        Extension(
+            "llmtools.data._native._mixhelpers",
+            sources=["llmtools/data/_native/mixhelpers.c"],
+            define_macros=[("LLM_PYTHON_MODULE", "1")],
+            extra_compile_args=extra,
+            optional=True,
+        )
+    ]
+)

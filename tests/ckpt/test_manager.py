@@ -1,0 +1,260 @@
+"""CheckpointManager with a real DeepSpeed engine in this process: layout, exact resume, resolve, prune."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from llmtools.ckpt import layout
+from llmtools.ckpt.manager import CheckpointManager
+from llmtools.ckpt.verify import check, read_meta, verify
+from llmtools.errors import InputError, UsageError
+from tests.ckpt import worker
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _steps(run) -> list[int]:
+    return [step for step, _ in layout.list_checkpoints(layout.checkpoints_dir(run))]
+
+
+def test_save_layout_meta_and_latest(saved_run):
+    ckpt_dir = saved_run / "checkpoints"
+    assert _steps(saved_run) == [2, 4, 6]
+    assert (ckpt_dir / "latest").read_text().strip() == "step_00000006"
+    assert not layout.leftovers(ckpt_dir)
+    folder = ckpt_dir / "step_00000004"
+    meta = read_meta(folder)
+    assert meta["step"] == 4 and meta["complete"] is True
+    assert meta["consumed_samples"] == 16 and meta["data"]["fingerprint"] == "sin3x"
+    assert meta["world_size"] == 1 and meta["zero_stage"] == 1 and meta["precision"] == "fp32"
+    assert meta["rng"]["files"] == ["rng_rank0000.pt"]
+    assert set(meta["files"]) == {p.name for p in folder.iterdir() if p.name != "meta.json"}
+    assert meta["param_shapes"]["inp.weight"] == [worker.HIDDEN, worker.DIM]
+    assert meta["num_parameters"] == worker.DIM * worker.HIDDEN * 2 + worker.DIM + worker.HIDDEN
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((REPO / "schemas" / "checkpoint-meta.schema.json").read_text())
+    jsonschema.validate(meta, schema)
+    assert verify(folder).ok
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_exact_resume_in_process(tmp_path, ds_world, zero):
+    import numpy as np
+    import torch
+
+    reference = worker.build_engine(zero)
+    manager = CheckpointManager(tmp_path / "run")
+    losses = []
+    for step in range(1, 7):
+        losses.append(worker.train_step(reference, step))
+        if step == 3:
+            manager.save(reference, 3, worker.client_state(3))
+    expected = worker.full_weights(reference)
+
+    resumed = worker.build_engine(zero, seed=999)  # different init: everything must come from the checkpoint
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)  # and the RNG must be restored, not left
+    path = manager.resolve("auto")
+    state = manager.load(resumed, path)
+    assert path.name == "step_00000003" and state["step"] == 3 and state["consumed_samples"] == 12
+    again = [worker.train_step(resumed, step) for step in range(4, 7)]
+    assert again == losses[3:]
+    got = worker.full_weights(resumed)
+    assert all(torch.equal(got[name], expected[name]) for name in expected)
+
+
+def test_resolve_specs(saved_run):
+    manager = CheckpointManager(saved_run)
+    ckpt_dir = saved_run / "checkpoints"
+    assert manager.resolve("auto") == ckpt_dir / "step_00000006"
+    assert manager.resolve("latest") == ckpt_dir / "step_00000006"
+    assert manager.resolve("4") == ckpt_dir / "step_00000004"
+    assert manager.resolve(str(ckpt_dir / "step_00000002")) == ckpt_dir / "step_00000002"
+
+
+def test_resolve_auto_on_fresh_run_is_none(tmp_path):
+    assert CheckpointManager(tmp_path / "fresh").resolve("auto") is None
+
+
+def test_resolve_errors_name_the_problem(saved_run, tmp_path):
+    manager = CheckpointManager(saved_run)
+    with pytest.raises(InputError, match=r"no checkpoint for step 5 \(steps saved: 2, 4, 6\)"):
+        manager.resolve("5")
+    with pytest.raises(InputError, match="no such checkpoint"):
+        manager.resolve(str(tmp_path / "nowhere"))
+    with pytest.raises(InputError, match="not a checkpoint folder"):
+        manager.resolve(str(tmp_path))
+    with pytest.raises(InputError, match="latest: missing"):
+        CheckpointManager(tmp_path / "fresh").resolve("latest")
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("flip", "sha256 differs"),
+        ("truncate", "truncated"),
+        ("no-meta", "meta.json: missing"),
+        ("incomplete", "complete]: not true"),
+        ("bad-json", "not valid JSON"),
+        ("missing-file", "missing"),
+        ("shape", "shape"),
+    ],
+)
+def test_auto_skips_a_broken_newest_checkpoint(saved_run, damage, message):
+    newest = saved_run / "checkpoints" / "step_00000006"
+    optim = newest / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    meta_path = newest / "meta.json"
+    if damage == "flip":
+        _flip_byte(optim)
+    elif damage == "truncate":
+        optim.write_bytes(optim.read_bytes()[:100])
+    elif damage == "no-meta":
+        meta_path.unlink()
+    elif damage == "incomplete":
+        meta = json.loads(meta_path.read_text())
+        meta["complete"] = False
+        meta_path.write_text(json.dumps(meta))
+    elif damage == "bad-json":
+        meta_path.write_text(meta_path.read_text()[:50])
+    elif damage == "missing-file":
+        (newest / "rng_rank0000.pt").unlink()
+    elif damage == "shape":
+        meta = json.loads(meta_path.read_text())
+        meta["param_shapes"]["inp.weight"] = [3, 3]
+        meta_path.write_text(json.dumps(meta))
+    warnings = []
+    manager = CheckpointManager(saved_run, warn=warnings.append)
+    assert manager.resolve("auto") == saved_run / "checkpoints" / "step_00000004"
+    assert len(warnings) == 1 and "step_00000006" in warnings[0] and message in warnings[0]
+    # the explicit specs do not fall back: they fail and say why
+    with pytest.raises(InputError, match=message.replace("]", r"\]").replace("(", r"\(")):
+        manager.resolve("latest")
+    with pytest.raises(InputError):
+        manager.resolve("6")
+    with pytest.raises(InputError):
+        check(newest)
+
+
+def test_a_killed_save_leaves_the_previous_state(saved_run, ds_world):
+    """Whatever a kill leaves behind (a .tmp- folder at any stage) is ignored, then cleaned by the next save."""
+    ckpt_dir = saved_run / "checkpoints"
+    partial = ckpt_dir / layout.tmp_name(8)
+    shutil.copytree(ckpt_dir / "step_00000006", partial)  # even one with a complete-looking meta.json
+    (ckpt_dir / "step_00000010.tmp-delete").mkdir()
+    manager = CheckpointManager(saved_run)
+    assert manager.resolve("auto") == ckpt_dir / "step_00000006"
+    assert _steps(saved_run) == [2, 4, 6]
+    engine = worker.build_engine(1)
+    manager.save(engine, 8, worker.client_state(8))
+    assert not layout.leftovers(ckpt_dir)
+    assert _steps(saved_run) == [2, 4, 6, 8]
+    assert manager.resolve("auto") == ckpt_dir / "step_00000008"
+
+
+def test_prune_keep_last_and_keep_every(saved_run):
+    removed = CheckpointManager(saved_run, keep_last=1, keep_every=4).prune()
+    assert [p.name for p in removed] == ["step_00000002"]
+    assert _steps(saved_run) == [4, 6]
+    assert not layout.leftovers(saved_run / "checkpoints")
+
+
+def test_prune_never_removes_the_newest_verified(saved_run):
+    ckpt_dir = saved_run / "checkpoints"
+    _flip_byte(ckpt_dir / "step_00000006" / "mp_rank_00_model_states.pt")
+    CheckpointManager(saved_run, keep_last=1).prune()
+    # step 6 is the newest complete one (kept by keep_last), step 4 the newest that verifies (kept too)
+    assert _steps(saved_run) == [4, 6]
+    assert CheckpointManager(saved_run, warn=lambda _m: None).resolve("auto") == ckpt_dir / "step_00000004"
+
+
+def test_save_prunes_as_it_goes(tmp_path, ds_world):
+    engine = worker.build_engine(0)
+    manager = CheckpointManager(tmp_path / "run", keep_last=2, keep_every=3)
+    for step in range(1, 8):
+        worker.train_step(engine, step)
+        manager.save(engine, step, worker.client_state(step))
+    assert _steps(tmp_path / "run") == [3, 6, 7]
+
+
+def test_saving_the_same_step_again_replaces_it(saved_run, ds_world):
+    engine = worker.build_engine(1)
+    manager = CheckpointManager(saved_run)
+    before = read_meta(saved_run / "checkpoints" / "step_00000006")["time"]
+    manager.save(engine, 6, worker.client_state(6))
+    assert read_meta(saved_run / "checkpoints" / "step_00000006")["time"] >= before
+    assert _steps(saved_run) == [2, 4, 6] and not layout.leftovers(saved_run / "checkpoints")
+
+
+def test_refuses_another_model_shape_or_tokenizer(saved_run):
+    path = saved_run / "checkpoints" / "step_00000006"
+    CheckpointManager.check_compatible(path, {"hidden_size": worker.HIDDEN}, None)
+    with pytest.raises(
+        InputError, match=rf"model.hidden_size\]: checkpoint has {worker.HIDDEN}, the config has 32"
+    ):
+        CheckpointManager.check_compatible(path, {"hidden_size": 32, "vocab_size": worker.DIM}, None)
+    meta_path = path / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["tokenizer"] = {"hash": "sha256:" + "a" * 64, "vocab_size": 8, "eod_id": 0}
+    meta_path.write_text(json.dumps(meta))
+    other = {"hash": "sha256:" + "b" * 64, "vocab_size": 8, "eod_id": 0}
+    with pytest.raises(
+        InputError, match=r"tokenizer.hash\]: checkpoint has 'sha256:a+', the data has 'sha256:b+'"
+    ):
+        CheckpointManager.check_compatible(path, None, other)
+
+
+@pytest.mark.parametrize(
+    "kwargs, flag", [({"keep_last": 0}, "keep_last"), ({"keep_every": -1}, "keep_every")]
+)
+def test_bad_keep_options(tmp_path, kwargs, flag):
+    with pytest.raises(UsageError, match=flag):
+        CheckpointManager(tmp_path, **kwargs)
+
+
+def test_meta_written_last_and_durably(saved_run):
+    """meta.json is newer than every file it describes (it is written after them)."""
+    folder = saved_run / "checkpoints" / "step_00000002"
+    meta_mtime = os.stat(folder / "meta.json").st_mtime_ns
+    assert all(os.stat(p).st_mtime_ns <= meta_mtime for p in folder.iterdir())
+
+
+def test_refuses_another_zero_stage(saved_run, ds_world):
+    engine = worker.build_engine(2)  # saved_run was written by ZeRO-1
+    with pytest.raises(
+        InputError, match=r"zero_stage\]: the checkpoint was saved with ZeRO-1, this run uses ZeRO-2"
+    ):
+        CheckpointManager(saved_run).load(engine, saved_run / "checkpoints" / "step_00000006")
+
+
+def test_stop_requested_by_signal_and_restored():
+    import signal
+
+    from llmtools.ckpt.signals import StopRequested, resume_command
+
+    before = signal.getsignal(signal.SIGTERM)
+    with StopRequested(announce=False) as stop:
+        assert not stop and not stop.should_stop()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested and stop.should_stop() and stop.signal_name == "SIGTERM"
+        assert stop.resume_hint("llm-train c.yaml", "run/checkpoints/step_00000007") == (
+            "stopped by SIGTERM: saved run/checkpoints/step_00000007; resume with: llm-train c.yaml --resume auto"
+        )
+    assert signal.getsignal(signal.SIGTERM) is before
+    with StopRequested(announce=False) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.signal_name == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C aborts at once
+            os.kill(os.getpid(), signal.SIGINT)
+    argv = ["/x/bin/llm-train", "c.yaml", "--resume", "3", "--force", "-o", "run dir", "--reset-data"]
+    assert resume_command(argv) == "llm-train c.yaml -o 'run dir'"

@@ -1,0 +1,73 @@
+"""llm-log plot writes a PNG whose four panels hold curves."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmtools.errors import InputError, OutputExistsError, UsageError
+from llmtools.logs.plot import PANELS, Curves, PlotConfig, ema, plot_runs
+from llmtools.logs.records import Record
+from llmtools.logs.runs import collect_curves
+from tests.logs.helpers import FIXTURES
+
+
+def panel_ink(png) -> list[float]:
+    """Share of non-background pixels inside each of the four panel areas (2x2 grid)."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    image = mpimg.imread(png)[..., :3]
+    height, width = image.shape[:2]
+    ink = (image < 0.9).any(axis=2)
+    shares = []
+    for row in range(2):
+        for col in range(2):
+            y0, y1 = int(height * (0.12 + row * 0.45)), int(height * (0.47 + row * 0.45))
+            x0, x1 = int(width * (0.1 + col * 0.5)), int(width * (0.45 + col * 0.5))
+            shares.append(float(np.mean(ink[y0:y1, x0:x1])))
+    return shares
+
+
+def test_plot_png_has_four_non_empty_panels(tmp_path):
+    runs, _ = collect_curves([str(FIXTURES / "metrics.jsonl"), str(FIXTURES / "megatron.log")])
+    out = tmp_path / "curves.png"
+    drawn = plot_runs(runs, PlotConfig(output=out, dpi=50))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image as mpimg
+
+    assert mpimg.imread(out).shape[:2] == (8 * 50, 12 * 50)
+    assert set(drawn) == set(PANELS)
+    assert drawn["loss"] == {"fixtures": 60 + 3, "megatron": 20 + 3}  # the resume superseded 110..150
+    assert all(drawn[p] for p in PANELS)
+    assert min(panel_ink(out)) > 0.005  # each panel carries visible lines, not only axes
+
+
+def test_plot_x_tokens_needs_token_counts(tmp_path):
+    runs, _ = collect_curves([str(FIXTURES / "megatron.log")], x="tokens")
+    with pytest.raises(InputError, match="--x steps"):
+        plot_runs(runs, PlotConfig(output=tmp_path / "t.png", x="tokens"))
+    runs, _ = collect_curves([str(FIXTURES / "megatron.log")], x="tokens", seq_length=1024)
+    assert runs[0].series["loss"][0][-1] == 200 * 32 * 1024
+    runs, _ = collect_curves([str(FIXTURES / "metrics.jsonl")], x="tokens")
+    plot_runs(runs, PlotConfig(output=tmp_path / "t.png", x="tokens", dpi=40))
+    assert runs[0].series["loss"][0][-1] == 60 * 8 * 256
+
+
+def test_plot_refuses_to_overwrite_and_bad_options(tmp_path):
+    out = tmp_path / "c.png"
+    out.write_bytes(b"old")
+    runs, _ = collect_curves([str(FIXTURES / "generic.log")])
+    with pytest.raises(OutputExistsError):
+        plot_runs(runs, PlotConfig(output=out))
+    with pytest.raises(UsageError, match="--x"):
+        PlotConfig(output=out, x="time")
+    with pytest.raises(UsageError, match=".png"):
+        PlotConfig(output=tmp_path / "c.svg")
+
+
+def test_resume_supersedes_and_ema_starts_at_first_value():
+    curves = Curves("r")
+    for step, loss in [(1, 5.0), (2, 4.0), (3, 3.0), (2, 3.5), (3, 3.2)]:
+        curves.add(Record("train", step, None, {"loss": loss}), "steps", [None])
+    assert list(curves.series["loss"][0]) == [1, 2, 3] and list(curves.series["loss"][1]) == [5.0, 3.5, 3.2]
+    assert ema([2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0])

@@ -1,0 +1,113 @@
+"""Health: a NaN/inf loss or a grad-norm spike is caught; the update is skipped, or the run stops with a
+checkpoint and a clear message. A bad micro-batch is injected by wrapping the loss function."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from llmtools.errors import RuntimeFailure
+from llmtools.train import loop
+from tests.train.conftest import tiny_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def inject(monkeypatch, at_call: int, factor: float):
+    """Multiply the loss of the ``at_call``-th micro-batch (1-based) by ``factor`` (nan -> NaN loss)."""
+    original = loop._cross_entropy
+    calls = {"n": 0}
+
+    def patched(logits, labels):
+        calls["n"] += 1
+        loss = original(logits, labels)
+        return loss * factor if calls["n"] == at_call else loss
+
+    monkeypatch.setattr(loop, "_cross_entropy", patched)
+
+
+def run(byte_data, run_dir, stage=2, **overrides):
+    from llmtools.train.deepspeed_config import load_ds_config
+
+    cfg = tiny_config(byte_data["mix"], **overrides)
+    ds = load_ds_config(ROOT / f"configs/deepspeed/zero{stage}.json")
+    return loop.train(cfg, ds, loop.RunOptions(run_dir=run_dir, quiet=True))
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_nan_loss_skips_the_update(byte_data, tmp_path, monkeypatch, stage):
+    inject(monkeypatch, at_call=5, factor=float("nan"))  # step 3, first micro-batch (2 per step)
+    result = run(byte_data, tmp_path, stage=stage, training__train_steps=6, health__nan_action="skip")
+    assert result.steps == 6
+    assert math.isnan(result.losses[2])
+    # Had the NaN gradient reached the weights, every later loss would be NaN too.
+    assert all(math.isfinite(x) for x in result.losses[3:])
+    records = metrics(tmp_path)
+    events = [r for r in records if r["kind"] == "event" and r["event"] == "nan"]
+    assert [e["step"] for e in events] == [3] and "update skipped" in events[0]["message"]
+    step3 = next(r for r in records if r["kind"] == "train" and r["step"] == 3)
+    assert step3["skipped"] is True and step3["loss"] is None  # JSON has no NaN: written as null
+
+
+def test_nan_loss_stops_with_a_checkpoint(byte_data, tmp_path, monkeypatch):
+    inject(monkeypatch, at_call=6, factor=float("inf"))
+    with pytest.raises(RuntimeFailure) as error:
+        run(byte_data, tmp_path, training__train_steps=6, health__nan_action="stop")
+    message = str(error.value)
+    assert "stopped at step 3: health.nan_action=stop" in message
+    assert "step_00000003" in message and "--resume" in message
+    assert (tmp_path / "checkpoints" / "step_00000003" / "meta.json").exists()
+    records = metrics(tmp_path)
+    assert records[-1]["event"] == "stop"
+    assert max(r["step"] for r in records if r["kind"] == "train") == 3
+
+
+def test_grad_norm_spike_is_skipped(byte_data, tmp_path, monkeypatch):
+    inject(monkeypatch, at_call=15, factor=1e4)  # step 8: gradients (and their norm) x 10^4
+    result = run(
+        byte_data,
+        tmp_path,
+        training__train_steps=10,
+        health__spike_factor=5.0,
+        health__spike_window=4,
+        health__spike_action="skip",
+    )
+    records = metrics(tmp_path)
+    spikes = [r for r in records if r["kind"] == "event" and r["event"] == "spike"]
+    assert [s["step"] for s in spikes] == [8]
+    assert "grad-norm spike" in spikes[0]["message"] and "update skipped" in spikes[0]["message"]
+    # The x10^4 gradient was not applied: the next losses stay on the normal curve.
+    assert result.losses[8] < result.losses[0] and result.losses[9] < result.losses[0]
+
+
+def test_health_gate_unit():
+    from llmtools.train.config import HealthSection
+
+    norms = iter([1.0, 1.1, 0.9, 1.0, 50.0, 1.0, float("nan"), 1.0])
+    gate = loop.HealthGate(
+        HealthSection(spike_factor=10, spike_window=3, spike_action="warn", nan_action="skip"),
+        lambda: next(norms),
+    )
+    decisions = []
+    for _ in range(7):
+        gate.reset()
+        decisions.append((gate.allow(), gate.reason))
+    assert decisions == [
+        (True, None),
+        (True, None),
+        (True, None),
+        (True, None),
+        (True, "spike"),
+        (True, None),
+        (False, "nan"),
+    ]
+    gate.reset()
+    gate.loss_bad = True
+    assert gate.allow() is False and gate.reason == "nan" and not gate.stop
