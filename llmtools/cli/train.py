@@ -71,6 +71,12 @@ def train(
     resume: str | None = typer.Option(
         None, "--resume", help="Continue from a checkpoint: auto | latest | STEP | PATH."
     ),
+    init_from: str | None = typer.Option(
+        None,
+        "--init-from",
+        help="Start from these weights (a Hugging Face folder, or one of our checkpoints or run folders): "
+        "the same as --set model.init_from=DIR.",
+    ),
     reset_data: bool = typer.Option(
         False,
         "--reset-data",
@@ -99,6 +105,8 @@ def train(
         from llmtools.errors import UsageError
 
         raise UsageError("--reset-data: only with --resume (it restarts the data of a resumed run)")
+    if init_from is not None:  # a spelled-out flag for the most common override
+        set_ = [*set_, f"model.init_from={init_from}"]
     cfg = load_train_config(config, set_)
     ds_raw = load_ds_config(deepspeed)
     run_dir = output or Path("runs") / config.stem

@@ -55,12 +55,16 @@ def resolve_model_config(config: TrainConfig):
             close = difflib.get_close_matches(key, fields + ["preset", "init_from"], n=1, cutoff=0.6)
             hint = f" (did you mean 'model.{close[0]}'?)" if close else ""
             raise InputError(f"{where}: unknown key model.{key}{hint}")
-    if section.preset is not None:
-        base = load_model_config(section.preset).to_dict()
-    elif section.init_from is not None:
+    init_base = None
+    if section.init_from is not None:
         from llmtools.train.sft import init_model_source  # issue 8: or the model of one of our checkpoints
 
-        base = load_model_config(init_model_source(section.init_from)).to_dict()
+        # Read even when a preset names the shape: a missing or broken folder fails here, before compute.
+        init_base = load_model_config(init_model_source(section.init_from)).to_dict()
+    if section.preset is not None:
+        base = load_model_config(section.preset).to_dict()
+    elif init_base is not None:
+        base = init_base
     else:
         base = {}
     merged = {**base, **section.overrides}

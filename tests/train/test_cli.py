@@ -242,3 +242,15 @@ def test_dry_run_prints_resolved_deepspeed_config(byte_data, tmp_path, cli_env):
     assert plan["steps"] == 8 and plan["total_steps"] == 20 and plan["seq_length"] == 64
     assert plan["deepspeed"]["zero_optimization"]["stage"] == 3
     assert plan["deepspeed"]["train_batch_size"] == 8
+
+
+def test_init_from_flag_is_model_init_from(byte_data, tmp_path, cli_env):
+    """--init-from DIR is the spelled-out form of --set model.init_from=DIR (checked before compute)."""
+    config = write_config(tmp_path, byte_data["mix"])
+    missing = tmp_path / "no-such-hf-folder"
+    zero0 = str(ROOT / "configs/deepspeed/zero0.json")
+    by_flag = llm_train([config, "--deepspeed", zero0, "--dry-run", "--init-from", str(missing)], cli_env)
+    by_set = llm_train([config, "--deepspeed", zero0, "--dry-run", "--set", f"model.init_from={missing}"], cli_env)
+    assert by_flag.returncode == 2 and by_set.returncode == 2, by_flag.stderr
+    assert str(missing) in by_flag.stderr and "Traceback" not in by_flag.stderr
+    assert by_flag.stderr == by_set.stderr

@@ -147,3 +147,15 @@ def test_bad_json_names_line(tmp_path):
     path.write_text('{\n  "train_batch_size": "auto",\n  oops\n}\n')
     with pytest.raises(InputError, match=r"ds\.json:3:3: not valid JSON"):
         load_ds_config(path)
+
+
+@pytest.mark.parametrize("cpu, expected", [(True, False), (False, True)])
+def test_contiguous_gradients_auto_follows_the_device(cpu, expected):
+    """ "auto": off on CPU (an extra copy of every gradient, nothing gained), on for CUDA (less fragmentation)."""
+    ds = load_ds_config(ROOT / "configs/deepspeed/zero2.json")
+    assert ds["zero_optimization"]["contiguous_gradients"] == "auto"
+    out = resolve_ds_config(ds, make_cfg(), world_size=1, total_steps=100, hidden_size=64, cpu=cpu)
+    assert out["zero_optimization"]["contiguous_gradients"] is expected
+    ds["zero_optimization"]["contiguous_gradients"] = True  # a real value is kept as written
+    out = resolve_ds_config(ds, make_cfg(), world_size=1, total_steps=100, hidden_size=64, cpu=True)
+    assert out["zero_optimization"]["contiguous_gradients"] is True
