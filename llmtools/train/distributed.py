@@ -78,8 +78,10 @@ def init_distributed(timeout_s: int = 1800) -> DistInfo:
     cuda = torch.cuda.is_available()
     backend = "nccl" if cuda else "gloo"
     if cuda:
-        torch.cuda.set_device(local)
-        device = f"cuda:{local}"
+        # srun --gpus-per-task=1 (or --gpu-bind) shows each task only its own device(s): index modulo what is seen.
+        index = local % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        device = f"cuda:{index}"
     else:
         device = "cpu"
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -87,7 +89,12 @@ def init_distributed(timeout_s: int = 1800) -> DistInfo:
         # One thread per rank on small CPU machines, unless the user chose: oversubscription makes step times
         # swing by 100x.
         if "OMP_NUM_THREADS" not in os.environ:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(world, 1)))
+            # Ranks on this node share its cores (SLURM_NTASKS_PER_NODE may read "2(x3)": then the world size).
+            per_node = _env_int("LOCAL_WORLD_SIZE")
+            if per_node is None and os.environ.get("SLURM_NTASKS_PER_NODE", "").isdigit():
+                per_node = int(os.environ["SLURM_NTASKS_PER_NODE"])
+            per_node = per_node or world
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(per_node, 1)))
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s)
         try:
