@@ -63,7 +63,9 @@ def run(app: typer.Typer, prog: str) -> None:
     except Exception as error:  # noqa: BLE001 - the last line of defence: one line, exit 1
         if debug_enabled():
             raise
-        fail(prog, f"internal error: {type(error).__name__}: {error} (set LLMTOOLS_DEBUG=1 for a traceback)", 1)
+        fail(
+            prog, f"internal error: {type(error).__name__}: {error} (set LLMTOOLS_DEBUG=1 for a traceback)", 1
+        )
 
 
 def emit(line: str) -> None:

@@ -56,7 +56,11 @@ UINT16_VOCAB_LIMIT = 65500
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
     """The token dtype Megatron-LM uses for a vocabulary of ``vocab_size`` (added tokens included)."""
-    return np.dtype(np.uint16) if vocab_size is not None and vocab_size < UINT16_VOCAB_LIMIT else np.dtype(np.int32)
+    return (
+        np.dtype(np.uint16)
+        if vocab_size is not None and vocab_size < UINT16_VOCAB_LIMIT
+        else np.dtype(np.int32)
+    )
 
 
 def bin_path(prefix: str | os.PathLike) -> Path:
@@ -93,7 +97,9 @@ class IndexedDatasetReader:
         self.bin_file = bin_path(self.prefix)
         for path in (self.idx_file, self.bin_file):
             if not path.exists():
-                raise InputError(f"{path}: no such file (expected a Megatron .bin/.idx pair at prefix {self.prefix})")
+                raise InputError(
+                    f"{path}: no such file (expected a Megatron .bin/.idx pair at prefix {self.prefix})"
+                )
         self._read_index()
         self._bin = self._map_bin()
         if validate:
@@ -104,11 +110,15 @@ class IndexedDatasetReader:
         path = self.idx_file
         size = path.stat().st_size
         if size < HEADER_SIZE:
-            raise InputError(f"{where(path, offset=0)}: file is {size} bytes, shorter than the {HEADER_SIZE}-byte header")
+            raise InputError(
+                f"{where(path, offset=0)}: file is {size} bytes, shorter than the {HEADER_SIZE}-byte header"
+            )
         with open(path, "rb") as handle:
             header = handle.read(HEADER_SIZE)
         if header[:9] != MAGIC:
-            raise InputError(f"{where(path, offset=0)}: bad magic {header[:9]!r}, expected {MAGIC!r} (not an MMIDIDX index)")
+            raise InputError(
+                f"{where(path, offset=0)}: bad magic {header[:9]!r}, expected {MAGIC!r} (not an MMIDIDX index)"
+            )
         (version,) = struct.unpack_from("<Q", header, 9)
         if version != VERSION:
             raise InputError(f"{where(path, offset=9)}: unsupported version {version}, expected {VERSION}")
@@ -134,7 +144,9 @@ class IndexedDatasetReader:
         off += 8 * s
         self.document_indices = np.frombuffer(buf, dtype=np.int64, count=d, offset=off)
         off += 8 * d
-        self.sequence_modes = np.frombuffer(buf, dtype=np.int8, count=s, offset=off) if size > expected else None
+        self.sequence_modes = (
+            np.frombuffer(buf, dtype=np.int8, count=s, offset=off) if size > expected else None
+        )
         if d == 0 or self.document_indices[0] != 0 or self.document_indices[-1] != s:
             raise InputError(
                 f"{where(path, offset=HEADER_SIZE + 12 * s)}: document indices must run from 0 to {s} "
@@ -175,7 +187,9 @@ class IndexedDatasetReader:
         lengths = self.sequence_lengths
         if lengths.size and int(lengths.min()) < 0:
             bad = int(np.argmax(lengths < 0))
-            raise InputError(f"{where(self.idx_file, offset=HEADER_SIZE + 4 * bad)}: sequence {bad} has negative length {int(lengths[bad])}")
+            raise InputError(
+                f"{where(self.idx_file, offset=HEADER_SIZE + 4 * bad)}: sequence {bad} has negative length {int(lengths[bad])}"
+            )
         expected = np.zeros(self.num_sequences, dtype=np.int64)
         if self.num_sequences > 1:
             np.cumsum(lengths[:-1].astype(np.int64) * self.dtype.itemsize, out=expected[1:])
@@ -220,7 +234,9 @@ class IndexedDatasetReader:
 
     def tokens(self) -> np.ndarray:
         """The whole ``.bin`` as one flat token array (zero-copy)."""
-        return np.frombuffer(self._bin, dtype=self.dtype, count=self.expected_bin_size() // self.dtype.itemsize)
+        return np.frombuffer(
+            self._bin, dtype=self.dtype, count=self.expected_bin_size() // self.dtype.itemsize
+        )
 
     def document_lengths(self) -> np.ndarray:
         """Token count of every document (int64), empty documents included."""
@@ -296,8 +312,13 @@ class IndexedDatasetWriter:
     def _write_tokens(self, tokens: np.ndarray, nonempty_lengths: np.ndarray) -> None:
         if tokens.size:
             if tokens.dtype != self.dtype:
-                if tokens.size and (int(tokens.min()) < np.iinfo(self.dtype).min or int(tokens.max()) > np.iinfo(self.dtype).max):
-                    raise ValueError(f"token ids {int(tokens.min())}..{int(tokens.max())} do not fit {self.dtype}")
+                if tokens.size and (
+                    int(tokens.min()) < np.iinfo(self.dtype).min
+                    or int(tokens.max()) > np.iinfo(self.dtype).max
+                ):
+                    raise ValueError(
+                        f"token ids {int(tokens.min())}..{int(tokens.max())} do not fit {self.dtype}"
+                    )
                 tokens = tokens.astype(self.dtype)
             self._bin.write(memoryview(np.ascontiguousarray(tokens)).cast("B"))
         if nonempty_lengths.size:
@@ -334,7 +355,11 @@ class IndexedDatasetWriter:
             out.write(struct.pack("<B", CODE_OF_DTYPE[self.dtype]))
             out.write(struct.pack("<Q", self.num_sequences))
             out.write(struct.pack("<Q", self.num_documents + 1))
-            lengths = np.memmap(self._len_tmp, dtype=np.int32, mode="r") if self.num_sequences else np.empty(0, np.int32)
+            lengths = (
+                np.memmap(self._len_tmp, dtype=np.int32, mode="r")
+                if self.num_sequences
+                else np.empty(0, np.int32)
+            )
             for lo in range(0, self.num_sequences, chunk):
                 out.write(lengths[lo : lo + chunk].tobytes())
             running = 0

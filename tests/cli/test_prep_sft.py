@@ -208,7 +208,9 @@ def test_tokenizer_own_template_from_hf_folder(capsys, monkeypatch, tmp_path):
         "chat_template": "{{ bos_token }}{% for m in messages %}### {{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}",
     }))  # fmt: skip
     src = _jsonl(tmp_path / "in.jsonl", [GOOD])
-    proc = prep(capsys, monkeypatch, "sft", src, "-t", folder / "tokenizer.json", "-o", tmp_path / "x", "--json")
+    proc = prep(
+        capsys, monkeypatch, "sft", src, "-t", folder / "tokenizer.json", "-o", tmp_path / "x", "--json"
+    )
     assert proc.returncode == 0, proc.stderr
     from llmtools.formats.indexed import IndexedDatasetReader
     from llmtools.tokenize import load_tokenizer

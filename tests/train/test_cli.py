@@ -250,7 +250,9 @@ def test_init_from_flag_is_model_init_from(byte_data, tmp_path, cli_env):
     missing = tmp_path / "no-such-hf-folder"
     zero0 = str(ROOT / "configs/deepspeed/zero0.json")
     by_flag = llm_train([config, "--deepspeed", zero0, "--dry-run", "--init-from", str(missing)], cli_env)
-    by_set = llm_train([config, "--deepspeed", zero0, "--dry-run", "--set", f"model.init_from={missing}"], cli_env)
+    by_set = llm_train(
+        [config, "--deepspeed", zero0, "--dry-run", "--set", f"model.init_from={missing}"], cli_env
+    )
     assert by_flag.returncode == 2 and by_set.returncode == 2, by_flag.stderr
     assert str(missing) in by_flag.stderr and "Traceback" not in by_flag.stderr
     assert by_flag.stderr == by_set.stderr

@@ -177,7 +177,9 @@ def test_schema_knows_every_key():
     schema = json.loads(
         (Path(__file__).resolve().parents[2] / "schemas" / "train-config.schema.json").read_text()
     )
-    sections = {name: sec.get("anyOf", [sec])[0] for name, sec in schema["properties"].items()}  # lora: or null
+    sections = {
+        name: sec.get("anyOf", [sec])[0] for name, sec in schema["properties"].items()
+    }  # lora: or null
     in_schema = {f"{s}.{k}" for s, sec in sections.items() for k in sec.get("properties", {})}
     assert set(all_keys()) <= in_schema
 

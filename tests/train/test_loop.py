@@ -190,4 +190,6 @@ def test_optimizer_from_the_deepspeed_config_trains_the_same(byte_data, tmp_path
     theirs = train(cfg, ds, RunOptions(run_dir=tmp_path / "theirs", quiet=True)).losses
     assert theirs == pytest.approx(ours, abs=1e-6)
     written = json.loads((tmp_path / "theirs" / "ds_config.json").read_text())
-    assert written["optimizer"]["params"]["lr"] == 3e-3 and written["optimizer"]["params"]["torch_adam"] is True
+    assert (
+        written["optimizer"]["params"]["lr"] == 3e-3 and written["optimizer"]["params"]["torch_adam"] is True
+    )
