@@ -73,6 +73,21 @@ def emit(line: str) -> None:
     print(line, flush=True)
 
 
+def report(prog: str, result, as_json: bool, quiet: bool) -> None:
+    """The usual ending of a command that writes files: a summary on stderr, then the written paths on
+    stdout one per line (or ``result.to_dict()`` as JSON with ``--json``)."""
+    if not quiet:
+        summary = result.summary
+        log(f"{prog}: {summary() if callable(summary) else summary}")
+    if as_json:
+        import json
+
+        emit(json.dumps(result.to_dict()))
+    else:
+        for path in result.paths:
+            emit(str(path))
+
+
 def log(message: str) -> None:
     """A human-facing message on stderr."""
     print(message, file=sys.stderr, flush=True)

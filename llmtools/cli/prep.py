@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from llmtools.cli._common import emit, log, new_app, run
+from llmtools.cli._common import emit, log, new_app, report, run
 
 app = new_app(
     "llm-prep", "Prepare training data: tokenize JSONL into Megatron .bin/.idx, train tokenizers, inspect."
@@ -104,13 +104,7 @@ def json2bin_cmd(
         progress=False if quiet else None,
     )
     result = json2bin(config=config)
-    if not quiet:
-        log(f"llm-prep json2bin: {result.summary()}")
-    if as_json:
-        emit(json.dumps(result.to_dict()))
-    else:
-        for path in result.paths:
-            emit(path)
+    report("llm-prep json2bin", result, as_json, quiet)
 
 
 INSPECT_HELP = """Summarize and validate a .bin/.idx pair: counts, dtype, tokens, document-length statistics.

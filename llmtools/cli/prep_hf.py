@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
-from llmtools.cli._common import emit, log
+from llmtools.cli._common import report
 
 HF2BIN_HELP = """Convert a local Hugging Face dataset to Megatron-LM's indexed format (.bin/.idx + sidecar).
 
@@ -73,13 +71,7 @@ def hf2bin_cmd(
                           append_eod=append_eod, workers=workers, backend=backend, special_tokens=special_tokens,
                           skip_bad=skip_bad, force=force, progress=False if quiet else None)  # fmt: skip
     result = hf2bin(config)
-    if not quiet:
-        log(f"llm-prep hf2bin: {result.summary}")
-    if as_json:
-        emit(json.dumps(result.to_dict()))
-    else:
-        for path in result.paths:
-            emit(path)
+    report("llm-prep hf2bin", result, as_json, quiet)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
-from llmtools.cli._common import emit, log
+from llmtools.cli._common import report
 
 SFT_HELP = """Render conversations with a chat template and tokenize them for supervised fine-tuning.
 
@@ -92,13 +90,7 @@ def sft_cmd(
                        max_length=max_length, overflow=overflow, pack=pack, append_eod=append_eod, split=split,
                        skip_bad=skip_bad, force=force)  # fmt: skip
     result = build_sft(config)
-    if not quiet:
-        log(f"llm-prep sft: {result.summary()}")
-    if as_json:
-        emit(json.dumps(result.to_dict()))
-    else:
-        for path in result.paths:
-            emit(path)
+    report("llm-prep sft", result, as_json, quiet)
 
 
 def register(app: typer.Typer) -> None:
