@@ -217,58 +217,48 @@ def to_hf(
     config = _model_config(meta, model, checkpoint)
     tok = (meta or {}).get("tokenizer") or {}
     extra = tokenizer_files(Path(tokenizer)) if tokenizer is not None else None
-    # Holds a generated tokenizer_config.json until save_hf_folder has copied it (removed at exit either way).
-    scratch = tempfile.TemporaryDirectory(prefix="llm-ckpt-")
-    if extra and "tokenizer.json" in extra and "tokenizer_config.json" not in extra:
-        extra["tokenizer_config.json"] = _tokenizer_config(extra["tokenizer.json"], tok, Path(scratch.name))
-    # --- lora (issue 8): a LoRA checkpoint is exported with W + (alpha / r) B A merged in ---
-    from llmtools.train.lora import checkpoint_lora, merge_state
+    with tempfile.TemporaryDirectory(prefix="llm-ckpt-") as scratch:
+        # A generated tokenizer_config.json lives in scratch until save_hf_folder has copied it.
+        if extra and "tokenizer.json" in extra and "tokenizer_config.json" not in extra:
+            extra["tokenizer_config.json"] = _tokenizer_config(extra["tokenizer.json"], tok, Path(scratch))
 
-    found = checkpoint_lora(checkpoint)
-    if found is not None:
-        merged = merge_state(found[1], found[0])
-        if config.tie_word_embeddings:
-            merged.pop("lm_head.weight", None)
-        save_hf_folder(
-            merged,
-            config,
-            output,
-            dtype=dtype,
-            max_shard_size=shard_size,
-            bos_token_id=tok.get("bos_id"),
-            eos_token_id=tok.get("eod_id"),
-            extra_files=extra,
-            force=force,
-        )
-        return output
-    # --- end lora ---
-    with CheckpointReader(checkpoint) as reader:
-        sources = reader.sources(include_buffers=False)
-        expected = set(expected_parameter_names(config, include_tied=True))
-        prefix = _strip_prefix(list(sources), expected)
-        state = {name.removeprefix(prefix): src for name, src in sources.items()}
-        # The config recorded at save time matches by construction; one named with --model may not.
-        # (Building the model on the meta device to learn its shapes costs seconds of imports.)
-        shapes = _shapes_of(config) if model is not None else {}
-        for name, source in state.items():
-            if name in shapes and tuple(source.shape) != shapes[name]:
-                raise InputError(
-                    f"{checkpoint}[{name}]: shape {tuple(source.shape)}, the model config implies {shapes[name]}"
-                )
-        if config.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
-        save_hf_folder(
-            state,
-            config,
-            output,
-            dtype=dtype,
-            max_shard_size=shard_size,
-            bos_token_id=tok.get("bos_id"),
-            eos_token_id=tok.get("eod_id"),
-            extra_files=extra,
-            force=force,
-        )
-    scratch.cleanup()
+        def write(state: dict) -> None:
+            if config.tie_word_embeddings:
+                state.pop("lm_head.weight", None)
+            save_hf_folder(
+                state,
+                config,
+                output,
+                dtype=dtype,
+                max_shard_size=shard_size,
+                bos_token_id=tok.get("bos_id"),
+                eos_token_id=tok.get("eod_id"),
+                extra_files=extra,
+                force=force,
+            )
+
+        # --- lora (issue 8): a LoRA checkpoint is exported with W + (alpha / r) B A merged in ---
+        from llmtools.train.lora import checkpoint_lora, merge_state
+
+        found = checkpoint_lora(checkpoint)
+        if found is not None:
+            write(merge_state(found[1], found[0]))
+            return output
+        # --- end lora ---
+        with CheckpointReader(checkpoint) as reader:
+            sources = reader.sources(include_buffers=False)
+            expected = set(expected_parameter_names(config, include_tied=True))
+            prefix = _strip_prefix(list(sources), expected)
+            state = {name.removeprefix(prefix): src for name, src in sources.items()}
+            # The config recorded at save time matches by construction; one named with --model may not.
+            # (Building the model on the meta device to learn its shapes costs seconds of imports.)
+            shapes = _shapes_of(config) if model is not None else {}
+            for name, source in state.items():
+                if name in shapes and tuple(source.shape) != shapes[name]:
+                    raise InputError(
+                        f"{checkpoint}[{name}]: shape {tuple(source.shape)}, the model config implies {shapes[name]}"
+                    )
+            write(state)
     return output
 
 
