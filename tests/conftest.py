@@ -42,3 +42,19 @@ def cli_env():
 @pytest.fixture
 def python():
     return sys.executable
+
+
+def run_cli_inproc(capsys, monkeypatch, command: str, *args):
+    """Run ``llm-<command>`` in this process through its real ``main`` (argument parsing and the error
+    model included): much faster than a subprocess. Returns a CompletedProcess-like result."""
+    import importlib
+    import subprocess
+
+    main = importlib.import_module(f"llmtools.cli.{command}").main
+    capsys.readouterr()  # drop what the test's own set-up printed
+    monkeypatch.setattr(sys, "argv", [f"llm-{command}", *map(str, args)])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    out = capsys.readouterr()
+    code = exit_info.value.code
+    return subprocess.CompletedProcess(args, 0 if code is None else code, out.out, out.err)

@@ -15,20 +15,14 @@ import pytest
 
 from tests.ckpt import worker
 from tests.ckpt.conftest import ds_world, saved_run, saved_run_master  # noqa: F401 - fixtures
+from tests.conftest import run_cli_inproc
 
 pytest.importorskip("deepspeed")
 
 
 def ckpt(capsys, monkeypatch, *args):
-    from llmtools.cli.ckpt import main
-
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["llm-ckpt", *map(str, args)])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out = capsys.readouterr()
-    code = exit_info.value.code
-    return subprocess.CompletedProcess(args, 0 if code is None else code, out.out, out.err)
+    """`llm-ckpt` in this process (argument parsing and error mapping included): fast."""
+    return run_cli_inproc(capsys, monkeypatch, "ckpt", *args)
 
 
 def ckpt_subprocess(cli_env, *args):

@@ -4,27 +4,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from llmtools.formats.indexed import IndexedDatasetReader, IndexedDatasetWriter
+from tests.conftest import run_cli_inproc
 
 datasets = pytest.importorskip("datasets")
 
 
 def export_inproc(capsys, monkeypatch, *args):
-    """The real entry point (argument parsing and error mapping included), in this process: fast."""
-    from llmtools.cli.export import main
-
-    capsys.readouterr()  # drop what the test's own set-up printed
-    monkeypatch.setattr(sys, "argv", ["llm-export", *map(str, args)])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out = capsys.readouterr()
-    code = exit_info.value.code
-    return subprocess.CompletedProcess(args, 0 if code is None else code, out.out, out.err)
+    """`llm-export` in this process (argument parsing and error mapping included): fast."""
+    return run_cli_inproc(capsys, monkeypatch, "export", *args)
 
 
 def export(python, cli_env, *args, cwd=None):

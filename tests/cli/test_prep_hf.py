@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
+
+from tests.conftest import run_cli_inproc
 
 datasets = pytest.importorskip("datasets")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -28,15 +29,7 @@ def cli(python, env, module, *args):
 
 def prep_inproc(capsys, monkeypatch, *args):
     """`llm-prep` in this process (argument parsing and error mapping included): fast."""
-    from llmtools.cli.prep import main
-
-    capsys.readouterr()  # drop what the test's own set-up printed
-    monkeypatch.setattr(sys, "argv", ["llm-prep", *map(str, args)])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out = capsys.readouterr()
-    code = exit_info.value.code
-    return subprocess.CompletedProcess(args, 0 if code is None else code, out.out, out.err)
+    return run_cli_inproc(capsys, monkeypatch, "prep", *args)
 
 
 def test_round_trip_with_the_commands(python, env, tmp_path):

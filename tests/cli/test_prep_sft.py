@@ -4,26 +4,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import shared
+from tests.conftest import run_cli_inproc, shared
 
 GOOD = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}
 
 
 def prep(capsys, monkeypatch, *args):
     """`llm-prep` in this process (argument parsing and error mapping included): fast."""
-    from llmtools.cli.prep import main
-
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["llm-prep", *map(str, args)])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out = capsys.readouterr()
-    code = exit_info.value.code
-    return subprocess.CompletedProcess(args, 0 if code is None else code, out.out, out.err)
+    return run_cli_inproc(capsys, monkeypatch, "prep", *args)
 
 
 def _jsonl(path, lines):
