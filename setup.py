@@ -1,4 +1,4 @@
-"""Build hook for the one compiled piece of llmtools: the index builders of llm-mix.
+"""Build hook for the one compiled piece of llmtools: llm-mix's index builders and json2bin's JSONL scanner.
 
 Everything else is in pyproject.toml. The extension is optional: without a C compiler the install
 still succeeds, and llmtools compiles it on first use (or falls back to numpy/Python, with a warning).
@@ -13,8 +13,8 @@ extra = [] if sys.platform == "win32" else ["-O3", "-ffp-contract=off", "-fno-fa
 setup(
     ext_modules=[
         Extension(
-            "llmtools.data._native._mixhelpers",
-            sources=["llmtools/data/_native/mixhelpers.c"],
+            "llmtools.data._native._helpers",
+            sources=["llmtools/data/_native/mixhelpers.c", "llmtools/data/_native/jsonl.c"],
             define_macros=[("LLM_PYTHON_MODULE", "1")],
             extra_compile_args=extra,
             optional=True,

@@ -8,11 +8,14 @@ Pipeline (each step separable, datatrove-style):
 
 With gigatoken (the fast backend) there are no worker processes: its batch encode runs on its own
 thread pool of ``workers`` threads (``RAYON_NUM_THREADS``, set here; a pool does not survive fork)
-with the GIL released, so the main thread reads and parses the next ~4 MB while one encoder thread
-encodes the previous ones (``_threaded_stream``). gigatoken's one-time set-up (its first encode, ~0.4
-CPU-s) runs in a thread beside the first parsing, as part of its identity probe (``defer_probe``).
+with the GIL released, so the main thread reads and parses the next ~4 MB while two encoder threads
+encode the previous ones (``_threaded_stream``). JSON parsing is then done in C
+(``_native/jsonl.c``): the texts reach gigatoken as one UTF-8 buffer with offsets, with no Python
+object per document; a chunk with any unusual line (a bad one, a blank one, NaN, ...) is parsed by the
+Python path instead, with the same outcome. gigatoken's one-time set-up (importing awkward, ~0.3 s)
+runs in a thread beside the first parsing, as part of its identity probe (``defer_probe``).
 
-Memory is bounded: at most ``2 * workers + 2`` work items (about 1 MiB of input each), or three
+Memory is bounded: at most ``2 * workers + 2`` work items (about 1 MiB of input each), or four
 groups of ~4 MB with gigatoken, are in flight, and the writer keeps its per-document bookkeeping on
 disk. Order is preserved, so the output does not depend on the number of workers.
 
@@ -42,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llmtools.data.sources import DocumentSource
+from llmtools.data.sources import DocumentSource, join_texts
 from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure, UsageError
 
 SIDECAR_FORMAT = "llmtools.indexed-sidecar"
@@ -280,6 +283,7 @@ def _encoded_stream(source: DocumentSource, tokenizer, config: Json2BinConfig, d
 
 
 GROUP_BYTES = 4 << 20
+ENCODERS = 1
 """Input bytes per encode call in the threaded pipeline: gigatoken's thread pool needs big batches."""
 
 
@@ -289,8 +293,7 @@ def _encode_group(batches: list, tokenizer, keys: Sequence[str], append_eod: boo
     info = np.iinfo(dtype)
     tokens, lengths = {}, {}
     for key in keys:
-        texts = batches[0].texts[key] if len(batches) == 1 else [t for b in batches for t in b.texts[key]]
-        flat, lens = tokenizer.encode_flat(texts, None)
+        flat, lens = tokenizer.encode_flat(join_texts([b.texts[key] for b in batches]), None)
         tokens[key], lengths[key] = _finish(flat, lens, tokenizer, append_eod, dtype, info)
     return EncodedBatch(
         tokens,
@@ -304,19 +307,20 @@ def _encode_group(batches: list, tokenizer, keys: Sequence[str], append_eod: boo
 
 def _threaded_stream(source: DocumentSource, tokenizer, config: Json2BinConfig, dtype):
     """The pipeline for a tokenizer whose batch encode runs on its own thread pool with the GIL released
-    (gigatoken): this thread reads and parses (JSON) while one encoder thread encodes the previous group
-    of about GROUP_BYTES with all ``workers`` cores. No processes: no pickling, nothing imported twice,
-    and big batches for the pool. At most two groups wait for the encoder, so memory stays bounded."""
+    (gigatoken): this thread reads and parses (JSON, in C: texts come as FlatTexts) while ENCODERS
+    threads encode the previous groups of about GROUP_BYTES with all ``workers`` cores. No processes: no
+    pickling, nothing imported twice, and big batches for the pool. At most ENCODERS + 1 groups wait
+    for the encoders, so memory stays bounded. Results are yielded in input order."""
     from concurrent.futures import ThreadPoolExecutor
 
     keys, skip_bad = config.json_keys, config.skip_bad
     pending: deque = deque()
     group: list = []
     group_bytes = 0
-    with ThreadPoolExecutor(1, thread_name_prefix="llmtools-encode") as encoder:
+    with ThreadPoolExecutor(ENCODERS, thread_name_prefix="llmtools-encode") as encoder:
         try:
             for item in source.batches():
-                batch = item.parse(keys, skip_bad)
+                batch = item.parse(keys, skip_bad, flat=True)
                 if batch.bad and not skip_bad:
                     # The run stops at its first bad line: what is queued is not needed any more.
                     yield EncodedBatch({}, {}, 0, batch.bad[:1], batch.blank_lines, batch.nbytes)
@@ -328,7 +332,7 @@ def _threaded_stream(source: DocumentSource, tokenizer, config: Json2BinConfig, 
                         encoder.submit(_encode_group, group, tokenizer, keys, config.append_eod, dtype)
                     )
                     group, group_bytes = [], 0
-                    while len(pending) >= 2 or (pending and pending[0].done()):
+                    while len(pending) >= ENCODERS + 1 or (pending and pending[0].done()):
                         yield pending.popleft().result()
             if group:
                 pending.append(

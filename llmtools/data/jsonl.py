@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmtools.data.sources import BadRecord, DocBatch
+from llmtools.data.sources import BadRecord, DocBatch, FlatTexts
 from llmtools.errors import InputError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -76,9 +76,17 @@ class JsonlChunk:
     first_line: int
     data: bytes
     unterminated: bool = False  # the file's last line, with no newline after it
+    newlines: int | None = None  # data.count(b"\n"), when the reader knows it already
 
-    def parse(self, keys: Sequence[str], skip_bad: bool = True) -> DocBatch:
-        """Decode and validate the lines; with ``skip_bad=False`` stop at the first bad one."""
+    def parse(self, keys: Sequence[str], skip_bad: bool = True, flat: bool = False) -> DocBatch:
+        """Decode and validate the lines; with ``skip_bad=False`` stop at the first bad one.
+
+        ``flat=True``: when every line is plain (see ``_native/jsonl.c``), the texts come back as
+        :class:`FlatTexts` extracted in C, with no Python object per line."""
+        if flat:
+            batch = self._parse_native(keys)
+            if batch is not None:
+                return batch
         rows = self.data.split(b"\n")
         if not self.unterminated:
             rows.pop()  # the empty text after the final newline
@@ -87,6 +95,39 @@ class JsonlChunk:
             if batch is not None:
                 return batch
         return self._parse_rows(rows, keys, skip_bad)
+
+    def _parse_native(self, keys: Sequence[str]) -> DocBatch | None:
+        """Every key of every line extracted by the compiled scanner, or None (no compiler, or a line
+        that is not plain): the Python paths then decide, so the outcome is the same either way."""
+        from llmtools.data import _native
+
+        lib = _native.load()
+        if lib is None or not self.data:
+            return None
+        import numpy as np
+
+        newlines = (
+            self.newlines if self.newlines is not None else lib.llm_count_newlines(self.data, len(self.data))
+        )
+        lines = newlines + (1 if self.unterminated else 0)
+        texts = {}
+        for key in keys:
+            out = np.empty(len(self.data), dtype=np.uint8)
+            offsets = np.empty(lines + 1, dtype=np.int64)
+            name = key.encode("utf-8")
+            got = lib.llm_jsonl_extract(
+                self.data,
+                len(self.data),
+                name,
+                len(name),
+                out.ctypes.data,
+                _native.ptr(offsets, _native._i64p),
+            )
+            if got != lines:
+                return None
+            texts[key] = FlatTexts(out[: offsets[-1]], offsets)
+        first = self.first_line
+        return DocBatch(texts, self.source, range(first, first + lines), [], nbytes=len(self.data))
 
     def _parse_clean(self, rows: list[bytes], key: str) -> DocBatch | None:
         """The hot path for one key: every line an object whose ``key`` holds a string. One C-level loop,
@@ -137,6 +178,15 @@ class JsonlChunk:
                 column.append(obj[key])
             lines.append(number)
         return DocBatch(texts, self.source, lines, bad, nbytes=len(self.data), blank_lines=blank)
+
+
+def count_newlines(data: bytes) -> int:
+    """``data.count(b"\\n")``, in C without the GIL when the compiled helpers are there (the reader
+    runs beside the encoder threads)."""
+    from llmtools.data import _native
+
+    lib = _native.load()
+    return lib.llm_count_newlines(data, len(data)) if lib is not None else data.count(b"\n")
 
 
 def _loads():
@@ -338,8 +388,9 @@ class JsonlSource:
                 # One copy of the block per chunk (not two): the carried-over part is short.
                 chunk = carry + block[: cut + 1] if carry else block[: cut + 1]
                 carry = block[cut + 1 :]
-                yield JsonlChunk(label, line, chunk)
-                line += chunk.count(b"\n")
+                newlines = count_newlines(chunk)
+                yield JsonlChunk(label, line, chunk, newlines=newlines)
+                line += newlines
         except _Truncated as error:
             self._problem("truncated_file", f"{label}:{line}: {error}")
             return  # skip_bad: what came before the damage is kept, the partial tail is not

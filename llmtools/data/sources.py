@@ -25,11 +25,57 @@ class BadRecord:
     line: int = 0
 
 
+class FlatTexts:
+    """Texts as one UTF-8 buffer plus offsets (text i is ``data[offsets[i]:offsets[i + 1]]``): what the
+    JSONL fast path produces and gigatoken encodes, with no Python object per document. Sized and
+    iterable like the ``list[str]`` it stands for."""
+
+    __slots__ = ("data", "offsets")
+
+    def __init__(self, data, offsets) -> None:
+        self.data = data  # numpy uint8
+        self.offsets = offsets  # numpy int64, len(texts) + 1 entries, starting at 0
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> str:
+        return self.data[self.offsets[i] : self.offsets[i + 1]].tobytes().decode("utf-8")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tolist())
+
+    def tolist(self) -> list[str]:
+        raw, ends = self.data.tobytes(), self.offsets.tolist()
+        return [raw[a:b].decode("utf-8") for a, b in zip(ends, ends[1:])]  # noqa: B905
+
+    @staticmethod
+    def concat(parts: Sequence[FlatTexts]) -> FlatTexts:
+        import numpy as np
+
+        if len(parts) == 1:
+            return parts[0]
+        data = np.concatenate([p.data for p in parts])
+        shifts = np.cumsum([0] + [int(p.offsets[-1]) for p in parts[:-1]])
+        offsets = np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, shifts)])  # noqa: B905
+        return FlatTexts(data, offsets.astype(np.int64, copy=False))
+
+
+def join_texts(parts: Sequence) -> list[str] | FlatTexts:
+    """Several batches' texts for one key as one sequence (flat when they all are)."""
+    if all(isinstance(p, FlatTexts) for p in parts):
+        return FlatTexts.concat(parts)
+    if len(parts) == 1:
+        return parts[0]
+    return [t for p in parts for t in p]
+
+
 @dataclass
 class DocBatch:
-    """Documents ready to encode: ``texts[key][i]`` is document i's text for json key ``key``."""
+    """Documents ready to encode: ``texts[key][i]`` is document i's text for json key ``key``
+    (a list of str, or :class:`FlatTexts`)."""
 
-    texts: dict[str, list[str]]
+    texts: dict[str, list[str] | FlatTexts]
     source: str = ""
     lines: list[int] = field(default_factory=list)  # line (or row) number of each document, 1-based
     bad: list[BadRecord] = field(default_factory=list)
@@ -39,7 +85,7 @@ class DocBatch:
     def __len__(self) -> int:
         return len(self.lines) if self.lines else (len(next(iter(self.texts.values()))) if self.texts else 0)
 
-    def parse(self, keys: Sequence[str], skip_bad: bool = False) -> DocBatch:
+    def parse(self, keys: Sequence[str], skip_bad: bool = False, flat: bool = False) -> DocBatch:
         missing = [k for k in keys if k not in self.texts]
         if missing:
             from llmtools.errors import InputError
@@ -50,8 +96,9 @@ class DocBatch:
 
 @runtime_checkable
 class WorkItem(Protocol):
-    def parse(self, keys: Sequence[str], skip_bad: bool = False) -> DocBatch:
-        """Runs in a worker process. With ``skip_bad=False`` it may stop at the first bad record."""
+    def parse(self, keys: Sequence[str], skip_bad: bool = False, flat: bool = False) -> DocBatch:
+        """Runs in a worker process. With ``skip_bad=False`` it may stop at the first bad record.
+        ``flat=True`` allows :class:`FlatTexts` in the result (it is a hint, not a promise)."""
         ...
 
 

@@ -52,6 +52,12 @@ def flatten(ids: Sequence[Sequence[int]], dtype=np.int64) -> tuple[np.ndarray, n
     return flat, lengths
 
 
+def as_str_list(texts) -> list[str]:
+    """``texts`` as a list of str (FlatTexts, the JSONL fast path's form, are decoded)."""
+    tolist = getattr(texts, "tolist", None)
+    return tolist() if tolist is not None else texts
+
+
 class Tokenizer:
     """Base class. Subclasses set the attributes below and implement ``_encode_list``/``decode``."""
 
@@ -100,8 +106,9 @@ class Tokenizer:
         """Encode ``texts``: (all ids back to back, int64 length of each text).
 
         ``dtype=None`` returns the backend's native integer dtype (no copy); callers cast once.
+        ``texts`` may also be :class:`~llmtools.data.sources.FlatTexts` (one UTF-8 buffer).
         """
-        return flatten(self._encode_list(texts), dtype)
+        return flatten(self._encode_list(as_str_list(texts)), dtype)
 
     def _encode_list(self, texts: list[str]) -> list[list[int]]:
         raise NotImplementedError

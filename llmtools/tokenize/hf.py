@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 
-from llmtools.tokenize.base import Tokenizer, flatten
+from llmtools.tokenize.base import Tokenizer, as_str_list, flatten
 
 # Checked before trusting gigatoken: whitespace runs, unicode, digits, contractions, specials, empties.
 PROBES = [
@@ -36,6 +36,21 @@ def _probe_texts(specials: dict[str, int]) -> list[str]:
     for name in list(specials)[:8]:
         texts += [name, f"text{name}more", f" {name} ", f"{name}{name}\n{name}"]
     return texts
+
+
+def _gigatoken_input(texts):
+    """FlatTexts as an awkward array of strings over the same buffers (gigatoken reads them in place,
+    with no Python object per document); a list of str as it is."""
+    offsets = getattr(texts, "offsets", None)
+    if offsets is None:
+        return texts
+    import awkward as ak
+
+    chars = ak.contents.NumpyArray(texts.data, parameters={"__array__": "char"})
+    strings = ak.contents.ListOffsetArray(
+        ak.index.Index64(offsets), chars, parameters={"__array__": "string"}
+    )
+    return ak.Array(strings)
 
 
 class HFTokenizer(Tokenizer):
@@ -176,11 +191,11 @@ class HFTokenizer(Tokenizer):
         self._settle()
         if self._gigatoken is not None:
             # One Rust call; the awkward array's offsets and content are used without a Python loop.
-            layout = self._gigatoken.encode_batch(texts).layout
+            layout = self._gigatoken.encode_batch(_gigatoken_input(texts)).layout
             offsets = np.asarray(layout.offsets)
             flat = np.asarray(layout.content.data)[offsets[0] : offsets[-1]]
             return (flat if dtype is None else flat.astype(dtype, copy=False)), np.diff(offsets)
-        return flatten(self._encode_list(texts), dtype)
+        return flatten(self._encode_list(as_str_list(texts)), dtype)
 
     def _encode_list(self, texts: list[str]) -> list[list[int]]:
         self._settle()

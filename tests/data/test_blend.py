@@ -174,7 +174,7 @@ def test_compiles_on_first_use_into_the_cache(tmp_path, monkeypatch):
         pytest.skip(
             "no C compiler on this machine"
         )  # then the numpy/Python fallbacks are used (tested above)
-    assert path.parent == tmp_path and path.name.startswith("mixhelpers-")
+    assert path.parent == tmp_path and path.name.startswith("helpers-")
     assert _native.compile_into_cache() == path  # cached: not compiled twice
     lib = _native._open(str(path))
     assert lib is not None and lib.llm_abi_version() == _native.ABI_VERSION

@@ -1,8 +1,9 @@
-"""The compiled index builders (``mixhelpers.c``), loaded with ctypes; numpy fallbacks when absent.
+"""The compiled helpers, loaded with ctypes; exact numpy/Python fallbacks when absent.
 
-Where the shared library comes from, first found wins:
+One shared library from two C files: ``mixhelpers.c`` (llm-mix's index builders) and ``jsonl.c``
+(json2bin's JSON Lines text extraction). Where it comes from, first found wins:
 
-1. the extension that ``pip install`` built (``setup.py``: ``llmtools/data/_native/_mixhelpers*.so``);
+1. the extension that ``pip install`` built (``setup.py``: ``llmtools/data/_native/_helpers*.so``);
 2. a copy compiled on first use with the system C compiler into ``$LLMTOOLS_CACHE`` (default
    ``~/.cache/llmtools``), named by the hash of the source so an edit never loads a stale build;
 3. nothing: :func:`load` returns None and callers use their (exact but slower) numpy/Python code,
@@ -25,8 +26,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 3
-SOURCE = Path(__file__).with_name("mixhelpers.c")
+ABI_VERSION = 4
+SOURCES = [Path(__file__).with_name(name) for name in ("mixhelpers.c", "jsonl.c")]
 # No -march=native and no contraction: the greedy blend must evaluate w*x - c exactly as Megatron's build does.
 CFLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math"]
 
@@ -77,6 +78,17 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         _i64p,
         _i64p,
     ]
+    lib.llm_jsonl_extract.restype = ctypes.c_int64
+    lib.llm_jsonl_extract.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_int64,
+        ctypes.c_char_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        _i64p,
+    ]
+    lib.llm_count_newlines.restype = ctypes.c_int64
+    lib.llm_count_newlines.argtypes = [ctypes.c_char_p, ctypes.c_int64]
     return lib
 
 
@@ -92,12 +104,13 @@ def _open(path: str) -> ctypes.CDLL | None:
 
 def _installed() -> ctypes.CDLL | None:
     try:
-        spec = importlib.util.find_spec("llmtools.data._native._mixhelpers")
+        spec = importlib.util.find_spec("llmtools.data._native._helpers")
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.origin or not os.path.exists(spec.origin):
         return None
-    if SOURCE.exists() and SOURCE.stat().st_mtime > os.stat(spec.origin).st_mtime:
+    built = os.stat(spec.origin).st_mtime
+    if any(source.exists() and source.stat().st_mtime > built for source in SOURCES):
         return None  # an editable install whose C source was edited since: compile the new one instead
     return _open(spec.origin)
 
@@ -112,12 +125,14 @@ def _compiler() -> str | None:
 
 
 def compile_into_cache() -> Path | None:
-    """Compile ``mixhelpers.c`` into the per-user cache (atomically); the path, or None if impossible."""
-    if not SOURCE.exists():
+    """Compile the C sources into the per-user cache (atomically); the path, or None if impossible."""
+    if not all(source.exists() for source in SOURCES):
         return None
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(
+        b"".join(source.read_bytes() for source in SOURCES) + " ".join(CFLAGS).encode()
+    ).hexdigest()[:16]
     tag = f"{sys.platform}-{os.uname().machine if hasattr(os, 'uname') else 'x'}"
-    target = cache_dir() / f"mixhelpers-{digest}-{tag}.so"
+    target = cache_dir() / f"helpers-{digest}-{tag}.so"
     if target.exists():
         return target
     cc = _compiler()
@@ -131,7 +146,7 @@ def compile_into_cache() -> Path | None:
         return None
     try:
         result = subprocess.run(
-            [cc, *CFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120
+            [cc, *CFLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True, timeout=120
         )
         if result.returncode != 0:
             return None
@@ -166,7 +181,7 @@ def warn_fallback(what: str) -> None:
         return
     _warned = True
     warnings.warn(
-        f"llmtools: the compiled index builder is unavailable (no C compiler?); {what} uses a slower "
+        f"llmtools: the compiled helpers are unavailable (no C compiler?); {what} uses a slower "
         "pure-Python/numpy path with identical results. Reinstall with a C compiler to speed it up.",
         RuntimeWarning,
         stacklevel=3,

@@ -17,7 +17,7 @@
 #define LLM_EXPORT __attribute__((visibility("default")))
 #endif
 
-LLM_EXPORT int32_t llm_abi_version(void) { return 3; }
+LLM_EXPORT int32_t llm_abi_version(void) { return 4; }
 
 /* Greedy blend: sample t goes to the source i with the largest w[i]*max(t,1) - counts[i];
  * strict '>' so ties go to the lowest index. `counts` (n entries) must be zeroed by the caller and
@@ -148,7 +148,7 @@ LLM_EXPORT int64_t llm_gather_samples(const uint8_t *bin, int32_t dtype_kind, co
 
 #ifdef LLM_PYTHON_MODULE
 #include <Python.h>
-static struct PyModuleDef llm_module = {PyModuleDef_HEAD_INIT, "_mixhelpers",
-                                        "ctypes-loaded index builders for llm-mix", -1, NULL};
-PyMODINIT_FUNC PyInit__mixhelpers(void) { return PyModule_Create(&llm_module); }
+static struct PyModuleDef llm_module = {PyModuleDef_HEAD_INIT, "_helpers",
+                                        "ctypes-loaded helpers of llmtools", -1, NULL};
+PyMODINIT_FUNC PyInit__helpers(void) { return PyModule_Create(&llm_module); }
 #endif
