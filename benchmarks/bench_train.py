@@ -8,11 +8,16 @@ clip, step. llm-train's figure is wall clock between its step records (so it inc
 health checks, the metrics records and the stderr lines). The runs are interleaved (bare, ZeRO-1,
 ZeRO-2, bare, ...) and the median per method is reported, because the machine is shared and noisy.
 
+On one rank llm-train reduces gradients once per step (``engine.coalesce_grad_reduction()``, see
+``llmtools.train.loop.coalesce_reductions``); ``--uncoalesced`` adds rows with DeepSpeed's default
+reduction after every micro-batch, for comparison.
+
 FLOPs: ``flops_per_token`` (the documented 6N + 12LHQT formula) against (a) a count by hand from the
 shapes, and (b) torch's FlopCounterMode over one real forward + backward.
 
     python benchmarks/bench_train.py            # ~3-6 minutes on 2 CPU cores
     python benchmarks/bench_train.py --quick    # smoke run (~1 minute)
+    python benchmarks/bench_train.py --uncoalesced --rounds 5
 """
 
 from __future__ import annotations
@@ -143,6 +148,10 @@ def run_bare(cfg, warmup: int) -> tuple[float, float, list[float]]:
     return tokens / wall, tokens / cpu, losses
 
 
+def variant_name(stage: int, coalesced: bool) -> str:
+    return f"llm-train ZeRO-{stage}" + ("" if coalesced else " per-micro")
+
+
 def flops_check(seq: int, micro: int) -> list[tuple[str, float, float, float]]:
     """(what, formula, measured, ratio) for the tiny preset and a Llama-3-like GQA shape."""
     import torch
@@ -199,6 +208,11 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--micro", type=int, default=8)
     parser.add_argument("--global-batch", type=int, default=16)
+    parser.add_argument(
+        "--uncoalesced",
+        action="store_true",
+        help="also time DeepSpeed's default per-micro-batch gradient reduction (LLMTOOLS_COALESCE=0)",
+    )
     args = parser.parse_args()
     steps = args.steps or (12 if args.quick else 60)
     rounds = args.rounds or (1 if args.quick else 3)
@@ -207,7 +221,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    names = ["bare PyTorch", "llm-train ZeRO-1", "llm-train ZeRO-2"]
+    variants = [(1, True), (2, True)] + ([(1, False), (2, False)] if args.uncoalesced else [])
+    names = ["bare PyTorch"] + [variant_name(stage, coalesced) for stage, coalesced in variants]
     results: dict[str, list[float]] = {name: [] for name in names}
     cpu_results: dict[str, list[float]] = {name: [] for name in names}
     losses: dict[str, list[float]] = {}
@@ -219,9 +234,10 @@ def main() -> None:
             tps, cps, losses["bare PyTorch"] = run_bare(cfg, warmup)
             results["bare PyTorch"].append(tps)
             cpu_results["bare PyTorch"].append(cps)
-            for stage in (1, 2):
-                name = f"llm-train ZeRO-{stage}"
-                tps, cps, losses[name] = run_llm_train(cfg, stage, tmp / f"run{stage}-{r}", warmup)
+            for stage, coalesced in variants:
+                name = variant_name(stage, coalesced)
+                os.environ["LLMTOOLS_COALESCE"] = "1" if coalesced else "0"
+                tps, cps, losses[name] = run_llm_train(cfg, stage, tmp / f"run{stage}{coalesced}-{r}", warmup)
                 results[name].append(tps)
                 cpu_results[name].append(cps)
             print(
@@ -241,7 +257,7 @@ def main() -> None:
         "own round (paired, so load that changes between rounds cancels)"
     )
     print(
-        f"{'loop':<20} {'wall tok/s':>10} {'overhead':>9} {'cpu tok/s':>10} {'overhead':>9} {'final loss':>11} "
+        f"{'loop':<30} {'wall tok/s':>10} {'overhead':>9} {'cpu tok/s':>10} {'overhead':>9} {'final loss':>11} "
         f"{'max |dloss|':>12}"
     )
     for name, values in results.items():
@@ -252,7 +268,7 @@ def main() -> None:
         )
         diff = max(abs(a - b) for a, b in zip(losses[name], losses["bare PyTorch"], strict=True))
         print(
-            f"{name:<20} {tps:>10,.0f} {paired:>9.1%} {cps:>10,.0f} {paired_cpu:>9.1%} "
+            f"{name:<30} {tps:>10,.0f} {paired:>9.1%} {cps:>10,.0f} {paired_cpu:>9.1%} "
             f"{losses[name][-1]:>11.4f} {diff:>12.2e}"
         )
 

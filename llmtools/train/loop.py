@@ -15,6 +15,7 @@ losses over all ranks, i.e. the loss of the global batch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -180,6 +181,26 @@ def _wrap_step(optimizer, gate: HealthGate) -> None:
 
     step._wrapped_by_lr_sched = True
     optimizer.step = step
+
+
+def coalesce_reductions(engine, grad_accumulation: int, world: int) -> bool:
+    """Whether to reduce gradients once per step instead of after every micro-batch.
+
+    DeepSpeed's ZeRO-1/2 reduce (flatten, all-reduce, copy into the partition) after every backward;
+    with one rank that is pure overhead: 14-17% of a tiny-model step at ZeRO-2. There, and only there,
+    the micro-batches run inside ``engine.coalesce_grad_reduction()`` (one reduction at the boundary),
+    with DeepSpeed's manual boundary (``set_gradient_accumulation_boundary``: False during the
+    micro-batches, True for the one ``step()``). With several ranks, ZeRO-2's point is
+    to hold only a partition of the gradients between micro-batches, so DeepSpeed's per-micro-batch
+    reduction is kept. ``LLMTOOLS_COALESCE=0`` turns this off (for comparisons).
+    """
+    if os.environ.get("LLMTOOLS_COALESCE", "1") == "0" or world != 1 or grad_accumulation == 1:
+        return False
+    if engine.zero_optimization_stage() not in (1, 2) or not hasattr(
+        engine.optimizer, "_coalesce_grad_reduction"
+    ):
+        return False  # stage 0, 3 (its own partitioned path), or an optimizer wrapper (bf16 at stage 0)
+    return True
 
 
 def _cross_entropy(logits, labels):
@@ -420,6 +441,7 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
     gate = HealthGate(cfg.health, norm_source)
     _wrap_step(engine.basic_optimizer, gate)
     own_norm = engine.optimizer is engine.basic_optimizer  # ZeRO-0 fp32: DeepSpeed keeps no norm
+    coalesce = coalesce_reductions(engine, plan.grad_accumulation, world)
 
     manager = checkpointing.make_manager(run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
     model_identity = plan.model_config.to_dict()
@@ -534,27 +556,33 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
         gate.reset()
         losses = []
         lr = engine.get_lr()[0] if engine.get_lr() else cfg.optimizer.lr
-        for m in range(gas):
-            indices = next(batches)
-            if cfg.task == "sft":  # --- sft (issue 8): loss only where the mask is 1 ---
-                from llmtools.train.sft import micro_batch_loss
+        if coalesce:  # DeepSpeed's documented manual boundary: not one until all micro-batches are in
+            engine.set_gradient_accumulation_boundary(False)
+        with engine.coalesce_grad_reduction() if coalesce else contextlib.nullcontext():
+            for m in range(gas):
+                indices = next(batches)
+                if cfg.task == "sft":  # --- sft (issue 8): loss only where the mask is 1 ---
+                    from llmtools.train.sft import micro_batch_loss
 
-                loss = micro_batch_loss(
-                    engine, plan.train_data.batch(indices), engine.device, plan.train_data.packed
-                )
-            else:
-                inputs, labels = _to_batch(plan.train_data.batch(indices), engine.device)
-                logits = engine(inputs)
-                loss = _cross_entropy(logits, labels)
-            losses.append(loss.detach())
-            boundary = m == gas - 1
-            engine.backward(loss)
-            if boundary:
-                local = torch.stack(losses).float()
-                gate.loss_bad = _any(not bool(torch.isfinite(local).all()), engine.device)
-                if own_norm:
-                    gate.precomputed_norm = _grad_norm_of(engine.module)
-            engine.step()
+                    loss = micro_batch_loss(
+                        engine, plan.train_data.batch(indices), engine.device, plan.train_data.packed
+                    )
+                else:
+                    inputs, labels = _to_batch(plan.train_data.batch(indices), engine.device)
+                    logits = engine(inputs)
+                    loss = _cross_entropy(logits, labels)
+                losses.append(loss.detach())
+                engine.backward(loss)
+                if m < gas - 1 and not coalesce:
+                    engine.step()  # DeepSpeed counts micro-steps; the update waits for the boundary
+        # the accumulation boundary: health checks, then the update
+        local = torch.stack(losses).float()
+        gate.loss_bad = _any(not bool(torch.isfinite(local).all()), engine.device)
+        if own_norm:
+            gate.precomputed_norm = _grad_norm_of(engine.module)
+        if coalesce:
+            engine.set_gradient_accumulation_boundary(True)
+        engine.step()
         if not gate.decided:  # the optimizer was not reached (DeepSpeed skipped an overflowing step itself)
             gate.overflowed()
         grad_norm = gate.norm

@@ -193,3 +193,26 @@ def test_optimizer_from_the_deepspeed_config_trains_the_same(byte_data, tmp_path
     assert (
         written["optimizer"]["params"]["lr"] == 3e-3 and written["optimizer"]["params"]["torch_adam"] is True
     )
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_one_reduction_per_step_on_one_rank_changes_nothing(byte_data, tmp_path, monkeypatch, stage):
+    """On one rank the micro-batches run inside DeepSpeed's coalesce_grad_reduction (one gradient
+    reduction per step instead of one per micro-batch): the same losses and grad norms as DeepSpeed's
+    default per-micro-batch path, and the schedule still advances once per step."""
+    import llmtools.train.loop as loop
+
+    decisions = []
+    original = loop.coalesce_reductions
+    monkeypatch.setattr(
+        loop, "coalesce_reductions", lambda *a: decisions.append(original(*a)) or decisions[-1]
+    )
+    runs = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("LLMTOOLS_COALESCE", flag)
+        runs[flag] = run_training(byte_data["mix"], tmp_path / flag, stage, training__train_steps=12)
+    assert decisions == [True, False]
+    assert runs["1"].losses == pytest.approx(runs["0"].losses, abs=1e-6)
+    coalesced, default = records(tmp_path / "1", "train"), records(tmp_path / "0", "train")
+    assert [r["grad_norm"] for r in coalesced] == pytest.approx([r["grad_norm"] for r in default], rel=1e-5)
+    assert [r["lr"] for r in coalesced] == [r["lr"] for r in default]
