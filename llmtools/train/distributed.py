@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 
 from llmtools.errors import RuntimeFailure, UsageError
@@ -133,3 +134,30 @@ def destroy() -> None:
     dist = sys.modules.get("torch.distributed")  # never imported: nothing to tear down (and stay fast)
     if dist is not None and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def log0(message: str, rank: int, quiet: bool = False) -> None:
+    """A line on stderr, from rank 0 only (progress and logs go to stderr; results to stdout)."""
+    if rank == 0 and not quiet:
+        print(message, file=sys.stderr, flush=True)
+
+
+def all_mean(values: list[float], device) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor)
+        tensor /= dist.get_world_size()
+    return tensor.tolist()
+
+
+def any_rank(flag: bool, device) -> bool:
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([1.0 if flag else 0.0], device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item() > 0)

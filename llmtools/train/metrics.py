@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,92 @@ def build_metrics_logger(run_dir: str | os.PathLike, rank: int, tensorboard: boo
     if tensorboard:
         sinks.append(TensorBoardLogger(run_dir / "tensorboard"))
     return MetricsLogger(sinks)
+
+
+# Dense bf16 peak of one device, for MFU (TFLOP/s). CPU peaks are unknown: MFU is null there unless
+# LLMTOOLS_PEAK_TFLOPS says; the record still carries the achieved TFLOP/s.
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
+
+
+def peak_tflops(device: str) -> float | None:
+    env = os.environ.get("LLMTOOLS_PEAK_TFLOPS")
+    if env:
+        return float(env)
+    if device.startswith("cuda"):
+        import torch
+
+        name = torch.cuda.get_device_name()
+        for key, value in PEAK_TFLOPS.items():
+            if key in name:
+                return value
+    return None
+
+
+def memory_mb(device: str) -> float | None:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**20
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**20
+    except ImportError:
+        return None
+
+
+class StepWindow:
+    """The steps since the last train record: their loss, time, tokens and skips, averaged into the
+    next record of ``metrics.jsonl`` (schemas/metrics.schema.json) and its line on stderr."""
+
+    def __init__(self) -> None:
+        self.loss, self.n, self.time, self.tokens, self.skipped, self.steps = 0.0, 0, 0.0, 0, 0, 0
+
+    def add(self, loss: float, seconds: float, tokens: int, skipped: bool) -> None:
+        if math.isfinite(loss):
+            self.loss += loss
+            self.n += 1
+        self.time += seconds
+        self.steps += 1
+        self.tokens += tokens
+        self.skipped += int(skipped)
+
+    def record(self, step: int, **fields) -> dict:
+        """The train record for ``step``; ``fields`` are the step's own values (consumed counts, grad
+        norm, lr, device, flops_per_token, peak_tflops, world)."""
+        tokens_per_s = self.tokens / max(self.time, 1e-9)
+        achieved = fields.pop("flops_per_token") * tokens_per_s / fields.pop("world")
+        peak = fields.pop("peak_tflops")
+        record = {
+            "kind": "train",
+            "step": step,
+            "time": time.time(),
+            "consumed_samples": fields.pop("consumed_samples"),
+            "consumed_tokens": fields.pop("consumed_tokens"),
+            "loss": self.loss / self.n if self.n else float("nan"),
+            "grad_norm": fields.pop("grad_norm"),
+            "lr": fields.pop("lr"),
+            "step_time_s": self.time / self.steps,
+            "tokens_per_s": tokens_per_s,
+            "mfu": achieved / (peak * 1e12) if peak else None,
+            "memory_mb": memory_mb(fields.pop("device")),
+            "tflops_per_device": achieved / 1e12,
+        }
+        if fields:
+            raise TypeError(f"StepWindow.record: unknown fields {sorted(fields)}")
+        if self.skipped:
+            record["skipped"] = True
+            record["skipped_steps"] = self.skipped
+        return record
+
+
+def step_line(record: dict, total_steps: int) -> str:
+    """The readable stderr line of a train record."""
+    mfu = f" | mfu {record['mfu']:.1%}" if record["mfu"] is not None else ""
+    norm = f"{record['grad_norm']:.3f}" if record["grad_norm"] is not None else "n/a"
+    mem = f" | mem {record['memory_mb']:.0f} MB" if record["memory_mb"] is not None else ""
+    return (
+        f"step {record['step']:>6}/{total_steps} | loss {record['loss']:.4f} | lr {record['lr']:.3e} | "
+        f"grad norm {norm} | {record['tokens_per_s']:,.0f} tok/s | {1000 * record['step_time_s']:.0f} ms/step"
+        f"{mfu}{mem}"
+    )

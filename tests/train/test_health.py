@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from llmtools.errors import RuntimeFailure
-from llmtools.train import loop
+from llmtools.train import loop, losses
+from llmtools.train.health import HealthGate
 from tests.train.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def inject(monkeypatch, at_call: int, factor: float):
     """Multiply the loss of the ``at_call``-th micro-batch (1-based) by ``factor`` (nan -> NaN loss)."""
-    original = loop._cross_entropy
+    original = losses.cross_entropy
     calls = {"n": 0}
 
     def patched(logits, labels):
@@ -26,7 +27,7 @@ def inject(monkeypatch, at_call: int, factor: float):
         loss = original(logits, labels)
         return loss * factor if calls["n"] == at_call else loss
 
-    monkeypatch.setattr(loop, "_cross_entropy", patched)
+    monkeypatch.setattr(losses, "cross_entropy", patched)
 
 
 def run(byte_data, run_dir, stage=2, **overrides):
@@ -91,7 +92,7 @@ def test_health_gate_unit():
     from llmtools.train.config import HealthSection
 
     norms = iter([1.0, 1.1, 0.9, 1.0, 50.0, 1.0, float("nan"), 1.0])
-    gate = loop.HealthGate(
+    gate = HealthGate(
         HealthSection(spike_factor=10, spike_window=3, spike_action="warn", nan_action="skip"),
         lambda: next(norms),
     )

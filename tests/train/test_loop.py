@@ -156,7 +156,7 @@ def test_flops_accounting_in_records(runs):
 def test_param_groups_no_decay_on_norms():
     torch = pytest.importorskip("torch")
     from llmtools.model import LlamaForCausalLM, load_model_config
-    from llmtools.train.loop import param_groups
+    from llmtools.train.engine import param_groups
 
     model = LlamaForCausalLM(
         load_model_config(
@@ -200,12 +200,12 @@ def test_one_reduction_per_step_on_one_rank_changes_nothing(byte_data, tmp_path,
     """On one rank the micro-batches run inside DeepSpeed's coalesce_grad_reduction (one gradient
     reduction per step instead of one per micro-batch): the same losses and grad norms as DeepSpeed's
     default per-micro-batch path, and the schedule still advances once per step."""
-    import llmtools.train.loop as loop
+    import llmtools.train.engine as engine
 
     decisions = []
-    original = loop.coalesce_reductions
+    original = engine.coalesce_reductions
     monkeypatch.setattr(
-        loop, "coalesce_reductions", lambda *a: decisions.append(original(*a)) or decisions[-1]
+        engine, "coalesce_reductions", lambda *a: decisions.append(original(*a)) or decisions[-1]
     )
     runs = {}
     for flag in ("1", "0"):

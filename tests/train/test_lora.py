@@ -267,7 +267,7 @@ def test_zero3_packed_lora_resumes_exactly_and_exports(lora_run, tmp_path):
 def test_init_from_one_of_our_checkpoints_merges_the_adapters(lora_run):
     """model.init_from: a run folder (its newest checkpoint) works like a Hugging Face folder; LoRA merged."""
     torch = pytest.importorskip("torch")
-    from llmtools.train.loop import build_model
+    from llmtools.train.engine import build_model
     from llmtools.train.plan import make_plan
 
     cfg = sft_config(lora_run["prefix"], model__init_from=str(lora_run["folder"] / "run"))

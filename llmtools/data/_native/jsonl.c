@@ -207,6 +207,18 @@ static int literal(cursor *c, const char *word, int64_t n) {
     return 1;
 }
 
+/* An object member's name (the cursor at its opening quote) and the ':' after it, checked and skipped. */
+static int member_name(cursor *c) {
+    int escaped;
+    if (c->p >= c->end || *c->p != '"') return 0;
+    c->p++;
+    if (!string_value(c, NULL, NULL, &escaped)) return 0;
+    skip_ws(c);
+    if (c->p >= c->end || *c->p != ':') return 0;
+    c->p++;
+    return 1;
+}
+
 /* Any JSON value, checked and skipped (objects and arrays with an explicit stack, no recursion). */
 static int skip_value(cursor *c) {
     uint8_t stack[MAX_DEPTH]; /* '{' or '[' for each open container */
@@ -225,14 +237,7 @@ static int skip_value(cursor *c) {
                 c->p++; /* empty container: a complete value */
             } else {
                 stack[depth++] = b;
-                if (b == '{') { /* its first key */
-                    if (c->p >= c->end || *c->p != '"') return 0;
-                    c->p++;
-                    if (!string_value(c, NULL, NULL, &escaped)) return 0;
-                    skip_ws(c);
-                    if (c->p >= c->end || *c->p != ':') return 0;
-                    c->p++;
-                }
+                if (b == '{' && !member_name(c)) return 0; /* its first member */
                 continue; /* the first element */
             }
         } else if (b == '"') {
@@ -262,12 +267,7 @@ static int skip_value(cursor *c) {
             c->p++;
             if (open == '{') {
                 skip_ws(c);
-                if (c->p >= c->end || *c->p != '"') return 0;
-                c->p++;
-                if (!string_value(c, NULL, NULL, &escaped)) return 0;
-                skip_ws(c);
-                if (c->p >= c->end || *c->p != ':') return 0;
-                c->p++;
+                if (!member_name(c)) return 0;
             }
             break;
         }

@@ -1,0 +1,121 @@
+"""The model, its optimizer and LR schedule, and the DeepSpeed engine around them."""
+
+from __future__ import annotations
+
+import os
+
+from llmtools.train.distributed import log0
+from llmtools.train.plan import TrainPlan
+
+
+def param_groups(model, weight_decay: float) -> list[dict]:
+    """Decay matrices (linear and embedding weights); never norms, biases or any 1-D parameter."""
+    decay, no_decay = [], []
+    for _name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (decay if param.ndim >= 2 else no_decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_model(plan: TrainPlan):
+    import torch
+
+    from llmtools.model import LlamaForCausalLM
+
+    torch.manual_seed(plan.config.training.seed)
+    model = LlamaForCausalLM(plan.model_config)
+    model.gradient_checkpointing = plan.config.training.activation_checkpointing
+    init_from = plan.config.model.init_from
+    if init_from:
+        from llmtools.train.sft import load_init_weights  # issue 8: an HF folder or one of our checkpoints
+
+        load_init_weights(model, init_from)  # checks the folder's shape against ours, names every mismatch
+    # --- lora (issue 8): freeze the base, add adapters (after init_from, so they sit on its weights) ---
+    if plan.config.lora is not None:
+        from llmtools.train.lora import apply_lora
+
+        counts = apply_lora(model, plan.config.lora)
+        log0(
+            f"lora: {counts['trainable']:,} trainable adapter parameters on {counts['modules']} projections; "
+            f"{counts['frozen']:,} base parameters frozen",
+            int(os.environ.get("RANK", "0")),
+        )
+    # --- end lora ---
+    return model
+
+
+def build_engine(plan: TrainPlan, model, device: str):
+    """AdamW with no decay on norms and biases (or the config's optimizer, or the DeepSpeed config's), the
+    LR schedule, and ``deepspeed.initialize`` over the process group made by ``init_distributed``."""
+    import deepspeed
+    import torch
+
+    from llmtools.train.schedule import build_lr_scheduler
+
+    cfg = plan.config
+    groups = param_groups(model, cfg.optimizer.weight_decay)
+    optimizer = scheduler = None
+    if "optimizer" not in plan.ds_config and cfg.optimizer.name != "adamw":
+        from llmtools.train.optim import allow_in_deepspeed, build_optimizer
+
+        optimizer = build_optimizer(cfg.optimizer, groups, device)
+        allow_in_deepspeed(plan.ds_config, cfg.optimizer.name)
+    elif "optimizer" not in plan.ds_config:
+        betas = tuple(cfg.optimizer.betas)
+        kwargs = {"fused": True} if device.startswith("cuda") else {"foreach": False}
+        optimizer = torch.optim.AdamW(
+            groups,
+            lr=cfg.optimizer.lr,
+            betas=betas,
+            eps=cfg.optimizer.eps,
+            weight_decay=cfg.optimizer.weight_decay,
+            **kwargs,
+        )
+    if "scheduler" not in plan.ds_config:
+        if optimizer is not None:
+            scheduler = build_lr_scheduler(optimizer, cfg.schedule, plan.total_steps)
+        else:
+            scheduler = lambda opt: build_lr_scheduler(opt, cfg.schedule, plan.total_steps)  # noqa: E731
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        model_parameters=groups if optimizer is None else None,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        config=plan.ds_config,
+        dist_init_required=False,
+    )
+    return engine
+
+
+def coalesce_reductions(engine, grad_accumulation: int, world: int) -> bool:
+    """Whether to reduce gradients once per step instead of after every micro-batch.
+
+    DeepSpeed's ZeRO-1/2 reduce (flatten, all-reduce, copy into the partition) after every backward;
+    with one rank that is pure overhead: 14-17% of a tiny-model step at ZeRO-2. There, and only there,
+    the micro-batches run inside ``engine.coalesce_grad_reduction()`` (one reduction at the boundary),
+    with DeepSpeed's manual boundary (``set_gradient_accumulation_boundary``: False during the
+    micro-batches, True for the one ``step()``). With several ranks, ZeRO-2's point is
+    to hold only a partition of the gradients between micro-batches, so DeepSpeed's per-micro-batch
+    reduction is kept. ``LLMTOOLS_COALESCE=0`` turns this off (for comparisons).
+    """
+    if os.environ.get("LLMTOOLS_COALESCE", "1") == "0" or world != 1 or grad_accumulation == 1:
+        return False
+    if engine.zero_optimization_stage() not in (1, 2) or not hasattr(
+        engine.optimizer, "_coalesce_grad_reduction"
+    ):
+        return False  # stage 0, 3 (its own partitioned path), or an optimizer wrapper (bf16 at stage 0)
+    return True
+
+
+def grad_norm_of(module) -> float:
+    import torch
+
+    total = torch.zeros((), dtype=torch.float64)
+    for param in module.parameters():
+        if param.grad is not None:
+            total += param.grad.detach().double().pow(2).sum().cpu()
+    return float(total.sqrt())

@@ -1,0 +1,85 @@
+"""Training health: a NaN/inf loss or grad norm, or a grad-norm spike, decides whether an update is applied.
+
+The decision is taken inside the optimizer step (see :class:`HealthGate`); what happens next -- skip the
+update, or stop with a checkpoint -- is the loop's business.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+
+class HealthGate:
+    """Decides, inside the optimizer step, whether this update is applied.
+
+    DeepSpeed computes the global grad norm (all ranks agree on it) before it calls the inner optimizer,
+    so the check runs there: the wrapped ``step`` of the basic optimizer asks :meth:`allow`. A skipped
+    update leaves the weights and Adam moments untouched; the LR schedule still advances, so the step
+    count and the curve stay aligned. With ``stop`` the update is refused too, so the checkpoint written
+    before stopping holds the last good weights.
+    """
+
+    def __init__(self, health, norm_source) -> None:
+        self.health = health
+        self.norm_source = norm_source  # () -> float | None, the global pre-clip grad norm
+        self.history: deque[float] = deque(maxlen=health.spike_window)
+        self.reset()
+        self.consecutive_skips = 0
+
+    def reset(self) -> None:
+        self.loss_bad = False
+        self.decided = False
+        self.skip = False
+        self.reason: str | None = None  # "nan" | "spike"
+        self.stop = False
+        self.norm: float | None = None
+        self.precomputed_norm: float | None = None
+
+    def allow(self) -> bool:
+        if not self.decided:
+            self._decide()
+        return not self.skip
+
+    def overflowed(self) -> None:
+        """DeepSpeed found non-finite gradients and skipped the update before asking the optimizer."""
+        self.decided = True
+        norm = self.norm_source()
+        self.norm = float("inf") if norm is None else float(norm)
+        self.reason, self.skip, self.stop = "nan", True, self.health.nan_action == "stop"
+
+    def _decide(self) -> None:
+        self.decided = True
+        norm = self.norm_source()
+        if norm is None:
+            norm = self.precomputed_norm
+        self.norm = None if norm is None else float(norm)
+        h = self.health
+        if self.loss_bad or (self.norm is not None and not math.isfinite(self.norm)):
+            self.reason, self.skip, self.stop = "nan", True, h.nan_action == "stop"
+        elif (
+            h.spike_factor > 0
+            and self.norm is not None
+            and len(self.history) == self.history.maxlen
+            and self.norm > h.spike_factor * statistics.median(self.history)
+        ):
+            self.reason = "spike"
+            self.skip = h.spike_action in ("skip", "stop")
+            self.stop = h.spike_action == "stop"
+        if self.norm is not None and math.isfinite(self.norm) and not self.skip:
+            self.history.append(self.norm)
+
+
+def wrap_step(optimizer, gate: HealthGate) -> None:
+    original = optimizer.step
+
+    def step(*args, **kwargs):
+        # Marked like torch's own LR-scheduler wrapper, so torch does not warn that step() was replaced.
+        optimizer._opt_called = True
+        if not gate.allow():
+            return None
+        return original(*args, **kwargs)
+
+    step._wrapped_by_lr_sched = True
+    optimizer.step = step
