@@ -88,7 +88,7 @@ class JsonlChunk:
             if batch is not None:
                 return batch
         rows = self.data.split(b"\n")
-        if not self.unterminated:
+        if rows[-1] == b"":
             rows.pop()  # the empty text after the final newline
         if len(keys) == 1:
             batch = self._parse_clean(rows, keys[0])
@@ -109,7 +109,7 @@ class JsonlChunk:
         newlines = (
             self.newlines if self.newlines is not None else lib.llm_count_newlines(self.data, len(self.data))
         )
-        lines = newlines + (1 if self.unterminated else 0)
+        lines = newlines + (0 if self.data.endswith(b"\n") else 1)
         texts = {}
         for key in keys:
             out = np.empty(len(self.data), dtype=np.uint8)
@@ -122,6 +122,7 @@ class JsonlChunk:
                 len(name),
                 out.ctypes.data,
                 _native.ptr(offsets, _native._i64p),
+                lines,
             )
             if got != lines:
                 return None

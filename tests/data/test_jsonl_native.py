@@ -27,7 +27,7 @@ def extract(data: bytes, key: str = "text") -> list[bytes] | None:
     offsets = np.empty(lines + 1, dtype=np.int64)
     name = key.encode()
     got = LIB.llm_jsonl_extract(
-        data, len(data), name, len(name), out.ctypes.data, _native.ptr(offsets, _native._i64p)
+        data, len(data), name, len(name), out.ctypes.data, _native.ptr(offsets, _native._i64p), lines
     )
     if got == NOT_PLAIN:
         return None
@@ -131,6 +131,19 @@ def test_one_unusual_line_makes_the_whole_chunk_python():
 
 def test_last_line_without_newline():
     assert extract(b'{"text": "a"}\n{"text": "b"}') == [b"a", b"b"]
+
+
+def test_never_writes_more_offsets_than_it_is_given():
+    data = b'{"text": "a"}\n{"text": "b"}\n{"text": "c"}\n'
+    out, offsets = np.empty(len(data), np.uint8), np.full(4, -7, np.int64)
+    got = LIB.llm_jsonl_extract(
+        data, len(data), b"text", 4, out.ctypes.data, _native.ptr(offsets, _native._i64p), 2
+    )
+    assert got == NOT_PLAIN and offsets[3] == -7
+    # a chunk that says "terminated" but is not: both paths still read its last line
+    chunk = JsonlChunk("f.jsonl", 1, b'{"text": "a"}\n{"text": "b"}', unterminated=False, newlines=1)
+    assert chunk.parse(["text"], False, flat=True).texts["text"].tolist() == ["a", "b"]
+    assert chunk.parse(["text"], False).texts["text"] == ["a", "b"]
 
 
 def test_other_key():

@@ -86,6 +86,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         ctypes.c_int64,
         ctypes.c_void_p,
         _i64p,
+        ctypes.c_int64,
     ]
     lib.llm_count_newlines.restype = ctypes.c_int64
     lib.llm_count_newlines.argtypes = [ctypes.c_char_p, ctypes.c_int64]

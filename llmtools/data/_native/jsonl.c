@@ -319,15 +319,16 @@ static int extract_line(cursor *c, const uint8_t *key, int64_t key_len, uint8_t 
 
 /* Extract `key` from every line of data[0:size] (whole lines; the last one may lack its '\n').
  *
- * `out` must hold `size` bytes (a value is never longer than its line), `offsets` one more entry
- * than there are lines. Returns the number of lines, with text i at out[offsets[i]:offsets[i+1]],
- * or -1 when any line is not plain (see the top of this file). */
+ * `out` must hold `size` bytes (a value is never longer than its line), `offsets` max_lines + 1
+ * entries. Returns the number of lines, with text i at out[offsets[i]:offsets[i+1]], or -1 when any
+ * line is not plain (see the top of this file) or there are more than max_lines lines. */
 LLM_EXPORT int64_t llm_jsonl_extract(const uint8_t *data, int64_t size, const uint8_t *key, int64_t key_len,
-                                     uint8_t *out, int64_t *offsets) {
+                                     uint8_t *out, int64_t *offsets, int64_t max_lines) {
     int64_t lines = 0, used = 0;
     const uint8_t *p = data, *end = data + size;
     offsets[0] = 0;
     while (p < end) {
+        if (lines == max_lines) return NOT_PLAIN;
         const uint8_t *nl = memchr(p, '\n', (size_t)(end - p));
         const uint8_t *line_end = nl ? nl : end;
         cursor c = {p, line_end};
