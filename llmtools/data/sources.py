@@ -40,6 +40,7 @@ class FlatTexts:
         return len(self.offsets) - 1
 
     def __getitem__(self, i: int) -> str:
+        i = range(len(self))[i]  # negative indices, and IndexError past the end, as a list has them
         return self.data[self.offsets[i] : self.offsets[i + 1]].tobytes().decode("utf-8")
 
     def __iter__(self) -> Iterator[str]:

@@ -265,7 +265,9 @@ def test_flat_texts_concat():
     a = FlatTexts(np.frombuffer(b"abc", np.uint8), np.array([0, 1, 3]))
     b = FlatTexts(np.frombuffer(b"de", np.uint8), np.array([0, 0, 2]))
     both = FlatTexts.concat([a, b])
-    assert both.tolist() == ["a", "bc", "", "de"] and len(both) == 4 and both[3] == "de"
+    assert both.tolist() == ["a", "bc", "", "de"] and len(both) == 4 and both[3] == "de" == both[-1]
+    with pytest.raises(IndexError):
+        both[4]
 
 
 def test_json2bin_files_are_the_same_without_the_scanner(tmp_path, monkeypatch):
