@@ -8,17 +8,14 @@ files (:mod:`llmtools.ckpt.reader`) and written as they arrive (the model team's
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmtools import __version__
 from llmtools.ckpt import layout
 from llmtools.errors import InputError, UsageError
 from llmtools.fsutil import atomic_dir, check_writable, commit_file, tmp_sibling
@@ -329,7 +326,7 @@ def import_hf(hf_dir: str | Path, output: str | Path, force: bool = False) -> Pa
     import deepspeed
     import torch
 
-    from llmtools.ckpt.verify import list_files, sha256_file
+    from llmtools.ckpt.verify import file_manifest
     from llmtools.model.hf import load_hf_model
 
     hf_dir, output = Path(hf_dir), Path(output)
@@ -369,17 +366,9 @@ def import_hf(hf_dir: str | Path, output: str | Path, force: bool = False) -> Pa
         }
         torch.save(blob, tmp / "mp_rank_00_model_states.pt")
         del blob
-        files = {
-            n: {"size": (tmp / n).stat().st_size, "sha256": sha256_file(tmp / n)} for n in list_files(tmp)
-        }
+        files = file_manifest(tmp)
         meta = {
-            "format": layout.META_FORMAT,
-            "version": layout.META_VERSION,
-            "tool": f"llmtools {__version__}",
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "time": time.time(),
-            "step": 0,
-            "tag": layout.step_name(0),
+            **layout.meta_header(0, layout.step_name(0)),
             "consumed_samples": 0,
             "consumed_tokens": 0,
             "data": {"consumed_samples": 0, "fingerprint": None},

@@ -31,6 +31,24 @@ META_FORMAT = "llmtools.checkpoint"
 META_VERSION = 1
 
 
+def meta_header(step: int, tag: str) -> dict:
+    """The first fields of every meta.json: format, version, tool, creation time, step and tag."""
+    import datetime
+    import time
+
+    from llmtools import __version__
+
+    return {
+        "format": META_FORMAT,
+        "version": META_VERSION,
+        "tool": f"llmtools {__version__}",
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "time": time.time(),
+        "step": step,
+        "tag": tag,
+    }
+
+
 def step_name(step: int) -> str:
     return f"step_{step:08d}"
 

@@ -16,7 +16,6 @@ warning about each newer one it skips, so a requeued job resumes from the last g
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import shutil
 import sys
@@ -25,12 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from llmtools import __version__
 from llmtools.ckpt import dist, layout
 from llmtools.ckpt import rng as rng_state
-from llmtools.ckpt.verify import check, check_compatible, list_files, read_meta, sha256_file, verify
+from llmtools.ckpt.verify import check, check_compatible, file_manifest, read_meta, verify
 from llmtools.errors import InputError, RuntimeFailure, UsageError
-from llmtools.fsutil import TMP_MARK, atomic_file, fsync_dir, fsync_file, write_text_atomic
+from llmtools.fsutil import TMP_MARK, atomic_file, fsync_dir, write_text_atomic
 
 
 def _stderr_warning(message: str) -> None:
@@ -126,19 +124,9 @@ class CheckpointManager:
         dist.barrier()
 
         if rank == 0:
-            files = {}
-            for name in list_files(tmp):
-                file = tmp / name
-                fsync_file(file)
-                files[name] = {"size": file.stat().st_size, "sha256": sha256_file(file)}
+            files = file_manifest(tmp, fsync=True)
             meta = {
-                "format": layout.META_FORMAT,
-                "version": layout.META_VERSION,
-                "tool": f"llmtools {__version__}",
-                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "time": time.time(),
-                "step": step,
-                "tag": final.name,
+                **layout.meta_header(step, final.name),
                 "consumed_samples": client_state.get("consumed_samples"),
                 "consumed_tokens": client_state.get("consumed_tokens"),
                 "data": {

@@ -36,6 +36,19 @@ def list_files(folder: str | Path) -> list[str]:
     )
 
 
+def file_manifest(folder: str | Path, fsync: bool = False) -> dict[str, dict[str, Any]]:
+    """meta.json's ``files``: size and sha256 of every file under ``folder`` (fsynced first if asked)."""
+    from llmtools.fsutil import fsync_file
+
+    files = {}
+    for name in list_files(folder):
+        file = Path(folder) / name
+        if fsync:
+            fsync_file(file)
+        files[name] = {"size": file.stat().st_size, "sha256": sha256_file(file)}
+    return files
+
+
 def read_meta(path: str | Path) -> dict[str, Any]:
     """meta.json of a checkpoint folder; InputError naming the file when missing or malformed."""
     meta_path = Path(path) / layout.META
@@ -159,24 +172,13 @@ def check(path: str | Path) -> dict[str, Any]:
 
 
 def _model_shape(model: dict[str, Any]) -> dict[str, Any]:
-    try:  # derived fields (head_dim, num_key_value_heads) filled in, so both sides compare alike
-        from llmtools.model.config import load_model_config
+    from llmtools.model.config import SHAPE_FIELDS, load_model_config
 
+    try:  # derived fields (head_dim, num_key_value_heads) filled in, so both sides compare alike
         model = load_model_config(dict(model)).to_dict(full=True)
     except Exception:  # noqa: BLE001 - not a full model config (a test's toy model): compare as given
         model = dict(model)
-    keys = (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "tie_word_embeddings",
-        "qk_norm",
-    )
-    return {k: model.get(k) for k in keys if k in model}
+    return {k: model.get(k) for k in SHAPE_FIELDS if k in model}
 
 
 def check_compatible(

@@ -53,6 +53,8 @@ class Parser:
     """One format. ``parse`` returns ``(line_kind, records)``; line_kind is train/eval/event/other/invalid."""
 
     name = "base"
+    carried: tuple[str, ...] = ("last_time",)
+    """The attributes a resumed reader needs to carry on mid-file (see :meth:`state`)."""
 
     def __init__(self) -> None:
         self.last_time: float | None = None
@@ -65,10 +67,11 @@ class Parser:
 
     def state(self) -> dict:
         """What a resumed reader needs to carry on mid-file (saved by ``llm-log tb``)."""
-        return {"last_time": self.last_time}
+        return {name: getattr(self, name) for name in self.carried}
 
     def restore(self, state: dict) -> None:
-        self.last_time = state.get("last_time")
+        for name in self.carried:
+            setattr(self, name, state.get(name))
 
 
 _NUMBER_TYPES = (float, int)  # exact types: a bool is an int subclass and is handled on its own
@@ -257,18 +260,12 @@ class DeepSpeedParser(Parser):
     """
 
     name = "deepspeed"
+    carried = ("last_time", "last_step")
 
     def __init__(self) -> None:
         super().__init__()
         self.last_step: int | None = None
         self.timed: set[str] = set()
-
-    def state(self) -> dict:
-        return {**super().state(), "last_step": self.last_step}
-
-    def restore(self, state: dict) -> None:
-        super().restore(state)
-        self.last_step = state.get("last_step")
 
     def detect(self, line: str) -> bool:
         return bool(_DS_PROGRESS.search(line) or _DS_THROUGHPUT.search(line) or _DS_PIPE.search(line))
@@ -357,17 +354,11 @@ class MindFormersParser(Parser):
     """MindFormers ``MFLossMonitor`` lines (``{ Epoch:[..], step:[..], loss: .., per_step_time: ..ms``)."""
 
     name = "mindformers"
+    carried = ("last_time", "last_step")
 
     def __init__(self) -> None:
         super().__init__()
         self.last_step: int | None = None
-
-    def state(self) -> dict:
-        return {**super().state(), "last_step": self.last_step}
-
-    def restore(self, state: dict) -> None:
-        super().restore(state)
-        self.last_step = state.get("last_step")
 
     def detect(self, line: str) -> bool:
         return "{ Epoch:[" in line and _MF_LINE.search(line) is not None

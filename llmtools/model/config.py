@@ -27,6 +27,20 @@ PRESET_DIR = Path(
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
+# The fields that decide the shape of every weight: two configs that agree on them can share weights.
+SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "qk_norm",
+    "tie_word_embeddings",
+)
+
+
 @dataclass
 class ModelConfig:
     """A LLaMA-family decoder: RMSNorm, RoPE, SwiGLU, grouped-query attention, optional QK-norm (Qwen3)."""

@@ -25,7 +25,7 @@ import torch
 
 from llmtools.errors import InputError
 from llmtools.fsutil import atomic_dir
-from llmtools.model.config import ModelConfig
+from llmtools.model.config import SHAPE_FIELDS, ModelConfig
 from llmtools.model.hf_config import from_hf_config, read_hf_config, to_hf_config
 
 SAFETENSORS_DTYPES = {
@@ -179,19 +179,6 @@ def load_hf_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
     state = load_hf_state_dict(folder)
     with torch.no_grad():
         load_state_dict_into(model, state, str(folder))
-
-
-SHAPE_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "qk_norm",
-    "tie_word_embeddings",
-)
 
 
 def check_same_shape(ours: ModelConfig, theirs: ModelConfig, source: str) -> None:

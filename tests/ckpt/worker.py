@@ -216,7 +216,7 @@ def _install_crash(spec: str) -> None:
 
     step_text, phase = spec.split(":")
     target = mod.layout.step_name(int(step_text))
-    names = {"hash": "sha256_file", "rename": "fsync_dir", "latest": "write_text_atomic"}
+    names = {"hash": "file_manifest", "rename": "fsync_dir", "latest": "write_text_atomic"}
     original = getattr(mod, names[phase])
 
     def wrapper(*args, **kwargs):

@@ -82,18 +82,16 @@ def byte_data(tmp_path_factory):
     return {"prefixes": [str(shakespeare), str(wiki)], "mix": str(mix_path), "folder": folder}
 
 
+# The tiny preset shrunk for tests: a 320-id byte vocabulary, 2 narrow layers.
+TINY = {"vocab_size": 320, "num_hidden_layers": 2, "hidden_size": 96, "intermediate_size": 256}
+
+
 def tiny_config(mix: str, **overrides):
     """A small, fast train config over the byte mix (the tiny preset with a 257-id vocabulary)."""
     from llmtools.train.config import from_dict
 
     raw = {
-        "model": {
-            "preset": "tiny",
-            "vocab_size": 320,
-            "num_hidden_layers": 2,
-            "hidden_size": 96,
-            "intermediate_size": 256,
-        },
+        "model": {"preset": "tiny", **TINY},
         "data": {"mix": mix},
         "training": {"micro_batch_size": 4, "global_batch_size": 8, "train_steps": 50, "seed": 1234},
         "optimizer": {"lr": 3e-3, "weight_decay": 0.1},

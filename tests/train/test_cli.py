@@ -12,19 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.train.conftest import TINY
+
 ROOT = Path(__file__).resolve().parents[2]
 DS = str(ROOT / "configs" / "deepspeed" / "zero2.json")
 
 
 def write_config(folder: Path, mix: str, **sections) -> Path:
     raw = {
-        "model": {
-            "preset": "tiny",
-            "vocab_size": 320,
-            "num_hidden_layers": 2,
-            "hidden_size": 96,
-            "intermediate_size": 256,
-        },
+        "model": {"preset": "tiny", **TINY},
         "data": {"mix": mix},
         "training": {"micro_batch_size": 4, "global_batch_size": 8, "train_steps": 8},
         "optimizer": {"lr": 3e-3},

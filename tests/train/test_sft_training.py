@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.train.conftest import TINY
+
 ROOT = Path(__file__).resolve().parents[2]
 SEQ = 96
 PACK = 256  # packed sequences hold several samples
-TINY = {"vocab_size": 320, "num_hidden_layers": 2, "hidden_size": 96, "intermediate_size": 256}
 
 
 def write_instructions(path: Path, n: int = 160, seed: int = 0) -> Path:
