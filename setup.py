@@ -13,8 +13,8 @@ extra = [] if sys.platform == "win32" else ["-O3", "-ffp-contract=off", "-fno-fa
 setup(
     ext_modules=[
         Extension(
-            "llmtools.data._native._helpers",
-            sources=["llmtools/data/_native/mixhelpers.c", "llmtools/data/_native/jsonl.c"],
+            "llmtools._native._helpers",
+            sources=["llmtools/_native/mixhelpers.c", "llmtools/_native/jsonl.c"],
             define_macros=[("LLM_PYTHON_MODULE", "1")],
             extra_compile_args=extra,
             optional=True,

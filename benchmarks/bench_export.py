@@ -73,7 +73,7 @@ def make_source(prefix: Path, tokens: int, seed: int = 0) -> tuple[int, int]:
 def child_ours(prefix: str, out: str, fmt: str, packed: int) -> dict:
     import datasets  # noqa: F401 - imported before the baseline RSS so both sides pay for it
 
-    from llmtools.data.hf_export import ExportConfig, export_hf
+    from llmtools.export.hf_export import ExportConfig, export_hf
 
     base = rss_mb()
     t0 = time.perf_counter()
@@ -110,7 +110,7 @@ def child_naive(prefix: str, out: str, docs: int) -> dict:
 def child_import(folder: str, out_prefix: str) -> dict:
     import datasets  # noqa: F401
 
-    from llmtools.data.hf_import import Hf2BinConfig, hf2bin
+    from llmtools.prep.hf_import import Hf2BinConfig, hf2bin
 
     base = rss_mb()
     t0 = time.perf_counter()

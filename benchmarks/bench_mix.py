@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from llmtools.data import _native, blend, gpt_index  # noqa: E402
+from llmtools import _native, blend, gpt_index  # noqa: E402
 from llmtools.data.dataset import BlendedGPTDataset  # noqa: E402
 from llmtools.formats.indexed import IndexedDatasetWriter  # noqa: E402
 

@@ -63,7 +63,7 @@ def hf(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of the output path."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
 ) -> None:
-    from llmtools.data.hf_export import ExportConfig, export_hf, parse_size
+    from llmtools.export.hf_export import ExportConfig, export_hf, parse_size
 
     config = ExportConfig(
         source=source,

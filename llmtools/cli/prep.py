@@ -1,8 +1,8 @@
 """``llm-prep``: raw text -> Megatron-LM indexed datasets, plus tokenizer training, inspection and cat.
 
 A thin typer adapter: every command builds a config and calls a library function
-(``llmtools.data.json2bin``, ``llmtools.tokenize.train``, ``llmtools.data.inspect``,
-``llmtools.data.sample_corpus``). Heavy libraries load inside the commands, so ``--help`` is instant.
+(``llmtools.prep.json2bin``, ``llmtools.prep.tokenizer_train``, ``llmtools.prep.inspect``,
+``llmtools.prep.sample_corpus``). Heavy libraries load inside the commands, so ``--help`` is instant.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def json2bin_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary on stderr."),
 ) -> None:
-    from llmtools.data.json2bin import Json2BinConfig, json2bin
+    from llmtools.prep.json2bin import Json2BinConfig, json2bin
 
     keys = _keys(json_keys)
     config = Json2BinConfig(
@@ -125,7 +125,7 @@ def inspect_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
     no_validate: bool = typer.Option(False, "--no-validate", help="Skip the full O(n) consistency check."),
 ) -> None:
-    from llmtools.data.inspect import format_report, inspect_prefix
+    from llmtools.prep.inspect import format_report, inspect_prefix
 
     report = inspect_prefix(prefix, validate=not no_validate)
     emit(json.dumps(report) if as_json else format_report(report))
@@ -157,7 +157,7 @@ def cat_cmd(
         False, "--json", help='One JSON object per document: {"doc", "ids" or "text"}.'
     ),
 ) -> None:
-    from llmtools.data.inspect import iter_documents
+    from llmtools.prep.inspect import iter_documents
 
     tok = None
     if tokenizer:
@@ -208,7 +208,7 @@ def tokenizer_train_cmd(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of the path."),
 ) -> None:
-    from llmtools.tokenize.train import TrainConfig, train_tokenizer
+    from llmtools.prep.tokenizer_train import TrainConfig, train_tokenizer
 
     keys = _keys(json_keys)
     config = TrainConfig(
@@ -247,7 +247,7 @@ def sample_corpus_cmd(
     ),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
 ) -> None:
-    from llmtools.data.sample_corpus import write_sample_corpus
+    from llmtools.prep.sample_corpus import write_sample_corpus
 
     for path in write_sample_corpus(output, docs=docs, seed=seed, styles=style, force=force):
         emit(str(path))

@@ -64,7 +64,7 @@ def hf2bin_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary on stderr."),
 ) -> None:
-    from llmtools.data.hf_import import Hf2BinConfig, hf2bin
+    from llmtools.prep.hf_import import Hf2BinConfig, hf2bin
 
     keys = [k.strip() for item in json_keys or [] for k in item.split(",") if k.strip()] or None
     config = Hf2BinConfig(source=source, output_prefix=output, json_keys=keys, split=split, tokenizer=tokenizer,

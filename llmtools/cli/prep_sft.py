@@ -82,7 +82,7 @@ def sft_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary on stderr."),
 ) -> None:
-    from llmtools.data.sft import SftConfig, build_sft
+    from llmtools.prep.sft import SftConfig, build_sft
 
     config = SftConfig(inputs=inputs, tokenizer=tokenizer, output_prefix=output, format=fmt,
                        chat_template=chat_template, messages_key=messages_key, prompt_key=prompt_key,

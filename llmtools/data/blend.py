@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from llmtools.data import _native
+from llmtools import _native
 from llmtools.errors import InputError
 
 DEFAULT_SURPLUS = 0.005

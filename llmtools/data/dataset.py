@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmtools.data import _native
+from llmtools import _native
 from llmtools.data.splits import DEFAULT_SPLIT, SPLITS
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmtools.data import _native
+from llmtools import _native
 from llmtools.errors import InputError
 
 SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80

@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from llmtools.data.sft import KEYS, position_ids_from_segments
+from llmtools.prep.sft import KEYS, position_ids_from_segments
 from llmtools.errors import InputError
 from llmtools.formats.indexed import IndexedDatasetReader, exists
 

@@ -106,7 +106,7 @@ class Tokenizer:
         """Encode ``texts``: (all ids back to back, int64 length of each text).
 
         ``dtype=None`` returns the backend's native integer dtype (no copy); callers cast once.
-        ``texts`` may also be :class:`~llmtools.data.sources.FlatTexts` (one UTF-8 buffer).
+        ``texts`` may also be :class:`~llmtools.prep.sources.FlatTexts` (one UTF-8 buffer).
         """
         return flatten(self._encode_list(as_str_list(texts)), dtype)
 

@@ -97,7 +97,7 @@ def test_text_column_with_byte_tokenizer(capsys, monkeypatch, tmp_path):
 
 def test_mix_json(capsys, monkeypatch, tmp_path):
     from llmtools.data.dataset import BlendedGPTDataset
-    from tests.data.test_hf_export import make_mix
+    from tests.export.test_hf_export import make_mix
 
     mix = make_mix(tmp_path)
     proc = export_inproc(

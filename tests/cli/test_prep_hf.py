@@ -40,7 +40,7 @@ def test_round_trip_with_the_commands(python, env, tmp_path):
     )
     proc = cli(python, env, "prep", "json2bin", corpus, "-t", "byte", "-o", tmp_path / "a", "-w", "1", "-q")
     assert proc.returncode == 0, proc.stderr
-    for fmt in ("parquet",):  # the arrow layout round trip is in tests/data/test_hf_import.py
+    for fmt in ("parquet",):  # the arrow layout round trip is in tests/prep/test_hf_import.py
         hf = tmp_path / f"hf-{fmt}"
         proc = cli(python, env, "export", "hf", tmp_path / "a_text_document", "-o", hf, "--format", fmt,
                    "--text", "--tokenizer", "byte", "-q")  # fmt: skip

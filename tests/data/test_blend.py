@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmtools.data import _native
+from llmtools import _native
 from llmtools.data import blend as B
 from llmtools.errors import InputError
 

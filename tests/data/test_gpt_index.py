@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmtools.data import _native
+from llmtools import _native
 from llmtools.data import gpt_index as G
 
 with warnings.catch_warnings():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import warnings
 
 import numpy as np
@@ -62,6 +63,23 @@ class _Tok:
 
 
 def megatron_build(sizes, seq, seed, blend=None, split=None, blend_per_split=None):
+    # megatron-core caches its index arrays beside the data unless told otherwise, and the data may be the
+    # read-only shared fixtures: give it a cache of its own (the arrays stay mapped after the folder goes).
+    # With a cache path megatron-core asks torch.distributed for the rank: a one-process group, no port.
+    import torch.distributed as tdist
+
+    own_group = not tdist.is_initialized()
+    if own_group:
+        tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)
+    try:
+        with tempfile.TemporaryDirectory(prefix="megatron-cache-") as cache:
+            return _megatron_build(sizes, seq, seed, blend, split, blend_per_split, cache)
+    finally:
+        if own_group:
+            tdist.destroy_process_group()
+
+
+def _megatron_build(sizes, seq, seed, blend, split, blend_per_split, cache):
     config = GPTDatasetConfig(
         random_seed=seed,
         sequence_length=seq,
@@ -72,7 +90,7 @@ def megatron_build(sizes, seq, seed, blend=None, split=None, blend_per_split=Non
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
-        path_to_cache=None,
+        path_to_cache=cache,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

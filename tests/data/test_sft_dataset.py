@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from llmtools.data.sft import SftConfig, build_sft
+from llmtools.prep.sft import SftConfig, build_sft
 from llmtools.data.sft_dataset import SftDataset
 from llmtools.errors import InputError
 

@@ -36,7 +36,7 @@ def write_instructions(path: Path, n: int = 160, seed: int = 0) -> Path:
 
 
 def make_sft_prefix(folder: Path, name: str, pack: bool, n: int = 160) -> str:
-    from llmtools.data.sft import SftConfig, build_sft
+    from llmtools.prep.sft import SftConfig, build_sft
 
     src = write_instructions(folder / f"{name}.jsonl", n=n)
     prefix = str(folder / name)

@@ -12,7 +12,7 @@ What can be read (all offline, nothing is downloaded):
 Parquet and Arrow files are read with pyarrow directly, batch by batch: no copy into the
 ``datasets`` cache, and memory stays flat. Two uses:
 
-* :class:`HFDocumentSource` is a :class:`llmtools.data.sources.DocumentSource` over text columns, for
+* :class:`HFDocumentSource` is a :class:`llmtools.prep.sources.DocumentSource` over text columns, for
   the json2bin pipeline (same tokenization, error handling and sidecar as JSONL).
 * :func:`import_token_ids` writes a column of token-id lists (``input_ids``) straight to a
   ``.bin/.idx`` pair without re-tokenizing: offsets and values go from Arrow buffers to the writer.
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmtools.data.sources import BadRecord, DocBatch
+from llmtools.prep.sources import BadRecord, DocBatch
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.indexed import IndexedDatasetWriter, dtype_for_vocab
 
@@ -342,7 +342,7 @@ def file_inputs(files: Sequence[Path]) -> list[dict]:
 
 
 class HFDocumentSource:
-    """:class:`~llmtools.data.sources.DocumentSource` over the text columns of a local HF dataset.
+    """:class:`~llmtools.prep.sources.DocumentSource` over the text columns of a local HF dataset.
 
     ``keys`` are the columns to read (``--json-keys``). A null value is a bad record of kind
     ``not_a_string`` (skipped or fatal, as json2bin decides); a column that is not text at all is an
@@ -681,7 +681,7 @@ def hf2bin(config: Hf2BinConfig) -> Hf2BinResult:
         result.documents = done.documents
         result.tokens[key] = done.tokens
     if texts:
-        from llmtools.data.json2bin import Json2BinConfig, json2bin
+        from llmtools.prep.json2bin import Json2BinConfig, json2bin
 
         source = HFDocumentSource(config.source, texts, config.split)
         j2b = Json2BinConfig(tokenizer=config.tokenizer, output_prefix=config.output_prefix, json_keys=texts,

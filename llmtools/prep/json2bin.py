@@ -27,7 +27,7 @@ tokens when the vocabulary is below 65500, else int32.
 
 Plain API::
 
-    from llmtools.data.json2bin import json2bin
+    from llmtools.prep.json2bin import json2bin
     result = json2bin(["corpus.jsonl"], "tokenizers/gpt2", "out/corpus", append_eod=True, workers=2)
     result.prefixes   # ["out/corpus_text_document"]
 """
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llmtools.data.sources import DocumentSource, join_texts
+from llmtools.prep.sources import DocumentSource, join_texts
 from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure, UsageError
 
 SIDECAR_FORMAT = "llmtools.indexed-sidecar"
@@ -380,7 +380,7 @@ def json2bin(
     if config.force:
         _remove_stale_temporaries(outputs)
     if source is None:
-        from llmtools.data.jsonl import JsonlSource
+        from llmtools.prep.jsonl import JsonlSource
 
         if not config.inputs:
             raise UsageError("json2bin: give at least one INPUT (a JSONL file, a glob, or - for stdin)")

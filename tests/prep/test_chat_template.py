@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from llmtools.data.chat_template import (
+from llmtools.prep.chat_template import (
     BUILTIN_TEMPLATES,
     ChatTemplate,
     TemplateRenderError,
     load_chat_template,
 )
-from llmtools.data.sft import SampleEncoder
+from llmtools.prep.sft import SampleEncoder
 from llmtools.errors import InputError, UsageError
 from tests.conftest import shared
 

@@ -3,7 +3,7 @@
 One shared library from two C files: ``mixhelpers.c`` (llm-mix's index builders) and ``jsonl.c``
 (json2bin's JSON Lines text extraction). Where it comes from, first found wins:
 
-1. the extension that ``pip install`` built (``setup.py``: ``llmtools/data/_native/_helpers*.so``);
+1. the extension that ``pip install`` built (``setup.py``: ``llmtools/_native/_helpers*.so``);
 2. a copy compiled on first use with the system C compiler into ``$LLMTOOLS_CACHE`` (default
    ``~/.cache/llmtools``), named by the hash of the source so an edit never loads a stale build;
 3. nothing: :func:`load` returns None and callers use their (exact but slower) numpy/Python code,
@@ -105,7 +105,7 @@ def _open(path: str) -> ctypes.CDLL | None:
 
 def _installed() -> ctypes.CDLL | None:
     try:
-        spec = importlib.util.find_spec("llmtools.data._native._helpers")
+        spec = importlib.util.find_spec("llmtools._native._helpers")
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.origin or not os.path.exists(spec.origin):

@@ -9,8 +9,8 @@ import json
 import pytest
 import zstandard
 
-from llmtools.data.jsonl import JsonlSource, expand_inputs
-from llmtools.data.sources import DocumentSource
+from llmtools.prep.jsonl import JsonlSource, expand_inputs
+from llmtools.prep.sources import DocumentSource
 from llmtools.errors import InputError
 
 ROWS = [{"text": f"document {i} " + "x" * (i % 7), "n": i} for i in range(50)]
@@ -169,7 +169,7 @@ def test_empty_and_truncated_files(tmp_path):
 def test_clean_fast_path_matches_line_by_line_parsing(tmp_path):
     """parse() takes a one-call path for chunks whose every line is a clean object; any other chunk is
     judged line by line. Both must give the same documents, line numbers and counts."""
-    from llmtools.data.jsonl import JsonlChunk
+    from llmtools.prep.jsonl import JsonlChunk
 
     clean = jsonl_bytes()
     mixed = clean + b"\n" + b'{"text": 1}\n' + b'"just a string"\n' + b"[1, 2]\n" + b'{"text": "z"}\n'

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmtools.data import _native
-from llmtools.data.jsonl import JsonlChunk, JsonlSource
-from llmtools.data.sources import FlatTexts
+from llmtools import _native
+from llmtools.prep.jsonl import JsonlChunk, JsonlSource
+from llmtools.prep.sources import FlatTexts
 
 LIB = _native.load()
 pytestmark = pytest.mark.skipif(LIB is None, reason="no C compiler: the compiled scanner is unavailable")
@@ -272,7 +272,7 @@ def test_flat_texts_concat():
 
 def test_json2bin_files_are_the_same_without_the_scanner(tmp_path, monkeypatch):
     """The C scanner is an optimization only: with it disabled, json2bin writes the same bytes."""
-    from llmtools.data.json2bin import json2bin
+    from llmtools.prep.json2bin import json2bin
     from tests.conftest import shared
 
     tokenizer = str(shared("tokenizers/gpt2/tokenizer.json"))

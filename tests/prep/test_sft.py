@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from llmtools.data.sft import (
+from llmtools.prep.sft import (
     SftConfig,
     build_sft,
     mask_from_offsets,
@@ -159,7 +159,7 @@ def test_max_length_truncate_and_drop_are_counted(tmp_path, gpt2):
 
 
 def _render(record):
-    from llmtools.data.chat_template import load_chat_template
+    from llmtools.prep.chat_template import load_chat_template
 
     messages = ([{"role": "system", "content": record["system"]}] if "system" in record else []) + record[
         "messages"

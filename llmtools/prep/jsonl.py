@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmtools.data.sources import BadRecord, DocBatch, FlatTexts
+from llmtools.prep.sources import BadRecord, DocBatch, FlatTexts
 from llmtools.errors import InputError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -99,7 +99,7 @@ class JsonlChunk:
     def _parse_native(self, keys: Sequence[str]) -> DocBatch | None:
         """Every key of every line extracted by the compiled scanner, or None (no compiler, or a line
         that is not plain): the Python paths then decide, so the outcome is the same either way."""
-        from llmtools.data import _native
+        from llmtools import _native
 
         lib = _native.load()
         if lib is None or not self.data:
@@ -184,7 +184,7 @@ class JsonlChunk:
 def count_newlines(data: bytes) -> int:
     """``data.count(b"\\n")``, in C without the GIL when the compiled helpers are there (the reader
     runs beside the encoder threads)."""
-    from llmtools.data import _native
+    from llmtools import _native
 
     lib = _native.load()
     return lib.llm_count_newlines(data, len(data)) if lib is not None else data.count(b"\n")
@@ -315,7 +315,7 @@ def _decompress(blocks: Iterator[bytes], first: bytes) -> Iterator[bytes]:
 
 
 class JsonlSource:
-    """A :class:`~llmtools.data.sources.DocumentSource` over JSONL files (read sequentially, in order)."""
+    """A :class:`~llmtools.prep.sources.DocumentSource` over JSONL files (read sequentially, in order)."""
 
     def __init__(
         self, inputs: Sequence[str], skip_bad: bool = False, chunk_bytes: int = READ_BLOCK, stdin=None

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmtools.data.hf_card import dataset_card
+from llmtools.export.hf_card import dataset_card
 from llmtools.errors import InputError, UsageError, where
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
 from llmtools.formats.sidecar import read_sidecar

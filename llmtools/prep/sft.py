@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llmtools.data.chat_template import ChatTemplate, TemplateRenderError, load_chat_template
+from llmtools.prep.chat_template import ChatTemplate, TemplateRenderError, load_chat_template
 from llmtools.errors import InputError, UsageError
 
 FORMATS = ("messages", "prompt-response", "alpaca")
@@ -310,7 +310,7 @@ def iter_records(
     Malformed lines are yielded as :class:`BadSample` (the caller decides: stop or count).
     ``inputs`` gets the sidecar entries of what was read.
     """
-    from llmtools.data.hf_import import looks_like_hf
+    from llmtools.prep.hf_import import looks_like_hf
 
     for spec in config.inputs:
         if spec != "-" and looks_like_hf(spec):
@@ -320,7 +320,7 @@ def iter_records(
 
 
 def _jsonl_records(spec: str, config: SftConfig, inputs: list[dict], skipped: dict[str, int]):
-    from llmtools.data.jsonl import JsonlSource
+    from llmtools.prep.jsonl import JsonlSource
 
     source = JsonlSource([spec], skip_bad=config.skip_bad)
     for chunk in source.batches():
@@ -350,7 +350,7 @@ def _jsonl_records(spec: str, config: SftConfig, inputs: list[dict], skipped: di
 
 
 def _hf_records(spec: str, config: SftConfig, inputs: list[dict]):
-    from llmtools.data.hf_import import file_inputs, open_hf
+    from llmtools.prep.hf_import import file_inputs, open_hf
 
     table = open_hf(spec, config.split)
     have = set(table.schema.names)
