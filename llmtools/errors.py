@@ -49,3 +49,24 @@ def where(path, line: int | None = None, offset: int | None = None, key: str | N
     if key is not None:
         text += f"[{key}]"
     return text
+
+
+class DiskFullError(RuntimeFailure):
+    """The filesystem filled up while writing an output (ENOSPC, a quota, or a library's short write)."""
+
+    def __init__(self, path, detail: str = "") -> None:
+        self.path = path
+        super().__init__(f"{path}: no space left on device{f' ({detail})' if detail else ''}; nothing was written")
+
+
+class Interrupted(BaseException):  # noqa: N818 - like KeyboardInterrupt, not an error of the input
+    """SIGTERM or SIGHUP, raised in the main thread so that every context manager cleans up.
+
+    A BaseException, as KeyboardInterrupt is: ``except Exception`` clauses must not swallow it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)

@@ -1,21 +1,40 @@
 """Atomic outputs: write to a temporary name beside the target, rename into place when complete.
 
-A killed command therefore never leaves a file or folder that looks finished: at worst a
-``.tmp-*`` sibling remains, which no reader ever opens.
+A killed command therefore never leaves a file or folder that looks finished. Every temporary made
+here is registered *before* it is created and forgotten when it is renamed into place or removed, so
+whatever stops the process — an error, SIGTERM/SIGINT turned into an exception (:mod:`llmtools.interrupt`),
+a second signal — :func:`remove_temporaries` finds what is left; the CLI calls it on every exit. Folders
+created on the way to an output are removed again when the output never appeared and they stayed empty.
+Only ``kill -9`` can leave a ``.tmp-*`` sibling behind, which no reader ever opens.
+
+Files are created with mode 0666 and folders 0777 less the umask, as ``open()`` and ``mkdir`` do (the
+``tempfile`` module's private 0600/0700 would make every output unreadable to the rest of a shared
+machine). A write that fails because the filesystem is full becomes :class:`DiskFullError` naming the
+output, whatever library did the writing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import secrets
 import shutil
-import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from llmtools.errors import OutputExistsError
+from llmtools.errors import DiskFullError, LlmtoolsError, OutputExistsError
+from llmtools.interrupt import critical
 
 TMP_MARK = ".tmp-"
+FULL_MARGIN = 1 << 20
+"""A failed write on a filesystem with less free space than this is reported as a full disk (libraries
+such as numpy and torch report a short write without an errno)."""
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+_live: dict[Path, str] = {}  # temporary -> "file" | "dir" | "parent" (a folder made for an output)
+_lock = threading.Lock()
 
 
 def check_writable(paths, force: bool) -> None:
@@ -25,15 +44,177 @@ def check_writable(paths, force: bool) -> None:
             raise OutputExistsError(path)
 
 
+# -- the registry ----------------------------------------------------------------------------------
+def _register(path: Path, kind: str) -> None:
+    with _lock:
+        _live[path] = kind
+
+
+def _forget(path: Path) -> None:
+    with _lock:
+        _live.pop(path, None)
+
+
+def _keep_parents(path: Path) -> None:
+    """An output was committed: the folders made for it are part of the result now."""
+    with _lock:
+        for folder in [p for p, kind in _live.items() if kind == "parent"]:
+            if folder in path.parents:
+                del _live[folder]
+
+
+def live_temporaries() -> list[Path]:
+    with _lock:
+        return [p for p, kind in _live.items() if kind != "parent"]
+
+
+def remove_temporaries() -> list[Path]:
+    """Remove every registered temporary that is still there (and emptied parent folders); what went."""
+    with _lock:
+        items = sorted(_live.items(), key=lambda item: len(item[0].parts), reverse=True)
+        _live.clear()
+    removed = []
+    for path, kind in items:
+        try:
+            if kind == "file":
+                path.unlink()
+            elif kind == "dir":
+                shutil.rmtree(path)
+            else:
+                path.rmdir()  # only when empty: something else may have been put there meanwhile
+            removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
+def make_parents(folder: str | os.PathLike) -> None:
+    """``mkdir -p`` that remembers the folders it made, so that a failed command takes them away."""
+    folder = Path(folder)
+    missing = []
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    if not missing:
+        return
+    for path in reversed(missing):  # registered first: removed deepest first, each only when empty
+        _register(path, "parent")
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            _forget(path)  # made by someone else meanwhile: not ours to remove
+        except OSError as error:
+            _forget(path)
+            raise disk_full_error(error, path) or error from None
+
+
+# -- temporaries -----------------------------------------------------------------------------------
 def tmp_sibling(path: str | os.PathLike, suffix: str = "") -> Path:
-    """A fresh unique name in the same folder (same filesystem, so rename is atomic)."""
+    """A fresh, empty, registered file in the same folder (same filesystem, so rename is atomic)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f"{path.name}{TMP_MARK}", suffix=suffix, dir=path.parent)
-    os.close(fd)
-    return Path(name)
+    make_parents(path.parent)
+    while True:
+        tmp = path.parent / f"{path.name}{TMP_MARK}{secrets.token_hex(4)}{suffix}"
+        _register(tmp, "file")  # before creating it: a signal in between cannot orphan it
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            _forget(tmp)
+            continue
+        except OSError as error:
+            _forget(tmp)
+            raise disk_full_error(error, path) or error from None
+        os.close(fd)
+        return tmp
 
 
+def tmp_folder(path: str | os.PathLike) -> Path:
+    """A fresh, empty, registered folder beside ``path``."""
+    path = Path(path)
+    make_parents(path.parent)
+    while True:
+        tmp = path.parent / f"{path.name}{TMP_MARK}{secrets.token_hex(4)}"
+        _register(tmp, "dir")
+        try:
+            os.mkdir(tmp, 0o777)
+        except FileExistsError:
+            _forget(tmp)
+            continue
+        except OSError as error:
+            _forget(tmp)
+            raise disk_full_error(error, path) or error from None
+        return tmp
+
+
+def discard(tmp: str | os.PathLike) -> None:
+    """Remove a temporary (file or folder) and forget it."""
+    tmp = Path(tmp)
+    if tmp.is_dir() and not tmp.is_symlink():
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.unlink(missing_ok=True)
+    if not tmp.exists():
+        _forget(tmp)
+
+
+# -- disk full -------------------------------------------------------------------------------------
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Free space for unprivileged users on the filesystem holding ``path`` (its nearest existing folder)."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        stat = os.statvfs(probe)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
+def disk_full_error(error: BaseException, path: str | os.PathLike) -> DiskFullError | None:
+    """:class:`DiskFullError` for ``path`` when ``error`` is a full disk, else None.
+
+    ENOSPC/EDQUOT, or a failed write (OSError, or RuntimeError as torch raises for a short write) while the
+    filesystem has less than :data:`FULL_MARGIN` free: libraries word a full disk in many ways
+    ("unexpected pos", "139960 requested and 11232 written")."""
+    if isinstance(error, DiskFullError):
+        return error
+    if isinstance(error, LlmtoolsError) or not isinstance(error, (OSError, RuntimeError)):
+        return None
+    if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+        free = free_bytes(path)
+        return DiskFullError(path, f"{_size(free)} free" if free is not None else "")
+    if isinstance(error, OSError) and error.errno is not None:
+        return None  # a named error of another kind (permission, not found): reported as it is
+    free = free_bytes(path)
+    if free is not None and free < FULL_MARGIN:
+        return DiskFullError(path, f"{_size(free)} free; the writer said: {error}")
+    return None
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@contextlib.contextmanager
+def disk_full_guard(path: str | os.PathLike) -> Iterator[None]:
+    """Turn a full disk met inside the block into :class:`DiskFullError` naming ``path``."""
+    try:
+        yield
+    except Exception as error:
+        full = disk_full_error(error, path)
+        if full is None or full is error:
+            raise
+        raise full from None
+
+
+# -- committing ------------------------------------------------------------------------------------
 def fsync_file(path: str | os.PathLike) -> None:
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
@@ -50,24 +231,36 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 def commit_file(tmp: str | os.PathLike, final: str | os.PathLike, durable: bool = True) -> None:
     """Rename a finished temporary file into place (after flushing it to disk)."""
+    tmp, final = Path(tmp), Path(final)
     if durable:
-        fsync_file(tmp)
+        with disk_full_guard(final):
+            fsync_file(tmp)
     os.replace(tmp, final)
+    _forget(tmp)
+    _keep_parents(final)
     if durable:
-        fsync_dir(Path(final).parent)
+        fsync_dir(final.parent)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = "", durable: bool = True) -> Iterator[Path]:
+    """A temporary path for a library that writes by file name (torch.save, savefig, safetensors);
+    renamed to ``path`` when the block succeeds, removed otherwise."""
+    tmp = tmp_sibling(path, suffix)
+    try:
+        with disk_full_guard(path):
+            yield tmp
+        commit_file(tmp, path, durable=durable)
+    except BaseException:
+        discard(tmp)
+        raise
 
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "w", durable: bool = True, **open_kwargs) -> Iterator:
     """Open ``path`` for writing through a temporary sibling; renamed into place on success only."""
-    tmp = tmp_sibling(path)
-    try:
-        with open(tmp, mode, **open_kwargs) as handle:
-            yield handle
-        commit_file(tmp, path, durable=durable)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(path, durable=durable) as tmp, open(tmp, mode, **open_kwargs) as handle:
+        yield handle
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -80,18 +273,22 @@ def atomic_dir(path: str | os.PathLike, force: bool = False) -> Iterator[Path]:
     """Build a folder under a temporary name; it replaces ``path`` only when the block succeeds."""
     path = Path(path)
     check_writable([path], force)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{path.name}{TMP_MARK}", dir=path.parent))
+    tmp = tmp_folder(path)
     try:
-        yield tmp
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f"{path.name}.old-", dir=path.parent))
-            os.replace(path, old / path.name)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        with disk_full_guard(path):
+            yield tmp
+        with critical():  # the old folder goes and the new one comes as one step
+            if path.exists():
+                old = tmp_folder(path.with_name(f"{path.name}.old"))
+                os.replace(path, old / path.name)
+                os.replace(tmp, path)
+                _forget(tmp)
+                discard(old)
+            else:
+                os.replace(tmp, path)
+                _forget(tmp)
+        _keep_parents(path)
         fsync_dir(path.parent)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard(tmp)
         raise

@@ -15,6 +15,7 @@ from typing import Any
 
 from llmtools.ckpt import layout
 from llmtools.errors import InputError
+from llmtools.formats import jsonfile
 
 _CHUNK = 1 << 22
 REQUIRED_KEYS = ("format", "version", "step", "complete", "files", "world_size", "zero_stage", "precision")
@@ -59,7 +60,7 @@ def read_meta(path: str | Path) -> dict[str, Any]:
             f"{meta_path}: missing (the save did not finish, or this is not a checkpoint)"
         ) from None
     try:
-        meta = json.loads(text)
+        meta = jsonfile.loads(text)
     except json.JSONDecodeError as error:
         raise InputError(f"{meta_path}:{error.lineno}: not valid JSON ({error.msg})") from None
     if not isinstance(meta, dict):

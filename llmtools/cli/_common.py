@@ -13,7 +13,7 @@ import traceback
 
 import typer
 
-from llmtools.errors import LlmtoolsError
+from llmtools.errors import Interrupted, LlmtoolsError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -40,32 +40,72 @@ def fail(prog: str, message: str, code: int) -> None:
 
 
 def run(app: typer.Typer, prog: str) -> None:
-    """Invoke a typer app under the one error model."""
+    """Invoke a typer app under the one error model.
+
+    SIGTERM, SIGHUP and SIGINT become :class:`Interrupted` in the main thread (see :mod:`llmtools.interrupt`),
+    so every writer removes its temporaries as the exception unwinds; whatever is still registered is
+    removed before the process exits, however it exits. click runs in non-standalone mode so that its own
+    handling (an "Aborted!" for an EOFError, a blank line and exit 1 for Ctrl-C) never replaces ours.
+    """
+    from llmtools import interrupt
+    from llmtools.fsutil import remove_temporaries
+
+    previous = interrupt.install()
+    code = 0
     try:
-        app(prog_name=prog)
+        result = app(prog_name=prog, standalone_mode=False)
+        code = result if isinstance(result, int) and not isinstance(result, bool) else 0
+    except Interrupted as stop:
+        remove_temporaries()
+        print(f"{prog}: interrupted by {stop}; temporaries removed, nothing half-written left", file=sys.stderr)
+        code = interrupt.exit_code(stop)
     except LlmtoolsError as error:
         if debug_enabled():
             traceback.print_exc()
-        fail(prog, str(error), error.exit_code)
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except BrokenPipeError:
+        code = _fail(prog, str(error), error.exit_code)
+    except Exception as error:
+        # click's own errors (typer vendors click, so they are told apart by name): usage on one line.
+        kinds = {cls.__name__ for cls in type(error).__mro__}
+        if "NoArgsIsHelpError" in kinds:
+            error.show()
+            code = error.exit_code
+        elif "ClickException" in kinds:
+            context = getattr(error, "ctx", None)
+            hint = f" (see '{context.command_path} --help')" if context is not None else ""
+            code = _fail(prog, error.format_message() + hint, error.exit_code)
+        elif "Abort" in kinds:
+            cause = error.__cause__ or error.__context__
+            code = _fail(prog, _internal(cause) if cause is not None else "aborted", 1)
+        else:
+            code = _other(prog, error)
+    finally:
+        remove_temporaries()
+        interrupt.restore(previous)
+    sys.exit(code)
+
+
+def _other(prog: str, error: Exception) -> int:
+    if isinstance(error, BrokenPipeError):
         # The reader of our stdout went away (e.g. `| head`): not an error worth a traceback.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(1)
-    except OSError as error:
-        if debug_enabled():
-            traceback.print_exc()
+        return 1
+    if debug_enabled():
+        traceback.print_exception(error)
+    if isinstance(error, OSError):
         where = f"{error.filename}: " if getattr(error, "filename", None) else ""
-        fail(prog, f"{where}{error.strerror or error}", 1)
-    except Exception as error:  # noqa: BLE001 - the last line of defence: one line, exit 1
-        if debug_enabled():
-            raise
-        fail(
-            prog, f"internal error: {type(error).__name__}: {error} (set LLMTOOLS_DEBUG=1 for a traceback)", 1
-        )
+        return _fail(prog, f"{where}{error.strerror or error}", 1)
+    return _fail(prog, _internal(error), 1)  # the last line of defence: one line, exit 1
+
+
+def _internal(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"internal error: {type(error).__name__}: {text} (set LLMTOOLS_DEBUG=1 for a traceback)"
+
+
+def _fail(prog: str, message: str, code: int) -> int:
+    print(f"{prog}: error: {' '.join(message.splitlines())}", file=sys.stderr)
+    return code
 
 
 def emit(line: str) -> None:

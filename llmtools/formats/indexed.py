@@ -25,6 +25,7 @@ however many documents are written.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 from pathlib import Path
@@ -32,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from llmtools.errors import InputError, where
-from llmtools.fsutil import commit_file, fsync_dir, tmp_sibling
+from llmtools.fsutil import commit_file, discard, disk_full_guard, fsync_dir, tmp_sibling
+from llmtools.interrupt import critical
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -264,17 +266,28 @@ class IndexedDatasetWriter:
         self.num_sequences = 0
         self.num_documents = 0
         self.num_tokens = 0
-        self._files: list = []
 
     def __enter__(self) -> IndexedDatasetWriter:
-        self._bin_tmp = tmp_sibling(bin_path(self.prefix))
-        self._len_tmp = tmp_sibling(bin_path(self.prefix), ".lengths")
-        self._doc_tmp = tmp_sibling(bin_path(self.prefix), ".docs")
-        self._bin = open(self._bin_tmp, "wb")  # noqa: SIM115 - closed in __exit__
-        self._lengths = open(self._len_tmp, "wb")  # noqa: SIM115
-        self._docs = open(self._doc_tmp, "wb")  # noqa: SIM115
-        self._docs.write(np.zeros(1, dtype=np.int64).tobytes())
+        self._bin_tmp = self._len_tmp = self._doc_tmp = self._idx_tmp = None
+        self._handles: list = []
+        try:
+            self._bin_tmp = tmp_sibling(bin_path(self.prefix))
+            self._len_tmp = tmp_sibling(bin_path(self.prefix), ".lengths")
+            self._doc_tmp = tmp_sibling(bin_path(self.prefix), ".docs")
+            self._bin = open(self._bin_tmp, "wb")  # noqa: SIM115 - closed in __exit__
+            self._lengths = open(self._len_tmp, "wb")  # noqa: SIM115
+            self._docs = open(self._doc_tmp, "wb")  # noqa: SIM115
+            self._handles = [self._bin, self._lengths, self._docs]
+            with self._guard():
+                self._docs.write(np.zeros(1, dtype=np.int64).tobytes())
+        except BaseException:
+            self._close(ok=False)
+            raise
         return self
+
+    def _guard(self):
+        """A full disk while writing becomes one DiskFullError naming the .bin being written."""
+        return disk_full_guard(bin_path(self.prefix))
 
     # -- adding data ---------------------------------------------------------------------------
     def add_document(self, tokens, sequence_lengths=None) -> None:
@@ -290,7 +303,8 @@ class IndexedDatasetWriter:
         lengths = lengths[lengths > 0]
         self._write_tokens(tokens, lengths)
         self.num_sequences += lengths.size
-        self._docs.write(np.array([self.num_sequences], dtype=np.int64).tobytes())
+        with self._guard():
+            self._docs.write(np.array([self.num_sequences], dtype=np.int64).tobytes())
         self.num_documents += 1
 
     def add_documents(self, tokens, lengths) -> None:
@@ -305,7 +319,8 @@ class IndexedDatasetWriter:
         nonempty = lengths[lengths > 0]
         self._write_tokens(tokens, nonempty)
         doc_ends = self.num_sequences + np.cumsum(lengths > 0, dtype=np.int64)
-        self._docs.write(doc_ends.tobytes())
+        with self._guard():
+            self._docs.write(doc_ends.tobytes())
         self.num_sequences += nonempty.size
         self.num_documents += lengths.size
 
@@ -320,32 +335,63 @@ class IndexedDatasetWriter:
                         f"token ids {int(tokens.min())}..{int(tokens.max())} do not fit {self.dtype}"
                     )
                 tokens = tokens.astype(self.dtype)
-            self._bin.write(memoryview(np.ascontiguousarray(tokens)).cast("B"))
+            with self._guard():
+                self._bin.write(memoryview(np.ascontiguousarray(tokens)).cast("B"))
         if nonempty_lengths.size:
             if int(nonempty_lengths.max()) > np.iinfo(np.int32).max:
                 raise ValueError("a sequence longer than 2**31-1 tokens cannot be indexed")
-            self._lengths.write(nonempty_lengths.astype(np.int32).tobytes())
+            with self._guard():
+                self._lengths.write(nonempty_lengths.astype(np.int32).tobytes())
         self.num_tokens += int(tokens.size)
 
     # -- finishing -----------------------------------------------------------------------------
+    def finish(self) -> None:
+        """Write the index to its temporary name (the slow part of finishing); :meth:`commit` then only
+        renames. Called by ``__exit__`` when not called before; a command that commits several outputs
+        together calls it on each first, then commits them inside one :func:`critical` section."""
+        if self._idx_tmp is not None:
+            return
+        for handle in self._handles:
+            with self._guard():
+                handle.close()
+        self._idx_tmp = tmp_sibling(idx_path(self.prefix))
+        with disk_full_guard(idx_path(self.prefix)):
+            self._write_index(self._idx_tmp)
+        if self.durable:
+            with self._guard():
+                from llmtools.fsutil import fsync_file
+
+                fsync_file(self._bin_tmp)
+                fsync_file(self._idx_tmp)
+
+    def commit(self) -> None:
+        """Rename ``.bin`` then ``.idx`` into place (an ``.idx`` never points at a ``.bin`` that is not complete)."""
+        self.finish()
+        with critical():
+            commit_file(self._bin_tmp, bin_path(self.prefix), durable=False)
+            commit_file(self._idx_tmp, idx_path(self.prefix), durable=False)
+        if self.durable:
+            fsync_dir(Path(self.prefix).parent)
+        self._bin_tmp = self._idx_tmp = None
+        self._close(ok=True)
+
+    def _close(self, ok: bool) -> None:
+        for handle in self._handles:
+            with contextlib.suppress(OSError):
+                handle.close()
+        for path in (self._bin_tmp, self._len_tmp, self._doc_tmp, self._idx_tmp):
+            if path is not None:
+                discard(path)
+
     def __exit__(self, exc_type, exc, tb) -> None:
-        for handle in (self._bin, self._lengths, self._docs):
-            handle.close()
+        if exc_type is not None:
+            self._close(ok=False)
+            return
         try:
-            if exc_type is None:
-                idx_tmp = tmp_sibling(idx_path(self.prefix))
-                try:
-                    self._write_index(idx_tmp)
-                    # .bin first: an .idx never points at a .bin that is not complete.
-                    commit_file(self._bin_tmp, bin_path(self.prefix), durable=self.durable)
-                    commit_file(idx_tmp, idx_path(self.prefix), durable=self.durable)
-                finally:
-                    idx_tmp.unlink(missing_ok=True)
-        finally:
-            for path in (self._bin_tmp, self._len_tmp, self._doc_tmp):
-                path.unlink(missing_ok=True)
-            if exc_type is None and self.durable:
-                fsync_dir(Path(self.prefix).parent)
+            self.commit()
+        except BaseException:
+            self._close(ok=False)
+            raise
 
     def _write_index(self, path: Path, chunk: int = 1 << 22) -> None:
         itemsize = self.dtype.itemsize

@@ -16,12 +16,12 @@ prints (the fixtures in ``tests/logs/fixtures/`` cite file and function):
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from datetime import datetime
 
 from llmtools.errors import UsageError
+from llmtools.formats import jsonfile
 from llmtools.logs.records import KINDS, Record, slug
 
 FORMATS = ("auto", "jsonl", "megatron", "deepspeed", "mindformers", "generic")
@@ -88,14 +88,14 @@ class JsonlParser(Parser):
         if not line.startswith("{"):
             return False
         try:
-            data = json.loads(line)
+            data = jsonfile.loads(line)
         except ValueError:
             return False
         return isinstance(data, dict) and "step" in data
 
     def parse(self, line: str, number: int) -> tuple[str, list[Record]]:
         try:
-            data = json.loads(line)
+            data = jsonfile.loads(line)
         except ValueError as error:
             if line.lstrip().startswith("{"):
                 return "invalid", [Record("invalid", 0, None, message=f"not valid JSON ({error})")]

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmtools.errors import InputError, UsageError
+from llmtools.formats import jsonfile
 from llmtools.fsutil import write_text_atomic
 from llmtools.logs import tfevents
 from llmtools.logs.analysis import SpikeConfig, SpikeDetector, spike_message
@@ -141,7 +142,7 @@ class RunWriter:
         if not path.exists():
             return
         try:
-            state = json.loads(path.read_text(encoding="utf-8"))
+            state = jsonfile.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
             raise InputError(
                 f"{path}: unreadable llm-log state ({error}); delete it to convert from scratch"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtools.errors import InputError
+from llmtools.formats import jsonfile
 
 # configs/ lives at the repository root, beside the package (the layout of an editable install).
 PRESET_DIR = Path(
@@ -224,7 +224,7 @@ def _read_mapping(path: Path) -> dict:
         raise InputError(f"{path}: cannot read ({error.strerror})") from None
     try:
         if path.suffix == ".json":
-            data = json.loads(text)
+            data = jsonfile.loads(text)
         else:
             import yaml
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from llmtools.errors import InputError
+from llmtools.formats import jsonfile
 from llmtools.fsutil import atomic_dir
 from llmtools.model.config import SHAPE_FIELDS, ModelConfig
 from llmtools.model.hf_config import from_hf_config, read_hf_config, to_hf_config
@@ -108,7 +109,7 @@ def _weight_files(folder: Path) -> list[Path]:
         index = folder / index_name
         if index.is_file():
             try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+                weight_map = jsonfile.loads(index.read_text(encoding="utf-8"))["weight_map"]
             except (json.JSONDecodeError, KeyError, TypeError) as error:
                 raise InputError(f"{index}[weight_map]: not a valid shard index ({error})") from None
             files = [folder / name for name in dict.fromkeys(weight_map.values())]

@@ -33,9 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from llmtools.prep.sources import BadRecord, DocBatch
 from llmtools.errors import InputError, UsageError
+from llmtools.formats import jsonfile
 from llmtools.formats.indexed import IndexedDatasetWriter, dtype_for_vocab
+from llmtools.prep.sources import BadRecord, DocBatch
 
 MANIFEST_NAME = "llmtools.json"  # written by llm-export hf; carries the original sidecar
 BATCH_ROWS = 1000
@@ -118,7 +119,7 @@ def _read_manifest(folder: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = jsonfile.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise InputError(f"{path}: not valid JSON ({error})") from None
     return data if isinstance(data, dict) else None
@@ -270,7 +271,7 @@ def _open_saved(folder: Path, split: str | None) -> ArrowSource:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = jsonfile.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
         raise InputError(f"{path}: not a readable JSON file ({error})") from None
     if not isinstance(data, dict):

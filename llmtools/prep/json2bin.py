@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llmtools.prep.sources import DocumentSource, join_texts
 from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure, UsageError
+from llmtools.prep.sources import DocumentSource, join_texts
 
 SIDECAR_FORMAT = "llmtools.indexed-sidecar"
 
@@ -216,6 +216,11 @@ _WORKER: dict = {}
 
 
 def _init_worker(tokenizer, keys, append_eod, dtype, skip_bad, parent: int) -> None:
+    from llmtools import interrupt
+
+    # SIGTERM/SIGINT reach the whole process group (Ctrl-C, Slurm): the parent alone decides; it kills
+    # its workers when it stops.
+    interrupt.reset_in_child()
     _WORKER.update(tokenizer=tokenizer, keys=keys, append_eod=append_eod, dtype=dtype, skip_bad=skip_bad)
     _exit_with_parent(parent)
 
@@ -276,9 +281,9 @@ def _encoded_stream(source: DocumentSource, tokenizer, config: Json2BinConfig, d
             "json2bin: a worker process died (killed, or out of memory?); no output was written"
         ) from None
     finally:
-        if not finished:  # stop at once: queued chunks are not needed any more
+        if not finished:  # stop at once: queued chunks are not needed any more (workers ignore SIGTERM)
             for process in list(getattr(executor, "_processes", {}).values()):
-                process.terminate()
+                process.kill()
         executor.shutdown(wait=True, cancel_futures=True)
 
 
@@ -435,7 +440,7 @@ def json2bin(
                 progress.update(
                     encoded.nbytes, encoded.documents, sum(int(t.size) for t in encoded.tokens.values())
                 )
-    except (LlmtoolsError, KeyboardInterrupt, OSError):
+    except (LlmtoolsError, OSError):
         raise
     except Exception as error:  # noqa: BLE001 - a worker or tokenizer failure: one line, exit 1
         raise RuntimeFailure(f"json2bin failed: {type(error).__name__}: {error}") from error

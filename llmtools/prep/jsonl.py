@@ -33,8 +33,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmtools.prep.sources import BadRecord, DocBatch, FlatTexts
 from llmtools.errors import InputError
+from llmtools.formats import jsonfile
+from llmtools.prep.sources import BadRecord, DocBatch, FlatTexts
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -216,7 +217,7 @@ def _load_slow(row: bytes, source: str, number: int, is_last_unterminated: bool,
             number,
         )
     try:
-        obj = json.loads(text)
+        obj = jsonfile.loads(text)
     except json.JSONDecodeError as error:
         if is_last_unterminated:
             return BadRecord(

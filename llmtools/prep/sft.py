@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llmtools.prep.chat_template import ChatTemplate, TemplateRenderError, load_chat_template
 from llmtools.errors import InputError, UsageError
+from llmtools.formats import jsonfile
+from llmtools.prep.chat_template import ChatTemplate, TemplateRenderError, load_chat_template
 
 FORMATS = ("messages", "prompt-response", "alpaca")
 OVERFLOW = ("truncate", "drop")
@@ -338,7 +339,7 @@ def _jsonl_records(spec: str, config: SftConfig, inputs: list[dict], skipped: di
                 yield place, BadSample("invalid_utf8", f"invalid UTF-8 at byte {error.start}")
                 continue
             try:
-                yield place, json.loads(text)
+                yield place, jsonfile.loads(text)
             except json.JSONDecodeError as error:
                 yield (
                     place,

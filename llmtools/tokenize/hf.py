@@ -129,8 +129,12 @@ class HFTokenizer(Tokenizer):
         # verdict; ``parallel_in_process`` assumes gigatoken meanwhile.
         self._candidate = fast
         result: list = []
+        # Not a daemon: a daemon thread still inside gigatoken's Rust code when the interpreter finalizes
+        # is torn down in the middle of that call, and the process aborts (SIGABRT, exit 134) after an
+        # otherwise clean exit, e.g. an input error at the first line. The interpreter joins this
+        # thread instead; the probe takes well under a second.
         self._probe_thread = threading.Thread(
-            target=lambda: result.append(self._probe_safely(fast)), name="llmtools-probe", daemon=True
+            target=lambda: result.append(self._probe_safely(fast)), name="llmtools-probe"
         )
         self._probe_result = result
         self._probe_thread.start()

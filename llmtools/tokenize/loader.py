@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from llmtools.errors import InputError, UsageError
+from llmtools.formats import jsonfile
 from llmtools.tokenize.base import Tokenizer, check_policy
 
 BACKENDS = ("auto", "tokenizers", "gigatoken")
@@ -106,7 +107,7 @@ def _load_json_file(path: Path):
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(data.decode("utf-8"))
+    return jsonfile.loads(data.decode("utf-8"))
 
 
 def _special_id(tok, names) -> int | None:
@@ -183,7 +184,7 @@ def _read_json(path: Path) -> dict:
     if not path.exists():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = jsonfile.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise InputError(f"{path}: invalid JSON ({error})") from None
     return data if isinstance(data, dict) else {}

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtools.errors import InputError
+from llmtools.formats import jsonfile
 from llmtools.train.config import TrainConfig
 
 AUTO = "auto"
@@ -30,7 +31,7 @@ def load_ds_config(path: str | os.PathLike) -> dict:
     except FileNotFoundError:
         raise InputError(f"{path}: no such DeepSpeed config") from None
     try:
-        data = json.loads(text)
+        data = jsonfile.loads(text)
     except json.JSONDecodeError as error:
         raise InputError(f"{path}:{error.lineno}:{error.colno}: not valid JSON ({error.msg})") from None
     if not isinstance(data, dict):
