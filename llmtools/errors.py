@@ -56,7 +56,9 @@ class DiskFullError(RuntimeFailure):
 
     def __init__(self, path, detail: str = "") -> None:
         self.path = path
-        super().__init__(f"{path}: no space left on device{f' ({detail})' if detail else ''}; nothing was written")
+        super().__init__(
+            f"{path}: no space left on device{f' ({detail})' if detail else ''}; nothing was written"
+        )
 
 
 class Interrupted(BaseException):  # noqa: N818 - like KeyboardInterrupt, not an error of the input

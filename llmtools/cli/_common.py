@@ -57,7 +57,9 @@ def run(app: typer.Typer, prog: str) -> None:
         code = result if isinstance(result, int) and not isinstance(result, bool) else 0
     except Interrupted as stop:
         remove_temporaries()
-        print(f"{prog}: interrupted by {stop}; temporaries removed, nothing half-written left", file=sys.stderr)
+        print(
+            f"{prog}: interrupted by {stop}; temporaries removed, nothing half-written left", file=sys.stderr
+        )
         code = interrupt.exit_code(stop)
     except LlmtoolsError as error:
         if debug_enabled():

@@ -185,13 +185,8 @@ def mix(
     for warning in plan.warnings:
         log(f"llm-mix: warning: {warning}")
     written: list[Path] = []
-    if output is not None:
-        written += lib.save_plan(plan, output)
-    if materialize:
-        from llmtools.data.dataset import BlendedGPTDataset
-
-        dataset = BlendedGPTDataset.from_plan(plan, "train", source=str(output))
-        written += lib.materialize(dataset, materialize, mix_path=output)
+    if output is not None:  # mix.json is written last, after the cache and the materialized samples
+        written += lib.save_plan(plan, output, materialize_to=materialize)
     if as_json:
         summary = lib.plan_to_json(plan)
         summary.pop("config", None)

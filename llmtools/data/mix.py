@@ -43,7 +43,7 @@ from llmtools.data.gpt_index import GPTIndices, build_gpt_indices
 from llmtools.data.splits import DEFAULT_SPLIT, SPLITS, parse_split, split_matrix, split_range
 from llmtools.errors import InputError, RuntimeFailure, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
-from llmtools.formats.mix import FORMAT, VERSION, read_mix, write_mix
+from llmtools.formats.mix import FORMAT, VERSION, mix_text, read_mix, write_mix
 from llmtools.formats.sidecar import read_sidecar
 from llmtools.fsutil import atomic_file
 
@@ -650,12 +650,21 @@ def write_cache(plan: MixPlan, folder: Path, durable: bool = True) -> list[Path]
     return written
 
 
-def save_plan(plan: MixPlan, output: str | os.PathLike) -> list[Path]:
-    """Write the cache, then mix.json last (a mix.json never points at a missing cache)."""
+def save_plan(
+    plan: MixPlan, output: str | os.PathLike, materialize_to: str | os.PathLike | None = None
+) -> list[Path]:
+    """Write the cache, then the materialized samples (``materialize_to``), then mix.json last: a mix.json
+    never names a file that is not there. Returns mix.json's path first."""
     output = Path(output)
     written = write_cache(plan, output.parent if str(output.parent) else Path("."))
-    write_mix(output, plan_to_json(plan))
-    return [output, *written]
+    text = mix_text(plan_to_json(plan))
+    if materialize_to is None:
+        write_mix(output, text)
+        return [output, *written]
+    from llmtools.data.dataset import BlendedGPTDataset
+
+    dataset = BlendedGPTDataset.from_plan(plan, "train", source=str(output))
+    return [output, *written, *materialize(dataset, materialize_to, mix_path=output, mix_json=text)]
 
 
 def load_split_arrays(mix: dict, path: Path, split: str) -> dict[str, np.ndarray] | None:
@@ -761,29 +770,31 @@ def parse_weights(text: str | None) -> list[float] | None:
 
 # -- materialize ------------------------------------------------------------------------------------
 def materialize(
-    dataset, prefix: str | os.PathLike, mix_path: str | os.PathLike | None = None, chunk: int = 4096
+    dataset,
+    prefix: str | os.PathLike,
+    mix_path: str | os.PathLike | None = None,
+    chunk: int = 4096,
+    mix_json: str | None = None,
 ) -> list[Path]:
     """Write the dataset's samples in plan order, one ``seq_length + 1``-token document each, as PREFIX.bin/.idx.
 
     A sidecar ``PREFIX.json`` records the tokenizer identity (when the plan has one) so that
-    llm-prep inspect / cat and llm-export can decode it.
+    llm-prep inspect / cat and llm-export can decode it. With ``mix_json`` (the text of the mix.json at
+    ``mix_path``, not written yet), that mix.json is written last, in the same step as the samples.
     """
     from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, idx_path
-    from llmtools.formats.sidecar import write_sidecar
+    from llmtools.formats.sidecar import commit_with_sidecars
 
     prefix = strip_suffix(prefix)
     dtypes = {p.tokens.dtype for p in dataset.parts}
     dtype = dtypes.pop() if len(dtypes) == 1 else np.dtype(np.int32)
     width = dataset.seq_length + 1
     n = len(dataset)
-    with IndexedDatasetWriter(prefix, dtype) as writer:
-        for lo in range(0, n, chunk):
-            block = dataset.batch(np.arange(lo, min(n, lo + chunk), dtype=np.int64))
-            writer.add_documents(
-                block.reshape(-1).astype(dtype), np.full(block.shape[0], width, dtype=np.int64)
-            )
     inputs = []
-    if mix_path is not None:
+    if mix_json is not None:
+        data = mix_json.encode("utf-8")
+        inputs.append({"path": str(mix_path), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    elif mix_path is not None:
         mp = Path(mix_path)
         inputs.append({"path": str(mp), "size": mp.stat().st_size, "sha256": _sha256(mp)})
     tok = dataset.tokenizer
@@ -805,7 +816,17 @@ def materialize(
             "seq_length": dataset.seq_length,
         },
     }
-    written = [bin_path(prefix), idx_path(prefix)]
-    if tok is not None:  # without a known tokenizer the file is like one Megatron wrote: no sidecar
-        written.append(write_sidecar(prefix, sidecar))
-    return written
+    with IndexedDatasetWriter(prefix, dtype) as writer:
+        for lo in range(0, n, chunk):
+            block = dataset.batch(np.arange(lo, min(n, lo + chunk), dtype=np.int64))
+            writer.add_documents(
+                block.reshape(-1).astype(dtype), np.full(block.shape[0], width, dtype=np.int64)
+            )
+        # Without a known tokenizer the file is like one Megatron wrote: no sidecar.
+        last = {mix_path: mix_json} if mix_json is not None else None
+        written = commit_with_sidecars([writer], {prefix: sidecar} if tok is not None else {}, last)
+    return [
+        bin_path(prefix),
+        idx_path(prefix),
+        *[p for p in written if mix_json is None or p != Path(mix_path)],
+    ]

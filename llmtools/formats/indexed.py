@@ -270,6 +270,7 @@ class IndexedDatasetWriter:
     def __enter__(self) -> IndexedDatasetWriter:
         self._bin_tmp = self._len_tmp = self._doc_tmp = self._idx_tmp = None
         self._handles: list = []
+        self._committed = False
         try:
             self._bin_tmp = tmp_sibling(bin_path(self.prefix))
             self._len_tmp = tmp_sibling(bin_path(self.prefix), ".lengths")
@@ -366,6 +367,8 @@ class IndexedDatasetWriter:
 
     def commit(self) -> None:
         """Rename ``.bin`` then ``.idx`` into place (an ``.idx`` never points at a ``.bin`` that is not complete)."""
+        if self._committed:
+            return
         self.finish()
         with critical():
             commit_file(self._bin_tmp, bin_path(self.prefix), durable=False)
@@ -373,6 +376,7 @@ class IndexedDatasetWriter:
         if self.durable:
             fsync_dir(Path(self.prefix).parent)
         self._bin_tmp = self._idx_tmp = None
+        self._committed = True
         self._close(ok=True)
 
     def _close(self, ok: bool) -> None:
@@ -386,6 +390,8 @@ class IndexedDatasetWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self._close(ok=False)
+            return
+        if self._committed:
             return
         try:
             self.commit()

@@ -67,8 +67,13 @@ def read_mix(path: str | os.PathLike) -> dict:
     return data
 
 
-def write_mix(path: str | os.PathLike, data: dict) -> Path:
-    """Write atomically (temp name, rename)."""
+def mix_text(data: dict) -> str:
+    """What :func:`write_mix` writes (known before writing, e.g. to record its checksum elsewhere)."""
+    return json.dumps(data, indent=2) + "\n"
+
+
+def write_mix(path: str | os.PathLike, data: dict | str) -> Path:
+    """Write atomically (temp name, rename); ``data`` as a dict or as :func:`mix_text` made it."""
     path = Path(path)
-    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+    write_text_atomic(path, data if isinstance(data, str) else mix_text(data))
     return path

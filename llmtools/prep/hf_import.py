@@ -459,7 +459,7 @@ def import_token_ids(config: TokenImportConfig) -> TokenImportResult:
     import pyarrow as pa
 
     from llmtools.formats.indexed import bin_path, idx_path
-    from llmtools.formats.sidecar import sidecar_path, write_sidecar
+    from llmtools.formats.sidecar import commit_with_sidecars, sidecar_path
     from llmtools.fsutil import check_writable
 
     table = open_hf(config.source, config.split)
@@ -515,32 +515,30 @@ def import_token_ids(config: TokenImportConfig) -> TokenImportResult:
                 result.tokens += int(values.size)
                 row += batch.num_rows
                 bar.update(batch.num_rows)
+            from llmtools import __version__
+
+            sidecar = {
+                "format": "llmtools.indexed-sidecar",
+                "version": 1,
+                "tool": f"llmtools {__version__}",
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "tokenizer": identity,
+                "json_key": config.column,
+                "append_eod": bool(config.append_eod or original.get("append_eod", False)),
+                "dtype": np.dtype(dtype).name,
+                "special_tokens": original.get("special_tokens", "auto"),
+                "inputs": file_inputs(table.files),
+                "counts": {"documents": result.documents, "sequences": writer.num_sequences,
+                           "tokens": result.tokens, "empty_documents": empty, "skipped": {}},
+            }  # fmt: skip
+            # The sidecar schema needs a tokenizer identity; without one the output is what Megatron makes:
+            # a .bin/.idx pair of unknown provenance, which every reader accepts.
+            written = commit_with_sidecars([writer], {prefix: sidecar} if identity else {})
     except pa.ArrowInvalid as error:
         raise InputError(f"{table.name}: corrupt data near row {row} ({error})") from None
     finally:
         bar.close()
-    from llmtools import __version__
-
-    sidecar = {
-        "format": "llmtools.indexed-sidecar",
-        "version": 1,
-        "tool": f"llmtools {__version__}",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "tokenizer": identity,
-        "json_key": config.column,
-        "append_eod": bool(config.append_eod or original.get("append_eod", False)),
-        "dtype": np.dtype(dtype).name,
-        "special_tokens": original.get("special_tokens", "auto"),
-        "inputs": file_inputs(table.files),
-        "counts": {"documents": result.documents, "sequences": writer.num_sequences, "tokens": result.tokens,
-                   "empty_documents": empty, "skipped": {}},
-    }  # fmt: skip
-    result.files = [str(bin_path(prefix)), str(idx_path(prefix))]
-    # The sidecar schema needs a tokenizer identity; without one the output is what Megatron makes:
-    # a .bin/.idx pair of unknown provenance, which every reader accepts.
-    if identity:
-        write_sidecar(prefix, sidecar)
-        result.files.append(str(sidecar_path(prefix)))
+    result.files = [str(bin_path(prefix)), str(idx_path(prefix)), *map(str, written)]
     return result
 
 

@@ -374,7 +374,7 @@ def json2bin(
             inputs=tuple(inputs or ()), tokenizer=str(tokenizer), output_prefix=str(output_prefix), **options
         )
     from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, dtype_for_vocab, idx_path
-    from llmtools.formats.sidecar import sidecar_path
+    from llmtools.formats.sidecar import commit_with_sidecars, sidecar_path
     from llmtools.fsutil import check_writable
 
     outputs = []
@@ -440,26 +440,29 @@ def json2bin(
                 progress.update(
                     encoded.nbytes, encoded.documents, sum(int(t.size) for t in encoded.tokens.values())
                 )
+            progress.close()
+            for key, value in source.skipped.items():
+                skipped[key] = skipped.get(key, 0) + value
+            result.skipped = skipped
+            result.backend = tok.backend  # known once gigatoken's probe has settled (see load_tokenizer)
+            inputs = source.inputs()
+            sidecars = {}
+            for key, writer in zip(config.json_keys, writers, strict=True):
+                result.tokens[key] = writer.num_tokens
+                result.empty_documents.setdefault(key, 0)
+                sidecars[config.prefix_for(key)] = build_sidecar(
+                    tok, key, config, dtype, inputs, writer, result.empty_documents[key], skipped
+                )
+            sidecar_paths = commit_with_sidecars(writers, sidecars)
     except (LlmtoolsError, OSError):
         raise
     except Exception as error:  # noqa: BLE001 - a worker or tokenizer failure: one line, exit 1
         raise RuntimeFailure(f"json2bin failed: {type(error).__name__}: {error}") from error
     finally:
         progress.close()
-    for key, value in source.skipped.items():
-        skipped[key] = skipped.get(key, 0) + value
-    result.skipped = skipped
     result.seconds = time.perf_counter() - started
-    result.backend = tok.backend  # known once gigatoken's probe has settled (see load_tokenizer)
-    inputs = source.inputs()
-    for key, writer in zip(config.json_keys, writers, strict=True):
-        prefix = config.prefix_for(key)
-        result.tokens[key] = writer.num_tokens
-        result.empty_documents.setdefault(key, 0)
-        sidecar = build_sidecar(tok, key, config, dtype, inputs, writer, result.empty_documents[key], skipped)
-        from llmtools.formats.sidecar import write_sidecar
-
-        result.paths += [str(bin_path(prefix)), str(idx_path(prefix)), str(write_sidecar(prefix, sidecar))]
+    for prefix, sidecar in zip(result.prefixes, sidecar_paths, strict=True):
+        result.paths += [str(bin_path(prefix)), str(idx_path(prefix)), str(sidecar)]
     return result
 
 

@@ -490,13 +490,17 @@ def build_sft(config: SftConfig, progress: bool | None = None) -> SftResult:
                 f"{', '.join(config.inputs)}: no usable samples"
                 + (f" (skipped: {_fmt_counts(result.skipped)})" if result.skipped else "")
             )
-    # The datasets are in place; the sidecars say what they are (written last).
-    for key in config.keys:
-        prefix = config.prefix_for(key)
-        from llmtools.formats.sidecar import write_sidecar
+        from llmtools.formats.sidecar import commit_with_sidecars
 
-        sidecar = build_sft_sidecar(key, config, tokenizer, template, dtypes[key], inputs, result)
-        result.paths += [str(bin_path(prefix)), str(idx_path(prefix)), str(write_sidecar(prefix, sidecar))]
+        sidecars = {
+            config.prefix_for(key): build_sft_sidecar(
+                key, config, tokenizer, template, dtypes[key], inputs, result
+            )
+            for key in config.keys
+        }
+        written = commit_with_sidecars(writers.values(), sidecars)
+    for prefix, sidecar in zip(sidecars, written, strict=True):
+        result.paths += [str(bin_path(prefix)), str(idx_path(prefix)), str(sidecar)]
     return result
 
 
