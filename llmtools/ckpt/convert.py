@@ -18,7 +18,7 @@ from typing import Any
 
 from llmtools.ckpt import layout
 from llmtools.errors import InputError, UsageError
-from llmtools.fsutil import atomic_dir, check_writable, commit_file, tmp_sibling
+from llmtools.fsutil import atomic_dir, atomic_path, check_writable
 
 TARGETS = ("hf", "safetensors", "universal")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -141,13 +141,8 @@ def to_safetensors(
             for size in source.shape:
                 numel *= size
             specs.append((name, tuple(source.shape), out_dtype, numel * out_dtype.itemsize, source))
-        tmp = tmp_sibling(output)
-        try:
+        with atomic_path(output) as tmp:
             _write_safetensors(tmp, specs)
-            commit_file(tmp, output)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
     return output
 
 

@@ -45,7 +45,7 @@ from llmtools.errors import InputError, RuntimeFailure, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
 from llmtools.formats.mix import FORMAT, VERSION, mix_text, read_mix, write_mix
 from llmtools.formats.sidecar import read_sidecar
-from llmtools.fsutil import atomic_file
+from llmtools.fsutil import atomic_file, make_parents
 
 MEGATRON_SEMANTICS = (
     "megatron-core 0.16 (core_v0.16.1): per-dataset samples ceil(ceil(size*w)*(1+surplus)), "
@@ -639,7 +639,7 @@ def split_arrays(split: SplitPlan) -> dict[str, np.ndarray]:
 def write_cache(plan: MixPlan, folder: Path, durable: bool = True) -> list[Path]:
     """Write every split's arrays as ``.npy`` files named by the hash (each atomically); their paths."""
     written = []
-    folder.mkdir(parents=True, exist_ok=True)
+    make_parents(folder)
     for split in plan.splits.values():
         names = cache_names(plan.hash, split)
         for key, array in split_arrays(split).items():

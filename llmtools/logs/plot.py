@@ -8,13 +8,12 @@ is steps or consumed tokens. matplotlib runs headless (Agg); the PNG is written 
 from __future__ import annotations
 
 import math
-import os
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmtools.errors import InputError, UsageError
-from llmtools.fsutil import check_writable, commit_file, tmp_sibling
+from llmtools.fsutil import atomic_path, check_writable
 from llmtools.logs.analysis import SpikeDetector
 from llmtools.logs.records import Record
 
@@ -179,16 +178,9 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
         ax.set_xlabel(xlabel)
     fig.suptitle(config.title or ", ".join(run.name for run in runs))
     fig.tight_layout()
-    tmp = tmp_sibling(config.output, suffix=".png")
     try:
-        fig.savefig(tmp, format="png")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; a plot is for sharing
-        commit_file(tmp, config.output, durable=False)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        with atomic_path(config.output, suffix=".png", durable=False) as tmp:
+            fig.savefig(tmp, format="png")
     finally:
         plt.close(fig)
     return drawn

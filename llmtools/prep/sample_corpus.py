@@ -132,7 +132,6 @@ def write_sample_corpus(
     out = Path(output_dir)
     paths = [out / f"{style}.jsonl" for style in styles]
     check_writable(paths, force)
-    out.mkdir(parents=True, exist_ok=True)
     for style, path in zip(styles, paths, strict=True):
         with atomic_file(path, "w", encoding="utf-8") as handle:
             for text in generate(style, docs, seed):
