@@ -106,8 +106,11 @@ class JsonlParser(Parser):
         step = data.get("step")
         if kind not in KINDS:
             return "invalid", [Record("invalid", 0, None, message=f"unknown kind {kind!r}")]
-        if type(step) is not int:
-            return "invalid", [Record("invalid", 0, None, message=f"'step' must be an integer, got {step!r}")]
+        if type(step) is not int or not 0 <= step < 2**63:
+            shown = repr(step) if len(repr(step)) < 40 else f"{repr(step)[:37]}..."
+            return "invalid", [
+                Record("invalid", 0, None, message=f"'step' must be an integer from 0 to 2**63-1, got {shown}")
+            ]
         wall = data.get("time")
         if type(wall) not in _NUMBER_TYPES:
             wall = None
@@ -439,7 +442,7 @@ class GenericParser(Parser):
             value = to_float(text)
             if value is None:
                 continue
-            if step is None and name in _STEP_KEYS and value == int(value):
+            if step is None and name in _STEP_KEYS and 0 <= value < 2**63 and value == int(value):
                 step = int(value)
                 continue
             values[_GENERIC_NAMES.get(name, name)] = value

@@ -25,6 +25,20 @@ def check_seq_length(seq_length: int | None) -> None:
         raise UsageError(f"--seq-length must be a positive number of tokens, got {seq_length}")
 
 
+MAX_STEP = 2**63 - 1  # TensorBoard stores steps as int64
+
+
+def checked(parsed: tuple[str, list[Record]]) -> tuple[str, list[Record]]:
+    """A record whose step TensorBoard cannot store (negative, or past int64) makes its line invalid."""
+    kind, records = parsed
+    for record in records:
+        if not 0 <= record.step <= MAX_STEP:
+            step = str(record.step)
+            shown = step if len(step) < 30 else f"{step[:27]}..."
+            return "invalid", [Record("invalid", 0, None, message=f"step {shown} is outside 0..2**63-1")]
+    return parsed
+
+
 class TokensFromSamples(Parser):
     """``--seq-length``: token counts for logs that print only samples (Megatron-LM, DeepSpeed).
 
@@ -150,7 +164,7 @@ class LogReader:
         self.offset, self.line = end, number
 
     def _parse(self, number: int, end: int, text: str) -> Iterator[Record]:
-        kind, records = self.parser.parse(text, number)
+        kind, records = checked(self.parser.parse(text, number))
         self.counts.lines += 1
         self.counts.by_kind[kind] += 1
         self.offset, self.line = end, number
@@ -173,7 +187,7 @@ class LogReader:
                 yield from self._undetected(number, end, text)
                 continue
             # the hot path, inlined (_parse): a million lines should not cost a million generators
-            kind, records = parser.parse(text, number)
+            kind, records = checked(parser.parse(text, number))
             self.counts.lines += 1
             by_kind[kind] += 1
             self.offset, self.line = end, number
@@ -204,7 +218,7 @@ class LogReader:
         if parser is None:
             fmt = detect_format([text], allow_generic=False)
             parser = make_parser(fmt) if fmt else None
-        kind, records = parser.parse(text, number) if parser else ("other", [])
+        kind, records = checked(parser.parse(text, number)) if parser else ("other", [])
         if take_torn and kind in ("train", "eval", "event"):
             self.counts.by_kind[kind] += 1
             yield from records

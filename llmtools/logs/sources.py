@@ -14,13 +14,19 @@ import hashlib
 import io
 import os
 import sys
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from llmtools.errors import InputError
+from llmtools.errors import InputError, where
 
 CHUNK = 1 << 20
 FINGERPRINT_BYTES = 4096
+MAX_LINE = 1 << 20
+"""Longest line kept whole. No trainer prints a metrics line this long; a longer one is handed on cut to
+this length (it parses as no known format), so a file without newlines costs neither memory nor time
+(reading on would copy the growing line again for every chunk)."""
+SNIFF_BINARY = 8192
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
@@ -55,12 +61,54 @@ def open_stream(path: str):
     if kind == "gzip":
         return gzip.open(path, "rb")
     if kind == "zstd":
+        return _ZstdStream(open(path, "rb"))  # noqa: SIM115 - closed by the caller
+    return open(path, "rb", buffering=0)
+
+
+class _ZstdStream(io.RawIOBase):
+    """A zstd file (any number of frames) as a readable stream that raises EOFError when the last frame
+    is cut short (zstandard's own stream reader returns a truncated file's data as if it were all)."""
+
+    def __init__(self, raw) -> None:
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(
-            open(path, "rb"), closefd=True, read_across_frames=True
-        )
-    return open(path, "rb", buffering=0)
+        self._raw = raw
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._decoder = self._new()
+        self._buffer = b""
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def read(self, size: int = -1) -> bytes:
+        size = CHUNK if size is None or size < 0 else size
+        while not self._buffer and not self._done:
+            block = self._raw.read(CHUNK)
+            if not block:
+                self._done = True
+                if not self._decoder.eof and self._started:
+                    raise EOFError("zstd stream ends before the end of its last frame")
+                break
+            self._started = True
+            pending = block
+            while pending:
+                if self._decoder.eof:
+                    self._decoder = self._new()  # the next frame
+                self._buffer += self._decoder.decompress(pending)
+                pending = self._decoder.unused_data if self._decoder.eof else b""
+        out, self._buffer = self._buffer[:size], self._buffer[size:]
+        return out
+
+    read1 = read
+    _started = False
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def looks_binary(sample: bytes) -> bool:
@@ -118,6 +166,8 @@ class Tailer:
         self.offset = offset
         self.line = line
         self.pending = b""
+        self.skipping = False  # inside an overlong line, dropping bytes up to its newline
+        self._skipped = 0
         self.rotations = 0
         self.truncations = 0
         self.eof = False  # a stream that cannot grow (stdin, compressed) reached its end
@@ -138,9 +188,22 @@ class Tailer:
 
     def _read(self) -> bytes:
         stream = self._stream
-        if self.path == "-" and hasattr(stream, "read1"):
-            return stream.read1(CHUNK)  # a pipe: take what is there, don't wait for a full chunk
-        return stream.read(CHUNK)
+        try:
+            if self.path == "-" and hasattr(stream, "read1"):
+                return stream.read1(CHUNK)  # a pipe: take what is there, don't wait for a full chunk
+            return stream.read(CHUNK)
+        except (EOFError, OSError, zlib.error) as error:
+            if not self.compressed or isinstance(error, InterruptedError):
+                raise
+            raise InputError(
+                f"{self.name}: corrupt or truncated compressed data after line {self.line} ({error})"
+            ) from None
+        except Exception as error:  # zstandard.ZstdError is not an OSError
+            if not self.compressed or type(error).__name__ != "ZstdError":
+                raise
+            raise InputError(
+                f"{self.name}: corrupt or truncated compressed data after line {self.line} ({error})"
+            ) from None
 
     def poll(self) -> Iterator[tuple[int, int, bytes]]:
         """Every complete line available now."""
@@ -149,6 +212,14 @@ class Tailer:
             if not chunk:
                 self.eof = not self.live
                 break
+            extra = 0  # bytes of an overlong line that were skipped: they count in its end offset
+            if self.skipping:
+                cut = chunk.find(b"\n")
+                if cut < 0:
+                    self._skipped += len(chunk)
+                    continue
+                extra, self._skipped, self.skipping = self._skipped + cut, 0, False
+                chunk = chunk[cut:]
             data = self.pending + chunk if self.pending else chunk
             start = 0
             end = data.find(b"\n")
@@ -157,14 +228,29 @@ class Tailer:
             while end >= 0:
                 line += 1
                 raw = data[start:end]
-                offset += end + 1 - start
+                offset += end + 1 - start + extra
+                extra = 0
                 self.line, self.offset = line, offset
                 yield line, offset, raw
                 start = end + 1
                 end = data.find(b"\n", start)
             self.pending = data[start:]
+            if len(self.pending) > MAX_LINE:
+                self._overlong()
         if self.live:
             self._check_rotation()
+
+    def _overlong(self) -> None:
+        """A line past MAX_LINE bytes: binary data is refused at once; text is cut to MAX_LINE and the
+        rest of the line skipped as it is read."""
+        if looks_binary(self.pending[:SNIFF_BINARY]):
+            raise InputError(
+                f"{where(self.name, offset=self.offset)}: binary data, not a text log "
+                f"(more than {MAX_LINE} bytes without a newline, with NUL or undecodable bytes)"
+            )
+        self._skipped = len(self.pending) - MAX_LINE
+        self.pending = self.pending[:MAX_LINE]
+        self.skipping = True
 
     def _check_rotation(self) -> None:
         try:
@@ -178,12 +264,14 @@ class Tailer:
             self._inode = os.fstat(self._stream.fileno()).st_ino
             self.offset = self.line = 0
             self.pending = b""
+            self.skipping, self._skipped = False, 0
             self.rotations += 1
         elif stat.st_size < self.offset:
             # Truncated in place (copytruncate): start over at the beginning of the new content.
             self._stream.seek(0)
             self.offset = self.line = 0
             self.pending = b""
+            self.skipping, self._skipped = False, 0
             self.truncations += 1
 
     def fingerprint(self, offset: int | None = None) -> dict | None:

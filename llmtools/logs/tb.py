@@ -28,7 +28,7 @@ from pathlib import Path
 
 from llmtools.errors import InputError, UsageError
 from llmtools.formats import jsonfile
-from llmtools.fsutil import write_text_atomic
+from llmtools.fsutil import disk_full_guard, make_parents, write_text_atomic
 from llmtools.logs import tfevents
 from llmtools.logs.analysis import SpikeConfig, SpikeDetector, spike_message
 from llmtools.logs.parsers import FORMATS
@@ -111,7 +111,10 @@ class RunWriter:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> RunWriter:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_parents(self.folder)  # removed again, when empty, if the command fails
+        self._fresh = not (self.folder / STATE_NAME).exists()
+        self._created_events: Path | None = None
+        self._committed = False
         self._lock = open(self.folder / LOCK_NAME, "a+")
         try:
             fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -133,6 +136,12 @@ class RunWriter:
                 # Close without flushing: everything wanted was flushed by commit(); an
                 # uncommitted tail (after an error) is cut off by the next run's _repair().
                 self.writer.__exit__(RuntimeError, None, None)
+            if exc[0] is not None and not self._committed:
+                # Failed before its first commit: what this run created holds nothing of value.
+                if self._created_events is not None:
+                    self._created_events.unlink(missing_ok=True)
+                if self._fresh:
+                    (self.folder / LOCK_NAME).unlink(missing_ok=True)
         finally:
             if self._lock is not None:
                 self._lock.close()
@@ -176,7 +185,10 @@ class RunWriter:
             name = tfevents.new_event_file_name(self.state["seq"])
             self.state["events_file"] = name
             self.state["events_size"] = 0
-        self.writer = tfevents.EventFileWriter(self.folder / name).__enter__()
+        path = self.folder / name
+        if not path.exists():
+            self._created_events = path
+        self.writer = tfevents.EventFileWriter(path).__enter__()
 
     @property
     def events_path(self) -> Path:
@@ -233,7 +245,8 @@ class RunWriter:
 
     def commit(self, readers: list[tuple[str, LogReader, SpikeDetector, dict]]) -> None:
         """Flush events durably, then record how far every source got (atomically)."""
-        self.state["events_size"] = self.writer.flush(durable=True)
+        with disk_full_guard(self.events_path):
+            self.state["events_size"] = self.writer.flush(durable=True)
         for key, reader, detector, extra in readers:
             entry = self.source(key)
             entry.update(extra)
@@ -253,6 +266,7 @@ class RunWriter:
             if fp is not None:
                 entry.update(fp)
         write_text_atomic(self.folder / STATE_NAME, json.dumps(self.state, indent=1) + "\n")
+        self._committed = True
 
 
 @dataclass
