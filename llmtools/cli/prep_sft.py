@@ -26,8 +26,8 @@ INPUT: JSONL files, globs or - (.gz/.zst ok), or local HF datasets (save_to_disk
 --chat-template: default the tokenizer's own (tokenizer_config.json / chat_template.jinja in its
 folder), rendered exactly as transformers' apply_chat_template; or chatml, llama3; or a file.
 Bad records (malformed JSON, missing key, unknown role, empty assistant turn, no assistant turn,
-a template that fails) stop the run with FILE:LINE and exit 2, leaving no output; --skip-bad
-skips and counts them. Over-long samples are truncated or dropped (--overflow) and counted.
+a template that fails, or exceeds its limits: 16M characters per conversation, --template-timeout)
+stop the run with FILE:LINE and exit 2, leaving no output; --skip-bad skips and counts them. Over-long samples are truncated or dropped (--overflow) and counted.
 
 \b
 Examples:
@@ -78,6 +78,9 @@ def sft_cmd(
     ),
     split: str = typer.Option(None, "--split", help="Split of an HF dataset input."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip bad records, counting them by kind."),
+    template_timeout: float = typer.Option(
+        10.0, "--template-timeout", help="Seconds a conversation may take to render (a bad record beyond)."
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary on stderr."),
@@ -88,7 +91,7 @@ def sft_cmd(
                        chat_template=chat_template, messages_key=messages_key, prompt_key=prompt_key,
                        response_key=response_key, system_key=system_key, system_prompt=system_prompt,
                        max_length=max_length, overflow=overflow, pack=pack, append_eod=append_eod, split=split,
-                       skip_bad=skip_bad, force=force)  # fmt: skip
+                       skip_bad=skip_bad, force=force, template_timeout=template_timeout)  # fmt: skip
     result = build_sft(config)
     report("llm-prep sft", result, as_json, quiet)
 

@@ -38,7 +38,12 @@ import numpy as np
 
 from llmtools.errors import InputError, UsageError
 from llmtools.formats import jsonfile
-from llmtools.prep.chat_template import ChatTemplate, TemplateRenderError, load_chat_template
+from llmtools.prep.chat_template import (
+    MAX_RENDER_SECONDS,
+    ChatTemplate,
+    TemplateRenderError,
+    load_chat_template,
+)
 
 FORMATS = ("messages", "prompt-response", "alpaca")
 OVERFLOW = ("truncate", "drop")
@@ -69,8 +74,13 @@ class SftConfig:
     split: str | None = None
     skip_bad: bool = False
     force: bool = False
+    template_timeout: float = MAX_RENDER_SECONDS
 
     def __post_init__(self) -> None:
+        if not (0 < self.template_timeout <= 86400):
+            raise UsageError(
+                f"--template-timeout: must be between 0 and 86400 seconds, got {self.template_timeout}"
+            )
         if not self.inputs:
             raise UsageError("INPUT: give at least one input file or dataset")
         if self.format not in FORMATS:
@@ -426,7 +436,7 @@ def build_sft(config: SftConfig, progress: bool | None = None) -> SftResult:
     outputs = [p(config.prefix_for(k)) for k in config.keys for p in (bin_path, idx_path, sidecar_path)]
     check_writable(outputs, config.force)
     tokenizer = load_tokenizer(config.tokenizer, backend="tokenizers", special_tokens="split")
-    template = load_chat_template(config.chat_template, config.tokenizer)
+    template = load_chat_template(config.chat_template, config.tokenizer, time_limit=config.template_timeout)
     if config.append_eod and tokenizer.eod_id is None:
         raise UsageError(f"--append-eod: tokenizer {config.tokenizer} has no EOD token")
     encoder = SampleEncoder(tokenizer, template)
