@@ -314,13 +314,27 @@ class CheckpointManager:
 
         Folders that are not complete are left alone for a human to look at. Returns the removed paths.
         """
-        removed = []
+        removed, failed = [], []
         for path in self.prune_plan(protect, keep_last):
+            if path.is_symlink():  # a link to a folder elsewhere: not ours to delete through
+                self.warn(f"not pruning {path}: a symbolic link (remove it, or its target, yourself)")
+                continue
             # Renamed first, so a kill in the middle of rmtree leaves a .tmp- folder, not half a checkpoint.
             doomed = path.with_name(f"{path.name}{TMP_MARK}delete")
             os.replace(path, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
-            removed.append(path)
+            errors: list[str] = []
+
+            def note(_function, failed_path, exc_info, errors=errors) -> None:
+                errors.append(f"{failed_path}: {getattr(exc_info[1], 'strerror', None) or exc_info[1]}")
+
+            shutil.rmtree(doomed, onerror=note)  # onerror: Python 3.10 and 3.11 have no onexc
+            if doomed.exists():
+                failed.append(f"{path} (left as {doomed.name}: {errors[0] if errors else 'not removed'})")
+            removed.append(path)  # it is no checkpoint any more either way
         if removed:
             fsync_dir(self.ckpt_dir)
+        if failed:
+            raise RuntimeFailure(
+                f"pruned {len(removed)} checkpoint(s) but could not free the space of {len(failed)}: {failed[0]}"
+            )
         return removed

@@ -152,15 +152,21 @@ def prune_(
     ckpt_dir = layout.ckpt_dir_of(run_dir)
     if not ckpt_dir.is_dir():
         raise InputError(f"{run_dir}: no checkpoints folder here")
+    if ckpt_dir.name != layout.CHECKPOINTS and not layout.list_checkpoints(ckpt_dir):
+        raise InputError(
+            f"{run_dir}: not a run folder (no {layout.CHECKPOINTS}/ folder and no step_* checkpoints in it)"
+        )
     manager = CheckpointManager(
         ckpt_dir.parent, keep_last=keep, keep_every=keep_every, warn=lambda m: log(f"warning: {m}")
     )
-    if dry_run:
-        for path in manager.prune_plan():
-            emit(str(path))
-        return
-    for path in manager.prune():
+    paths = manager.prune_plan() if dry_run else manager.prune()
+    for path in paths:
         emit(str(path))
+    left = len(manager.checkpoints())
+    verb = "would remove" if dry_run else "removed"
+    log(
+        f"llm-ckpt prune: {verb} {len(paths)} checkpoint(s) of {ckpt_dir}, {left - len(paths) if dry_run else left} left"
+    )
 
 
 CONVERT_HELP = """Convert a checkpoint: to a Hugging Face model folder, to one consolidated safetensors

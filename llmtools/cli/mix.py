@@ -158,8 +158,10 @@ def mix(
         )
     if blend is None and not per_split:
         raise UsageError("no data: give PREFIX... (or --data-path / --train-data-path)")
-    if max_epochs <= 0:
-        raise UsageError("--max-epochs must be positive")
+    if not (0 < max_epochs < float("inf")):
+        raise UsageError(f"--max-epochs must be a positive finite number, not {max_epochs}")
+    for name, each in [("PREFIX...", blend), *[(f"--{k}-data-path", b) for k, b in per_split.items()]]:
+        _refuse_duplicates(each, name)
     config = lib.MixConfig(
         blend=blend,
         blend_per_split=per_split or None,
@@ -174,6 +176,7 @@ def mix(
         allow_mixed_tokenizers=allow_mixed_tokenizers,
         max_epochs=max_epochs,
     )
+    _refuse_impossible_size(config)
     outputs = [output] if output else []
     if materialize:
         outputs += [Path(f"{materialize}.bin"), Path(f"{materialize}.idx")]
@@ -199,6 +202,51 @@ def mix(
     else:
         for path in written:
             emit(str(path))
+
+
+def _refuse_duplicates(blend, flag: str) -> None:
+    """The same source twice in one blend is almost always a slip (and would be sampled as two sources)."""
+    if blend is None:
+        return
+    import os
+
+    from llmtools.errors import UsageError
+    from llmtools.formats.indexed import strip_suffix
+
+    seen: dict[str, int] = {}
+    for i, prefix in enumerate(blend.prefixes):
+        key = os.path.realpath(strip_suffix(prefix))
+        if key in seen:
+            raise UsageError(
+                f"{flag}: source {prefix!r} is given twice (positions {seen[key] + 1} and {i + 1}); "
+                "give it once, with the sum of the weights"
+            )
+        seen[key] = i
+
+
+BYTES_PER_SAMPLE = 34
+"""At least what the plan's arrays take per sample: the blend's dataset index (2 bytes) and sample index
+(8), and per source the sample index (8-16), shuffle index (8) and document index."""
+
+
+def _refuse_impossible_size(config) -> None:
+    """A sample count whose index arrays cannot fit in this machine's memory is refused by name, before
+    numpy tries ("Unable to allocate 7.89 TiB")."""
+    import math
+
+    import psutil
+
+    from llmtools.errors import UsageError
+
+    train = config.num_samples or math.ceil((config.tokens or 0) / config.seq_length)
+    total = train + (config.valid_samples or 0) + (config.test_samples or 0)
+    need, have = total * BYTES_PER_SAMPLE, psutil.virtual_memory().total
+    if need > have:
+        flag = "--num-samples" if config.num_samples else "--tokens"
+        raise UsageError(
+            f"{flag}: {total:,} samples need at least {need / 2**30:,.1f} GiB for the plan's index arrays "
+            f"({BYTES_PER_SAMPLE} bytes a sample); this machine has {have / 2**30:,.1f} GiB"
+        )
 
 
 def expand_multi_value_flags(argv: list[str]) -> list[str]:

@@ -9,11 +9,32 @@ from pathlib import Path
 from llmtools.errors import InputError
 
 
-def loads(text: str | bytes):
+class _NonFinite(ValueError):
+    pass
+
+
+def _no_constant(name: str):
+    raise _NonFinite(name)
+
+
+def loads(text: str | bytes, finite: bool = False):
     """``json.loads``, with input nested too deeply for the parser reported as a JSON error (the
-    standard library raises RecursionError, with no place, a few thousand levels down)."""
+    standard library raises RecursionError, with no place, a few thousand levels down).
+
+    ``finite``: refuse ``NaN`` / ``Infinity`` (which Python's json accepts, and JSON does not) as a
+    JSON error at its place."""
     try:
+        if finite:
+            return json.loads(text, parse_constant=_no_constant)
         return json.loads(text)
+    except _NonFinite as error:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        raise json.JSONDecodeError(
+            f"{error} is not a number JSON allows (numbers must be finite)",
+            text,
+            max(text.find(str(error)), 0),
+        ) from None
     except RecursionError:
         if isinstance(text, bytes):
             text = text.decode("utf-8", "replace")

@@ -162,6 +162,8 @@ class ModelConfig:
         try:
             return cls(**dict(data))
         except InputError as error:
+            if source == "model":  # the message already reads "model.FIELD: ..."
+                raise
             raise InputError(f"{source}: {error}") from None
 
 

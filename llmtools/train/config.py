@@ -447,13 +447,17 @@ def coerce(value: Any, tp, key: str, where: str) -> Any:
         raise wrong
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # PyYAML reads 3e-4 (no dot) as a string
+            number = float(value)
+        elif isinstance(value, str):  # PyYAML reads 3e-4 (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 raise wrong from None
-        raise wrong
+        else:
+            raise wrong
+        if not math.isfinite(number):  # .inf / .nan in YAML, or 'inf' from --set
+            raise InputError(f"{where}: {key}: expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value

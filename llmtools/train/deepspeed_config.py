@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import KeysView
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ def load_ds_config(path: str | os.PathLike) -> dict:
     except FileNotFoundError:
         raise InputError(f"{path}: no such DeepSpeed config") from None
     try:
-        data = jsonfile.loads(text)
+        data = jsonfile.loads(text, finite=True)
     except json.JSONDecodeError as error:
         raise InputError(f"{path}:{error.lineno}:{error.colno}: not valid JSON ({error.msg})") from None
     if not isinstance(data, dict):
@@ -195,7 +196,92 @@ def resolve_ds_config(
             f"{ds_source}: train_batch_size={total} != train_micro_batch_size_per_gpu={micro} x "
             f"gradient_accumulation_steps={accum} x world size {world_size}"
         )
+    check_with_deepspeed(ds, ds_source)
     return ds
+
+
+class _Recorder(dict):
+    """A config dict that remembers which top-level keys were looked up (shared by its copies)."""
+
+    seen: set
+
+    def _note(self, key):
+        self.seen.add(key)
+        return key
+
+    def __getitem__(self, key):
+        return super().__getitem__(self._note(key))
+
+    def __contains__(self, key):
+        return super().__contains__(self._note(key))
+
+    def get(self, key, default=None):
+        return super().get(self._note(key), default)
+
+    def pop(self, key, *default):
+        return super().pop(self._note(key), *default)
+
+    def setdefault(self, key, default=None):
+        return super().setdefault(self._note(key), default)
+
+    def keys(self):
+        return KeysView(self)
+
+
+def check_with_deepspeed(ds: dict, ds_source: str) -> None:
+    """What the installed DeepSpeed makes of ``ds``, before any compute.
+
+    DeepSpeed ignores a top-level key it does not read (``trian_batch_size`` passes silently), and checks
+    the values of its sections (``zero_optimization.stage: 7``) only when the engine starts. Here its own
+    ``DeepSpeedConfig`` parses the config once, recording the keys it looks up: a key it never reads, or a
+    value it refuses, is an InputError naming it. Keys starting with ``_`` are comments.
+    """
+    try:
+        import deepspeed
+        from deepspeed.runtime.config import DeepSpeedConfig
+    except ImportError:  # nothing to check against (llm-train itself needs DeepSpeed to run)
+        return
+    import logging
+
+    probe = _Recorder(copy.deepcopy({k: v for k, v in ds.items() if not str(k).startswith("_")}))
+    probe.seen = set()
+    # Before the process group exists DeepSpeed takes the world size as 1: give it that arithmetic.
+    probe["train_batch_size"] = ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]
+    version = getattr(deepspeed, "__version__", "?")
+    logger = logging.getLogger("DeepSpeed")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        DeepSpeedConfig(probe)
+    except Exception as error:  # noqa: BLE001 - pydantic, ValueError, AssertionError, DeepSpeedConfigError
+        raise InputError(f"{ds_source}{_deepspeed_complaint(error, version)}") from None
+    finally:
+        logger.setLevel(level)
+    unknown = [key for key in probe if key not in probe.seen]
+    if unknown:
+        from llmtools.train.config import suggest
+
+        raise InputError(
+            f"{ds_source}[{unknown[0]}]: not a key DeepSpeed {version} reads (it would be ignored)"
+            + suggest(str(unknown[0]), sorted(probe.seen))
+        )
+
+
+def _deepspeed_complaint(error: Exception, version: str) -> str:
+    errors = getattr(error, "errors", None)
+    if callable(errors):  # a pydantic ValidationError: name the field
+        try:
+            first = errors()[0]
+            title = getattr(error, "title", "")
+            section = {"DeepSpeedZeroConfig": "zero_optimization"}.get(title, title)
+            loc = ".".join(str(part) for part in (section, *first.get("loc", ())) if part)
+            value = first.get("input")
+            shown = f" (got {json.dumps(value)})" if isinstance(value, (int, float, str, bool)) else ""
+            return f"[{loc}]: DeepSpeed {version} refuses it: {first.get('msg')}{shown}"
+        except Exception:  # noqa: BLE001 - fall back to the plain message
+            pass
+    text = " ".join(str(error).split()) or type(error).__name__
+    return f": DeepSpeed {version} refuses this config: {text}"
 
 
 def prefer_torch_adam(ds: dict) -> None:

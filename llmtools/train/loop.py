@@ -225,7 +225,14 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
                 "on the new data from its beginning"
             )
         # --- end llm-ckpt ---
+        if start_step > plan.steps:
+            raise InputError(
+                f"{path}: the checkpoint is at step {start_step}, past the {plan.steps} steps this config "
+                "trains (training.train_steps / train_tokens); raise them to continue, or start over with --force"
+            )
         log0(f"resumed from {path} at step {start_step} ({consumed_samples} samples)", rank, quiet)
+        if start_step == plan.steps:
+            log0(f"nothing to train: step {start_step} is the last of this config's {plan.steps} steps", rank)
         _event(metrics, start_step, "resume", f"resumed from {path}")
     else:
         _event(

@@ -62,7 +62,10 @@ def resolve_model_config(config: TrainConfig):
         # Read even when a preset names the shape: a missing or broken folder fails here, before compute.
         init_base = load_model_config(init_model_source(section.init_from)).to_dict()
     if section.preset is not None:
-        base = load_model_config(section.preset).to_dict()
+        try:
+            base = load_model_config(section.preset).to_dict()
+        except InputError as error:
+            raise InputError(f"{where}: model.preset: {str(error).removeprefix('model: ')}") from None
     elif init_base is not None:
         base = init_base
     else:
@@ -72,8 +75,8 @@ def resolve_model_config(config: TrainConfig):
         raise InputError(f"{where}: model: give model.preset, model.init_from, or the model fields inline")
     try:
         return load_model_config(merged)
-    except InputError as error:
-        raise InputError(f"{where}: model: {error}") from None
+    except InputError as error:  # its message names the field: model.FIELD: ...
+        raise InputError(f"{where}: {error}") from None
 
 
 def _open_data(config: TrainConfig, split: str):
