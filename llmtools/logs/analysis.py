@@ -26,8 +26,8 @@ class SpikeConfig:
     min_points: int = 5
 
     def __post_init__(self) -> None:
-        if not self.threshold > 0:
-            raise UsageError(f"--spike-threshold must be > 0, got {self.threshold}")
+        if not 0 < self.threshold < float("inf"):
+            raise UsageError(f"--spike-threshold must be a finite number > 0, got {self.threshold}")
         if self.window < 3:
             raise UsageError(f"--spike-window must be >= 3, got {self.window}")
 

@@ -61,8 +61,8 @@ class TbConfig:
             raise UsageError(f"--format: unknown format {self.fmt!r} (choose from {', '.join(FORMATS)})")
         if self.run is not None and (not self.run or "/" in self.run or self.run in (".", "..")):
             raise UsageError(f"--run: {self.run!r} is not a plain folder name")
-        if not self.poll_s > 0:
-            raise UsageError(f"--poll must be > 0 seconds, got {self.poll_s}")
+        if not 0 < self.poll_s <= 3600:
+            raise UsageError(f"--poll must be > 0 and at most 3600 seconds, got {self.poll_s}")
         check_seq_length(self.seq_length)
 
 

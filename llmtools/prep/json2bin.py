@@ -49,6 +49,7 @@ from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure, UsageErro
 from llmtools.prep.sources import DocumentSource, join_texts
 
 SIDECAR_FORMAT = "llmtools.indexed-sidecar"
+MAX_WORKERS = 1024  # processes or threads: more is a typo (and a fork bomb), not a machine
 
 
 @dataclass
@@ -89,8 +90,8 @@ class Json2BinConfig:
             raise UsageError(f"--json-keys: duplicate key in {list(self.json_keys)}")
         if self.workers is None:
             self.workers = default_workers()
-        if self.workers < 1:
-            raise UsageError(f"--workers: must be at least 1, got {self.workers}")
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise UsageError(f"--workers: must be from 1 to {MAX_WORKERS}, got {self.workers}")
         if self.chunk_bytes < 1:
             raise UsageError(f"--chunk-bytes: must be positive, got {self.chunk_bytes}")
 
