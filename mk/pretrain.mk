@@ -49,6 +49,7 @@ LAUNCH = $(BIN)/torchrun --nproc_per_node $(NPROC) \
 	-m llmtools.cli.train
 endif
 TRAIN_MODE = $(if $(strip $(RESUME)),--resume $(RESUME),--force)
+PIPELINE_SETS = --set data.mix=$(MIX) --set data.seq_length=$(SEQ) --set model.vocab_size=$(VOCAB)
 
 .PHONY: pretrain pretrain-data pretrain-train pretrain-clean
 
@@ -92,9 +93,10 @@ $(MIX): $(addsuffix .bin,$(PREFIXES)) | setup
 	$(BIN)/llm-mix $(PREFIXES) --weights $(WEIGHTS) --seq-length $(SEQ) --num-samples $(SAMPLES) \
 		--valid-samples $(VALID_SAMPLES) --seed $(SEED) -o $@ --force
 
-# 5. Training. A changed input starts the run over (--force) unless RESUME=auto|latest|STEP.
+# 5. Training. A changed input starts the run over (--force) unless RESUME=auto|latest|STEP. The pipeline's
+#    own choices reach the model: its vocabulary is the tokenizer's (VOCAB), its sequence length the mix's (SEQ).
 $(OUT)/train.done: $(MIX) $(CONFIG) $(DS) | setup
-	$(LAUNCH) $(CONFIG) --deepspeed $(DS) -o $(RUN) --set data.mix=$(MIX) $(TRAIN_MODE) $(TRAIN_ARGS) > $@.tmp
+	$(LAUNCH) $(CONFIG) --deepspeed $(DS) -o $(RUN) $(PIPELINE_SETS) $(TRAIN_MODE) $(TRAIN_ARGS) > $@.tmp
 	mv $@.tmp $@
 
 # 6. Checkpoint: verify it, convert it to a Hugging Face folder.
