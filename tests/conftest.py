@@ -30,6 +30,38 @@ def shared_data():
     return shared
 
 
+def _listing(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every entry under ``root``: (kind, size, mtime in ns). Cheap: one stat per file, no reading."""
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            try:
+                stat = os.lstat(path)
+            except OSError:
+                continue
+            out[os.path.relpath(path, root)] = (stat.st_mode >> 12, stat.st_size, stat.st_mtime_ns)
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_data_stays_read_only():
+    """The shared data folder is read-only for every test: anything created, changed or removed under
+    it during the run (a library's cache written beside a fixture, say) fails the run, naming the paths."""
+    if not SHARED_DATA.is_dir():
+        yield
+        return
+    before = _listing(SHARED_DATA)
+    yield
+    after = _listing(SHARED_DATA)
+    changed = sorted(
+        {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}
+    )
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        pytest.fail(f"tests changed the read-only shared data folder {SHARED_DATA}: {shown}", pytrace=False)
+
+
 @pytest.fixture
 def cli_env():
     """Environment for subprocess CLI tests: the checkout on the path, debug tracebacks off."""

@@ -168,11 +168,18 @@ def plot(
     from llmtools.logs.plot import PlotConfig, plot_runs
     from llmtools.logs.runs import collect_curves
 
+    from llmtools.errors import InputError
+    from llmtools.fsutil import check_writable
+
     config = PlotConfig(output=output, x=x, smooth=smooth, title=title, force=force, dpi=dpi)
+    check_writable([config.output], config.force)  # before reading anything
     runs, counts = collect_curves(logs, x=x, fmt=fmt, pattern=pattern, names=names, seq_length=seq_length)
+    try:
+        plot_runs(runs, config)
+    except InputError as error:  # one line: what was read belongs in it
+        raise InputError(f"{error} ({'; '.join(c.describe() for c in counts)})") from None
     for c in counts:
         _report_counts(c, quiet)
-    plot_runs(runs, config)
     emit(str(output))
 
 

@@ -242,7 +242,7 @@ def _refuse_impossible_size(config) -> None:
     total = train + (config.valid_samples or 0) + (config.test_samples or 0)
     need, have = total * BYTES_PER_SAMPLE, psutil.virtual_memory().total
     if need > have:
-        flag = "--num-samples" if config.num_samples else "--tokens"
+        flag = "--tokens" if config.tokens is not None else "--num-samples"
         raise UsageError(
             f"{flag}: {total:,} samples need at least {need / 2**30:,.1f} GiB for the plan's index arrays "
             f"({BYTES_PER_SAMPLE} bytes a sample); this machine has {have / 2**30:,.1f} GiB"

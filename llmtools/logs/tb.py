@@ -115,6 +115,7 @@ class RunWriter:
         self._fresh = not (self.folder / STATE_NAME).exists()
         self._created_events: Path | None = None
         self._committed = False
+        lock_was_there = (self.folder / LOCK_NAME).exists()
         self._lock = open(self.folder / LOCK_NAME, "a+")
         try:
             fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -127,6 +128,8 @@ class RunWriter:
             self._open_events()
         except BaseException:
             self._lock.close()
+            if not lock_was_there:
+                (self.folder / LOCK_NAME).unlink(missing_ok=True)
             raise
         return self
 

@@ -315,12 +315,16 @@ def _open_with_load_dataset(folder: Path, split: str | None) -> ArrowSource:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     import datasets
 
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own error lines: ours names the folder
     try:
         loaded = datasets.load_dataset(str(folder))
     except Exception as error:  # noqa: BLE001 - datasets raises many kinds for an unusable folder
         raise InputError(
             f"{folder}: datasets.load_dataset cannot open this folder offline ({type(error).__name__}: {error})"
         ) from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
     if isinstance(loaded, datasets.DatasetDict):
         chosen = _pick_split(str(folder), list(loaded), split)
         return _dataset_source(f"{folder}[{chosen}]", loaded[chosen], chosen, None)

@@ -16,6 +16,11 @@ from llmtools.errors import UsageError
 DEFAULT_EOD = "<|endoftext|>"
 
 
+MAX_VOCAB = 1 << 24
+"""Largest vocabulary trained here: far above any real one (the largest are ~256k), far below what
+breaks the tokenizers library."""
+
+
 @dataclass
 class TrainConfig:
     vocab_size: int
@@ -32,6 +37,8 @@ class TrainConfig:
             raise UsageError(
                 f"--vocab-size: must be at least {floor} (256 bytes + {len(self.special_tokens)} special tokens), got {self.vocab_size}"
             )
+        if self.vocab_size > MAX_VOCAB:  # tokenizers aborts the process (SIGABRT) on such sizes
+            raise UsageError(f"--vocab-size: at most {MAX_VOCAB:,}, got {self.vocab_size:,}")
         if not self.eod_token:
             raise UsageError("--eod-token: must not be empty")
         if self.min_frequency < 1:

@@ -543,7 +543,7 @@ def parse_set(item: str) -> tuple[list[str], Any]:
         )
     try:
         value = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         value = text
     return parts, value
 
@@ -585,6 +585,8 @@ def load_train_config(path: str | os.PathLike | None, overrides: list[str] | Non
             raise InputError(f"{path}: no such train config") from None
         try:
             raw = yaml.safe_load(text) or {}
+        except RecursionError:
+            raise InputError(f"{path}: not valid YAML (nested too deeply)") from None
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             line = f":{mark.line + 1}" if mark is not None else ""

@@ -181,7 +181,6 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
     run_dir = options.run_dir
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_resolved(plan, run_dir)
         for warning in plan.warnings:
             log0(f"warning: {warning}", rank)
 
@@ -204,6 +203,13 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
     path, client_state = checkpointing.resume(
         manager, engine, options.resume, model=model_identity, tokenizer=plan.tokenizer
     )
+    if client_state and int(client_state.get("step", 0)) > plan.steps:
+        raise InputError(
+            f"{path}: the checkpoint is at step {int(client_state['step'])}, past the {plan.steps} steps this "
+            "config trains (training.train_steps / train_tokens); raise them to continue, or start over with --force"
+        )
+    if rank == 0:  # only now: a refused resume leaves the run's recorded config as it was
+        write_resolved(plan, run_dir)
     metrics = build_metrics_logger(run_dir, rank, tensorboard=options.tensorboard or cfg.logging.tensorboard)
     if client_state:
         start_step = int(client_state.get("step", 0))
@@ -225,11 +231,6 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
                 "on the new data from its beginning"
             )
         # --- end llm-ckpt ---
-        if start_step > plan.steps:
-            raise InputError(
-                f"{path}: the checkpoint is at step {start_step}, past the {plan.steps} steps this config "
-                "trains (training.train_steps / train_tokens); raise them to continue, or start over with --force"
-            )
         log0(f"resumed from {path} at step {start_step} ({consumed_samples} samples)", rank, quiet)
         if start_step == plan.steps:
             log0(f"nothing to train: step {start_step} is the last of this config's {plan.steps} steps", rank)

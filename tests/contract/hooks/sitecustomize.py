@@ -1,0 +1,37 @@
+"""Fault injection for the contract tests: pause a real command at a chosen point.
+
+Loaded by Python at start-up (this folder is put first on PYTHONPATH) only by tests that set
+``LLMTOOLS_TEST_PAUSE=module.path:Qualified.name[@N]``: the N-th call (default 1) of that function
+returns normally, then touches ``LLMTOOLS_TEST_PAUSE_MARK`` and sleeps, so that the test can send a
+signal to a command that is provably in the middle of its work (a temporary exists, data is half
+written). Nothing else changes: the command is the real console script, with its real handlers.
+"""
+
+import os
+
+_target = os.environ.get("LLMTOOLS_TEST_PAUSE")
+if _target:
+    import functools
+    import importlib
+    import time
+
+    _spec, _, _count = _target.partition("@")
+    _module_name, _, _qualname = _spec.partition(":")
+    _owner = importlib.import_module(_module_name)
+    *_parents, _name = _qualname.split(".")
+    for _part in _parents:
+        _owner = getattr(_owner, _part)
+    _original = getattr(_owner, _name)
+    _calls = [0]
+
+    @functools.wraps(_original)
+    def _paused(*args, **kwargs):
+        result = _original(*args, **kwargs)
+        _calls[0] += 1
+        if _calls[0] == int(_count or 1):
+            with open(os.environ["LLMTOOLS_TEST_PAUSE_MARK"], "w") as mark:
+                mark.write(str(os.getpid()))
+            time.sleep(120)  # the test signals us here
+        return result
+
+    setattr(_owner, _name, _paused)
