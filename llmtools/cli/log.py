@@ -165,11 +165,10 @@ def plot(
     force: bool = typer.Option(False, "--force", help="Overwrite the PNG if it exists."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No counts on stderr."),
 ) -> None:
-    from llmtools.logs.plot import PlotConfig, plot_runs
-    from llmtools.logs.runs import collect_curves
-
     from llmtools.errors import InputError
     from llmtools.fsutil import check_writable
+    from llmtools.logs.plot import PlotConfig, plot_runs
+    from llmtools.logs.runs import collect_curves
 
     config = PlotConfig(output=output, x=x, smooth=smooth, title=title, force=force, dpi=dpi)
     check_writable([config.output], config.force)  # before reading anything

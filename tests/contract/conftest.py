@@ -185,7 +185,9 @@ def _inproc(module: str, *args) -> None:
         main()
     except SystemExit as done:
         if done.code not in (0, None):
-            raise RuntimeError(f"building the contract world: llm-{module} {' '.join(map(str, args))} failed")
+            raise RuntimeError(
+                f"building the contract world: llm-{module} {' '.join(map(str, args))} failed"
+            ) from None
     finally:
         sys.argv = saved
 
@@ -198,15 +200,33 @@ def build_world(root: Path) -> World:
     corpus = root / "corpus.jsonl"
     with open(corpus, "w", encoding="utf-8") as out:
         for i in range(300):
-            out.write(json.dumps({"text": f"Document {i}: the quick brown fox jumps over {i % 7} lazy dogs."}) + "\n")
+            out.write(
+                json.dumps({"text": f"Document {i}: the quick brown fox jumps over {i % 7} lazy dogs."})
+                + "\n"
+            )
     chats = root / "chats.jsonl"
     with open(chats, "w", encoding="utf-8") as out:
         for i in range(20):
-            messages = [{"role": "user", "content": f"What is {i} + 1?"}, {"role": "assistant", "content": f"{i + 1}."}]
+            messages = [
+                {"role": "user", "content": f"What is {i} + 1?"},
+                {"role": "assistant", "content": f"{i + 1}."},
+            ]
             out.write(json.dumps({"messages": messages}) + "\n")
     data = root / "data"
     _inproc("prep", "json2bin", corpus, "-t", "byte", "-o", data / "byte", "--append-eod", "-q")
-    _inproc("prep", "json2bin", corpus, "-t", gpt2, "-o", data / "gpt2", "--append-eod", "-q", "--backend", "tokenizers")
+    _inproc(
+        "prep",
+        "json2bin",
+        corpus,
+        "-t",
+        gpt2,
+        "-o",
+        data / "gpt2",
+        "--append-eod",
+        "-q",
+        "--backend",
+        "tokenizers",
+    )
     prefix, prefix_gpt2 = data / "byte_text_document", data / "gpt2_text_document"
     mix = root / "mix" / "mix.json"
     _inproc("mix", prefix, "--seq-length", "16", "--num-samples", "64", "--valid-samples", "8", "-o", mix)
@@ -217,7 +237,9 @@ def build_world(root: Path) -> World:
     tiny_yaml.write_text(TINY_TRAIN.format(prefix=prefix))
     run = root / "run"
     proc = run_cli(
-        ["llm-train", tiny_yaml, "--deepspeed", REPO / "configs/deepspeed/zero1.json", "-o", run], root, timeout=600
+        ["llm-train", tiny_yaml, "--deepspeed", REPO / "configs/deepspeed/zero1.json", "-o", run],
+        root,
+        timeout=600,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"building the contract world: llm-train failed:\n{proc.stderr.decode()[-3000:]}")
@@ -246,7 +268,12 @@ def _namespace_prefix() -> list[str] | None:
         return None
     for prefix in (["unshare", "--mount", "--propagation", "private"], ["unshare", "-r", "-m"]):
         probe = subprocess.run(
-            [*prefix, "sh", "-c", "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d && umount $d; rmdir $d"],
+            [
+                *prefix,
+                "sh",
+                "-c",
+                "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d && umount $d; rmdir $d",
+            ],
             capture_output=True,
         )
         if probe.returncode == 0:
