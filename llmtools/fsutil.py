@@ -256,6 +256,58 @@ def atomic_path(path: str | os.PathLike, suffix: str = "", durable: bool = True)
         raise
 
 
+class AtomicGroup:
+    """Outputs that appear together or not at all: :meth:`path` hands out a temporary for each final path;
+    :meth:`commit` renames them all as one step (signals held), :meth:`discard` removes them."""
+
+    def __init__(self, durable: bool = True) -> None:
+        self.durable = durable
+        self.pending: list[tuple[Path, Path]] = []
+
+    def path(self, final: str | os.PathLike, suffix: str = "") -> Path:
+        tmp = tmp_sibling(final, suffix)
+        self.pending.append((tmp, Path(final)))
+        return tmp
+
+    def commit(self) -> list[Path]:
+        if self.durable:
+            for tmp, final in self.pending:
+                with disk_full_guard(final):
+                    fsync_file(tmp)
+        with critical():
+            for tmp, final in self.pending:
+                commit_file(tmp, final, durable=False)
+        if self.durable:
+            for folder in {final.parent for _, final in self.pending}:
+                fsync_dir(folder)
+        done, self.pending = [final for _, final in self.pending], []
+        return done
+
+    def discard(self) -> None:
+        for tmp, _ in self.pending:
+            discard(tmp)
+        self.pending = []
+
+
+@contextlib.contextmanager
+def atomic_group(durable: bool = True) -> Iterator[AtomicGroup]:
+    """``with atomic_group() as group:`` write to ``group.path(final)`` for each output; all of them are
+    renamed into place when the block succeeds, none otherwise. A full disk names the output at fault."""
+    group = AtomicGroup(durable)
+    try:
+        try:
+            yield group
+        except Exception as error:
+            full = disk_full_error(error, group.pending[-1][1]) if group.pending else None
+            if full is None or full is error:
+                raise
+            raise full from None
+        group.commit()
+    except BaseException:
+        group.discard()
+        raise
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "w", durable: bool = True, **open_kwargs) -> Iterator:
     """Open ``path`` for writing through a temporary sibling; renamed into place on success only."""

@@ -2,8 +2,8 @@
 and SIGINT exactly as it does on an error.
 
 :func:`install` is called once by every command (``cli._common.run``). The first signal raises
-:class:`~llmtools.errors.Interrupted` (SIGTERM, SIGHUP) or ``KeyboardInterrupt`` (SIGINT) in the main
-thread; the writers' context managers remove their temporaries as it unwinds, and the command exits
+:class:`~llmtools.errors.Interrupted` in the main thread (for SIGINT too: click would turn a
+``KeyboardInterrupt`` into "Aborted!" and exit 1); the writers' context managers remove their temporaries as it unwinds, and the command exits
 128 + the signal number. A signal that arrives inside :func:`critical` (the few renames that commit a
 set of outputs) is held until the section ends, so a set is committed whole or not at all. A second
 signal while the first is still unwinding removes the temporaries that are left and exits at once.
@@ -30,7 +30,8 @@ _raised: int | None = None  # the signal already turned into an exception
 
 
 def _exception(signum: int) -> BaseException:
-    return KeyboardInterrupt() if signum == signal.SIGINT else Interrupted(signum)
+    # Not KeyboardInterrupt for SIGINT either: click turns that into "Aborted!" and exit 1.
+    return Interrupted(signum)
 
 
 def _handle(signum: int, _frame) -> None:
@@ -96,7 +97,7 @@ def critical() -> Iterator[None]:
 
 
 def exit_code(error: BaseException) -> int:
-    """128 + the signal number, as a shell reports a process killed by it."""
+    """128 + the signal number, as a shell reports a process killed by it (KeyboardInterrupt: SIGINT)."""
     if isinstance(error, Interrupted):
         return 128 + error.signum
     return 128 + signal.SIGINT

@@ -55,12 +55,8 @@ def run(app: typer.Typer, prog: str) -> None:
     try:
         result = app(prog_name=prog, standalone_mode=False)
         code = result if isinstance(result, int) and not isinstance(result, bool) else 0
-    except Interrupted as stop:
-        remove_temporaries()
-        print(
-            f"{prog}: interrupted by {stop}; temporaries removed, nothing half-written left", file=sys.stderr
-        )
-        code = interrupt.exit_code(stop)
+    except (Interrupted, KeyboardInterrupt) as stop:
+        code = _interrupted(prog, stop)
     except LlmtoolsError as error:
         if debug_enabled():
             traceback.print_exc()
@@ -77,13 +73,26 @@ def run(app: typer.Typer, prog: str) -> None:
             code = _fail(prog, error.format_message() + hint, error.exit_code)
         elif "Abort" in kinds:
             cause = error.__cause__ or error.__context__
-            code = _fail(prog, _internal(cause) if cause is not None else "aborted", 1)
+            if isinstance(cause, KeyboardInterrupt):  # a library's own Ctrl-C handling, through click
+                code = _interrupted(prog, cause)
+            else:
+                code = _fail(prog, _internal(cause) if cause is not None else "aborted", 1)
         else:
             code = _other(prog, error)
     finally:
         remove_temporaries()
         interrupt.restore(previous)
     sys.exit(code)
+
+
+def _interrupted(prog: str, stop: BaseException) -> int:
+    from llmtools import interrupt
+    from llmtools.fsutil import remove_temporaries
+
+    remove_temporaries()
+    name = str(stop) if isinstance(stop, Interrupted) else "SIGINT"
+    print(f"{prog}: interrupted by {name}; temporaries removed, nothing half-written left", file=sys.stderr)
+    return interrupt.exit_code(stop)
 
 
 def _other(prog: str, error: Exception) -> int:

@@ -93,7 +93,9 @@ class _StopFlag:
 
     def __call__(self, signum, frame) -> None:
         if self.stop:
-            raise KeyboardInterrupt
+            from llmtools.errors import Interrupted
+
+            raise Interrupted(signum)
         self.stop = True
         log("llm-log: stopping (committing what was converted; Ctrl-C again to abort)")
 

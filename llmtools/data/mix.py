@@ -43,9 +43,9 @@ from llmtools.data.gpt_index import GPTIndices, build_gpt_indices
 from llmtools.data.splits import DEFAULT_SPLIT, SPLITS, parse_split, split_matrix, split_range
 from llmtools.errors import InputError, RuntimeFailure, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
-from llmtools.formats.mix import FORMAT, VERSION, mix_text, read_mix, write_mix
+from llmtools.formats.mix import FORMAT, VERSION, mix_text, read_mix
 from llmtools.formats.sidecar import read_sidecar
-from llmtools.fsutil import atomic_file, make_parents
+from llmtools.fsutil import atomic_file, atomic_group, make_parents
 
 MEGATRON_SEMANTICS = (
     "megatron-core 0.16 (core_v0.16.1): per-dataset samples ceil(ceil(size*w)*(1+surplus)), "
@@ -636,16 +636,21 @@ def split_arrays(split: SplitPlan) -> dict[str, np.ndarray]:
     return arrays
 
 
-def write_cache(plan: MixPlan, folder: Path, durable: bool = True) -> list[Path]:
-    """Write every split's arrays as ``.npy`` files named by the hash (each atomically); their paths."""
+def write_cache(plan: MixPlan, folder: Path, durable: bool = True, group=None) -> list[Path]:
+    """Write every split's arrays as ``.npy`` files named by the hash (each atomically; with ``group``, an
+    :class:`~llmtools.fsutil.AtomicGroup`, only to temporaries that it commits later); their paths."""
     written = []
     make_parents(folder)
     for split in plan.splits.values():
         names = cache_names(plan.hash, split)
         for key, array in split_arrays(split).items():
             path = folder / names[key]
-            with atomic_file(path, "wb", durable=durable) as handle:
-                np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
+            if group is not None:
+                with open(group.path(path), "wb") as handle:
+                    np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
+            else:
+                with atomic_file(path, "wb", durable=durable) as handle:
+                    np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
             written.append(path)
     return written
 
@@ -656,15 +661,17 @@ def save_plan(
     """Write the cache, then the materialized samples (``materialize_to``), then mix.json last: a mix.json
     never names a file that is not there. Returns mix.json's path first."""
     output = Path(output)
-    written = write_cache(plan, output.parent if str(output.parent) else Path("."))
     text = mix_text(plan_to_json(plan))
-    if materialize_to is None:
-        write_mix(output, text)
-        return [output, *written]
-    from llmtools.data.dataset import BlendedGPTDataset
+    with atomic_group() as group:  # the cache files appear with mix.json, or not at all
+        written = write_cache(plan, output.parent if str(output.parent) else Path("."), group=group)
+        if materialize_to is None:
+            group.path(output).write_text(text, encoding="utf-8")  # last in the group: renamed last
+            return [output, *written]
+        from llmtools.data.dataset import BlendedGPTDataset
 
-    dataset = BlendedGPTDataset.from_plan(plan, "train", source=str(output))
-    return [output, *written, *materialize(dataset, materialize_to, mix_path=output, mix_json=text)]
+        dataset = BlendedGPTDataset.from_plan(plan, "train", source=str(output))
+        samples = materialize(dataset, materialize_to, mix_path=output, mix_json=text, group=group)
+        return [output, *written, *samples]
 
 
 def load_split_arrays(mix: dict, path: Path, split: str) -> dict[str, np.ndarray] | None:
@@ -775,12 +782,14 @@ def materialize(
     mix_path: str | os.PathLike | None = None,
     chunk: int = 4096,
     mix_json: str | None = None,
+    group=None,
 ) -> list[Path]:
     """Write the dataset's samples in plan order, one ``seq_length + 1``-token document each, as PREFIX.bin/.idx.
 
-    A sidecar ``PREFIX.json`` records the tokenizer identity (when the plan has one) so that
-    llm-prep inspect / cat and llm-export can decode it. With ``mix_json`` (the text of the mix.json at
-    ``mix_path``, not written yet), that mix.json is written last, in the same step as the samples.
+        A sidecar ``PREFIX.json`` records the tokenizer identity (when the plan has one) so that
+        llm-prep inspect / cat and llm-export can decode it. With ``mix_json`` (the text of the mix.json at
+        ``mix_path``, not written yet), that mix.json is written last, in the same step as the samples and the
+    finished temporaries of ``group`` (the index cache).
     """
     from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, idx_path
     from llmtools.formats.sidecar import commit_with_sidecars
@@ -824,7 +833,7 @@ def materialize(
             )
         # Without a known tokenizer the file is like one Megatron wrote: no sidecar.
         last = {mix_path: mix_json} if mix_json is not None else None
-        written = commit_with_sidecars([writer], {prefix: sidecar} if tok is not None else {}, last)
+        written = commit_with_sidecars([writer], {prefix: sidecar} if tok is not None else {}, last, group)
     return [
         bin_path(prefix),
         idx_path(prefix),

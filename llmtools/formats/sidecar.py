@@ -34,17 +34,20 @@ def write_sidecar(prefix: str | os.PathLike, data: dict) -> Path:
     return path
 
 
-def commit_with_sidecars(writers, sidecars: dict, last: dict | None = None) -> list[Path]:
+def commit_with_sidecars(writers, sidecars: dict, last: dict | None = None, group=None) -> list[Path]:
     """Commit finished :class:`~llmtools.formats.indexed.IndexedDatasetWriter` s and write their sidecars
     (``{prefix: record}``), then the text files of ``last`` (``{path: text}``, e.g. a mix.json that
-    names them), as one step: a signal cannot leave a ``.bin/.idx`` without its sidecar, or a file that
-    names outputs which are not there. Each writer's index is written first (the slow part, still
-    interruptible). Returns the sidecar paths, then the paths of ``last``."""
+    names them), as one step, with the finished temporaries of ``group`` (an :class:`AtomicGroup`): a
+    signal cannot leave a ``.bin/.idx`` without its sidecar, or a file that names outputs which are not
+    there. Each writer's index is written first (the slow part, still interruptible). Returns the
+    sidecar paths, then the paths of ``last``."""
     from llmtools.interrupt import critical
 
     for writer in writers:
         writer.finish()
     with critical():
+        if group is not None:
+            group.commit()
         for writer in writers:
             writer.commit()
         written = [write_sidecar(prefix, record) for prefix, record in sidecars.items()]

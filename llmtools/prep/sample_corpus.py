@@ -121,7 +121,7 @@ def write_sample_corpus(
     force: bool = False,
 ) -> list[Path]:
     """Write ``{output_dir}/{style}.jsonl`` (``{"text": ...}`` per line) for each style; returns the paths."""
-    from llmtools.fsutil import atomic_file, check_writable
+    from llmtools.fsutil import atomic_group, check_writable
 
     if docs < 1:
         raise UsageError(f"--docs: must be at least 1, got {docs}")
@@ -132,8 +132,9 @@ def write_sample_corpus(
     out = Path(output_dir)
     paths = [out / f"{style}.jsonl" for style in styles]
     check_writable(paths, force)
-    for style, path in zip(styles, paths, strict=True):
-        with atomic_file(path, "w", encoding="utf-8") as handle:
-            for text in generate(style, docs, seed):
-                handle.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+    with atomic_group() as group:  # all styles or none
+        for style, path in zip(styles, paths, strict=True):
+            with open(group.path(path), "w", encoding="utf-8") as handle:
+                for text in generate(style, docs, seed):
+                    handle.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
     return paths

@@ -1,0 +1,187 @@
+"""SIGTERM / SIGINT / SIGHUP in the middle of every long command (llm-train has its own handling: it saves).
+
+Each case starts the real console script with a pause injected at a point where its work is provably
+half done (``hooks/sitecustomize.py``: after the first batch reached the writer's temporaries, after
+the first shard or event was written...), waits for the pause, sends the signal, and asserts: exit
+128 + the signal (143, 130, 129), one line on stderr saying so, and the command's folder exactly as it
+was before — no temporary, no output, inputs and earlier outputs unchanged. A case with stdin blocks on
+its input instead, with no pause at all: the plain situation of a pipeline stopped by ``timeout``.
+
+``kill -9`` cannot be handled; for it the guarantee is weaker and tested too: what a killed
+``llm-mix --materialize`` leaves never looks finished, so a re-run is not refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.contract.conftest import (
+    HOOKS,
+    REPO,
+    World,
+    changes,
+    contract_env,
+    start_cli,
+    temporaries,
+    tree_state,
+)
+from tests.contract.test_bad_inputs import BIG, CHAT, lines
+
+DS = REPO / "configs" / "deepspeed"
+WRITER = "llmtools.formats.indexed:IndexedDatasetWriter"
+
+
+@dataclass
+class Case:
+    name: str
+    argv: list[str]
+    pause: str | None  # module:Qualified.name[@N], or None: the case blocks on stdin
+    signum: int = signal.SIGTERM
+    files: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def code(self) -> int:
+        return 128 + self.signum
+
+
+CASES = [
+    Case("json2bin", ["llm-prep", "json2bin", "big.jsonl", "-t", "{w.gpt2}", "-o", "out/x"], f"{WRITER}.add_documents",
+         files={"big.jsonl": BIG}),
+    Case("json2bin-sigint", ["llm-prep", "json2bin", "big.jsonl", "-t", "byte", "-o", "out/x"], f"{WRITER}.add_documents",
+         signal.SIGINT, files={"big.jsonl": BIG}),
+    Case("json2bin-sighup-processes", ["llm-prep", "json2bin", "big.jsonl", "-t", "{w.gpt2}", "-o", "out/x", "--backend",
+                                       "tokenizers", "--workers", "2"], f"{WRITER}.add_documents", signal.SIGHUP,
+         files={"big.jsonl": BIG}),
+    Case("json2bin-stdin", ["llm-prep", "json2bin", "-", "-t", "{w.gpt2}", "-o", "out/x"], None),
+    Case("sft", ["llm-prep", "sft", "chats.jsonl", "-t", "byte", "--chat-template", "chatml", "-o", "out/s"],
+         f"{WRITER}.add_document@3", files={"chats.jsonl": lines(*[CHAT] * 50)}),
+    Case("sft-stdin", ["llm-prep", "sft", "-", "-t", "byte", "--chat-template", "chatml", "-o", "out/s"], None, signal.SIGINT),
+    Case("hf2bin", ["llm-prep", "hf2bin", "{w.hf}", "-o", "out/h"], f"{WRITER}.add_documents"),
+    Case("tokenizer-train", ["llm-prep", "tokenizer", "train", "big.jsonl", "--vocab-size", "300", "-o", "tok/tokenizer.json"],
+         "llmtools.fsutil:tmp_sibling", files={"big.jsonl": BIG}),
+    Case("sample-corpus", ["llm-prep", "sample-corpus", "-o", "raw", "--docs", "50"], "llmtools.fsutil:tmp_sibling@2"),
+    Case("mix", ["llm-mix", "{w.prefix}", "--seq-length", "16", "--num-samples", "64", "-o", "out/mix.json"],
+         "llmtools.fsutil:tmp_sibling@3"),
+    Case("mix-materialize", ["llm-mix", "{w.prefix}", "--seq-length", "16", "--num-samples", "64", "-o", "out/mix.json",
+                             "--materialize", "out/samples"], f"{WRITER}.add_documents"),
+    Case("export", ["llm-export", "hf", "{w.prefix}", "-o", "out/hf"], "llmtools.export.hf_export:_ShardWriter.write"),
+    Case("export-sigint", ["llm-export", "hf", "{w.prefix}", "-o", "out/pq", "--format", "parquet"],
+         "llmtools.export.hf_export:_ShardWriter.write", signal.SIGINT),
+    Case("convert-hf", ["llm-ckpt", "convert", "{w.run}", "--to", "hf", "-o", "out/hf"], "llmtools.model.hf:write_safetensors"),
+    Case("convert-safetensors", ["llm-ckpt", "convert", "{w.run}", "--to", "safetensors", "-o", "out/m.safetensors"],
+         "llmtools.model.hf:_write_safetensors"),
+    Case("convert-universal", ["llm-ckpt", "convert", "{w.checkpoint}", "--to", "universal", "-o", "out/univ"],
+         "llmtools.fsutil:tmp_folder"),
+    Case("log-tb", ["llm-log", "tb", "{w.metrics}", "--logdir", "tb"], "llmtools.logs.tfevents:EventFileWriter.write@2"),
+    Case("log-tb-stdin", ["llm-log", "tb", "-", "--logdir", "tb", "--run", "piped"], None),
+    Case("log-plot", ["llm-log", "plot", "{w.metrics}", "-o", "plots/curves.png"], "llmtools.fsutil:tmp_sibling"),
+]
+
+
+def _feed(stdin) -> None:
+    block = lines(*[{"text": "x " * 50, **CHAT}] * 100)
+    with contextlib.suppress(BrokenPipeError):
+        for _ in range(max(1, (512 << 10) // len(block))):
+            stdin.write(block)
+            stdin.flush()
+
+
+def run_case(case: Case, d: Path, w: World, mark: Path):
+    for relative, content in case.files.items():
+        (d / relative).parent.mkdir(parents=True, exist_ok=True)
+        (d / relative).write_bytes(content)
+    before = tree_state(d)
+    argv = [a.format(w=w) if "{w." in a else a for a in case.argv]
+    env = contract_env()
+    if case.pause:
+        env.update(PYTHONPATH=f"{HOOKS}{os.pathsep}{env['PYTHONPATH']}", LLMTOOLS_TEST_PAUSE=case.pause,
+                   LLMTOOLS_TEST_PAUSE_MARK=str(mark))  # fmt: skip
+    proc = start_cli(argv, d, env=env, stdin=subprocess.PIPE)
+    try:
+        if case.pause:
+            deadline = time.monotonic() + 180
+            while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            paused = mark.exists()
+        else:
+            # 512 KB through a 64 KB pipe: once written, the command is past its start-up and reading;
+            # then nothing more comes (the pipe stays open) and it blocks on stdin, as behind `timeout`.
+            feed = threading.Thread(target=_feed, args=(proc.stdin,), daemon=True)
+            feed.start()
+            feed.join(timeout=180)
+            time.sleep(1.0)
+            paused = not feed.is_alive() and proc.poll() is None
+        in_flight = temporaries(d)
+        proc.send_signal(case.signum)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return {"code": proc.returncode, "err": err.decode("utf-8", "replace"), "paused": paused,
+            "in_flight": in_flight, "changes": changes(before, tree_state(d))}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def outcomes(world, tmp_path_factory):
+    root = tmp_path_factory.mktemp("signals")
+
+    def one(case: Case):
+        d = root / case.name
+        d.mkdir()
+        return case.name, run_case(case, d, world, root / f"{case.name}.paused")
+
+    with ThreadPoolExecutor(max_workers=max(2, min(6, (os.cpu_count() or 2) + 1))) as pool:
+        return dict(pool.map(one, CASES))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_signal_cleans_up(case: Case, outcomes):
+    got = outcomes[case.name]
+    assert got["paused"], f"the command never reached its pause point:\n{got['err'][-2000:]}"
+    assert got["code"] == case.code, f"exit {got['code']}, expected {case.code}:\n{got['err'][-2000:]}"
+    lines_ = [line for line in got["err"].splitlines() if line.strip()]
+    assert len(lines_) == 1 and "Traceback" not in got["err"], got["err"]
+    assert f"interrupted by {signal.Signals(case.signum).name}" in lines_[0]
+    assert got["changes"] == [], "left behind or changed"
+
+
+def test_the_pause_was_mid_write(outcomes):
+    """The cases really interrupt work in progress: most had temporaries on disk when signalled."""
+    with_temporaries = [name for name, got in outcomes.items() if got["in_flight"]]
+    assert len(with_temporaries) >= len(CASES) // 2, with_temporaries
+
+
+def test_kill_9_during_materialize_leaves_nothing_that_looks_finished(world, tmp_path):
+    """mix.json is written after the samples it goes with: a kill -9 while they are written leaves no
+    mix.json and no samples (only .tmp- files), and the same command then runs without --force."""
+    mark = tmp_path / "paused"
+    argv = ["llm-mix", world.prefix, "--seq-length", "16", "--num-samples", "64", "-o", "out/mix.json",
+            "--materialize", "out/samples"]  # fmt: skip
+    env = contract_env()
+    env.update(PYTHONPATH=f"{HOOKS}{os.pathsep}{env['PYTHONPATH']}", LLMTOOLS_TEST_PAUSE=f"{WRITER}.add_documents",
+               LLMTOOLS_TEST_PAUSE_MARK=str(mark))  # fmt: skip
+    proc = start_cli(argv, tmp_path, env=env)
+    deadline = time.monotonic() + 180
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert mark.exists(), proc.stderr.read().decode()
+    proc.kill()
+    proc.wait()
+    out = tmp_path / "out"
+    assert not (out / "mix.json").exists()
+    assert not (out / "samples.bin").exists() and not (out / "samples.idx").exists()
+    again = start_cli(argv, tmp_path)
+    _, err = again.communicate(timeout=180)
+    assert again.returncode == 0, err.decode()
+    assert (out / "mix.json").exists() and (out / "samples.idx").exists()
