@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from llmtools.ckpt import dist, layout
-from llmtools.errors import RuntimeFailure
-from llmtools.fsutil import TMP_MARK
+from llmtools.errors import DiskFullError, RuntimeFailure
+from llmtools.fsutil import FULL_MARGIN, TMP_MARK, free_bytes
 
 
 def to_universal(ckpt: str | os.PathLike, out_dir: str | os.PathLike, zero_stage: int) -> Path:
@@ -45,6 +45,9 @@ def to_universal(ckpt: str | os.PathLike, out_dir: str | os.PathLike, zero_stage
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
     if done.returncode != 0:
         tail = "\n".join(done.stdout.strip().splitlines()[-5:])
+        free = free_bytes(out_dir)
+        if free is not None and free < FULL_MARGIN:  # the converter's torch.save says "unexpected pos"
+            raise DiskFullError(out_dir, f"{free} bytes free; DeepSpeed's ds_to_universal stopped")
         raise RuntimeFailure(f"{ckpt}: DeepSpeed's ds_to_universal failed (exit {done.returncode}): {tail}")
     # The converter leaves the model-states files of the source behind in the output; our meta.json and
     # RNG files are not part of a universal checkpoint.

@@ -14,12 +14,15 @@ No torch, no tensorboard import here: a reader-less, dependency-free writer.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
 import struct
 import time
 from pathlib import Path
+
+from llmtools.fsutil import disk_full_guard
 
 # ---------------------------------------------------------------------------------------------
 # CRC-32C (Castagnoli), as TFRecord framing requires. A C implementation is used when one is
@@ -347,7 +350,8 @@ class EventFileWriter:
 
     def _drain(self) -> None:
         if self._buffer and self._handle is not None:
-            self._handle.write(frame_many(self._buffer))
+            with disk_full_guard(self.path):
+                self._handle.write(frame_many(self._buffer))
             self._buffer.clear()
             self._buffered = 0
 
@@ -355,9 +359,10 @@ class EventFileWriter:
         """Write out everything buffered; returns the file size now on disk."""
         self._drain()
         if self._handle is not None:
-            self._handle.flush()
-            if durable:
-                os.fsync(self._handle.fileno())
+            with disk_full_guard(self.path):
+                self._handle.flush()
+                if durable:
+                    os.fsync(self._handle.fileno())
             self.size = self._handle.tell()
         return self.size
 
@@ -369,5 +374,7 @@ class EventFileWriter:
                 self.flush(durable=True)
         finally:
             if self._handle is not None:
-                self._handle.close()
+                self._buffer.clear()  # close() must not try to write what a full disk refused
+                with contextlib.suppress(OSError):
+                    self._handle.close()
                 self._handle = None
