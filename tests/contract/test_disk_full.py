@@ -26,23 +26,70 @@ class Case:
 
 
 CASES = [
-    Case("json2bin", ["llm-prep", "json2bin", "big.jsonl", "-t", "{w.gpt2}", "-o", "fs/out/x"], 64, files={"big.jsonl": BIG}),
-    Case("json2bin-byte", ["llm-prep", "json2bin", "big.jsonl", "-t", "byte", "-o", "fs/x", "--workers", "1"], 256,
-         files={"big.jsonl": BIG}),
-    Case("sft", ["llm-prep", "sft", "chats.jsonl", "-t", "byte", "--chat-template", "chatml", "-o", "fs/s"], 32,
-         files={"chats.jsonl": lines(*[CHAT] * 2000)}),
+    Case(
+        "json2bin",
+        ["llm-prep", "json2bin", "big.jsonl", "-t", "{w.gpt2}", "-o", "fs/out/x"],
+        64,
+        files={"big.jsonl": BIG},
+    ),
+    Case(
+        "json2bin-byte",
+        ["llm-prep", "json2bin", "big.jsonl", "-t", "byte", "-o", "fs/x", "--workers", "1"],
+        256,
+        files={"big.jsonl": BIG},
+    ),
+    Case(
+        "sft",
+        ["llm-prep", "sft", "chats.jsonl", "-t", "byte", "--chat-template", "chatml", "-o", "fs/s"],
+        32,
+        files={"chats.jsonl": lines(*[CHAT] * 2000)},
+    ),
     Case("hf2bin", ["llm-prep", "hf2bin", "{w.hf}", "-o", "fs/h"], 64, leave_kib=8),
-    Case("tokenizer-train", ["llm-prep", "tokenizer", "train", "big.jsonl", "--vocab-size", "400", "-o", "fs/tok.json"],
-         64, leave_kib=4, files={"big.jsonl": BIG}),
+    Case(
+        "tokenizer-train",
+        ["llm-prep", "tokenizer", "train", "big.jsonl", "--vocab-size", "400", "-o", "fs/tok.json"],
+        64,
+        leave_kib=4,
+        files={"big.jsonl": BIG},
+    ),
     Case("sample-corpus", ["llm-prep", "sample-corpus", "-o", "fs/raw", "--docs", "3000"], 128),
-    Case("mix", ["llm-mix", "{w.prefix}", "--seq-length", "16", "--num-samples", "600", "-o", "fs/mix.json"], 8),
-    Case("mix-materialize", ["llm-mix", "{w.prefix}", "--seq-length", "16", "--num-samples", "600", "-o", "fs/mix.json",
-                             "--materialize", "fs/samples"], 24),
+    Case(
+        "mix", ["llm-mix", "{w.prefix}", "--seq-length", "16", "--num-samples", "600", "-o", "fs/mix.json"], 8
+    ),
+    Case(
+        "mix-materialize",
+        [
+            "llm-mix",
+            "{w.prefix}",
+            "--seq-length",
+            "16",
+            "--num-samples",
+            "600",
+            "-o",
+            "fs/mix.json",
+            "--materialize",
+            "fs/samples",
+        ],
+        24,
+    ),
     Case("export", ["llm-export", "hf", "{w.prefix}", "-o", "fs/hf"], 64, leave_kib=16),
-    Case("export-parquet", ["llm-export", "hf", "{w.prefix}", "-o", "fs/pq", "--format", "parquet"], 64, leave_kib=8),
+    Case(
+        "export-parquet",
+        ["llm-export", "hf", "{w.prefix}", "-o", "fs/pq", "--format", "parquet"],
+        64,
+        leave_kib=8,
+    ),
     Case("convert-hf", ["llm-ckpt", "convert", "{w.run}", "--to", "hf", "-o", "fs/hf"], 96),
-    Case("convert-safetensors", ["llm-ckpt", "convert", "{w.run}", "--to", "safetensors", "-o", "fs/m.safetensors"], 96),
-    Case("convert-universal", ["llm-ckpt", "convert", "{w.checkpoint}", "--to", "universal", "-o", "fs/univ"], 256),
+    Case(
+        "convert-safetensors",
+        ["llm-ckpt", "convert", "{w.run}", "--to", "safetensors", "-o", "fs/m.safetensors"],
+        96,
+    ),
+    Case(
+        "convert-universal",
+        ["llm-ckpt", "convert", "{w.checkpoint}", "--to", "universal", "-o", "fs/univ"],
+        256,
+    ),
     Case("log-tb", ["llm-log", "tb", "many.jsonl", "--logdir", "fs/tb"], 64, leave_kib=8),
     Case("log-plot", ["llm-log", "plot", "{w.metrics}", "-o", "fs/curves.png"], 64, leave_kib=8),
 ]
@@ -52,7 +99,10 @@ def _many_metrics() -> bytes:
     import json
 
     return b"".join(
-        json.dumps({"kind": "train", "step": s, "loss": 3.0 - s * 1e-5, "lr": 1e-3, "grad_norm": 1.0}).encode() + b"\n"
+        json.dumps(
+            {"kind": "train", "step": s, "loss": 3.0 - s * 1e-5, "lr": 1e-3, "grad_norm": 1.0}
+        ).encode()
+        + b"\n"
         for s in range(1, 20001)
     )
 
