@@ -7,12 +7,14 @@ Where mounting is not allowed (no ``unshare``, no user namespaces) the tests ski
 
 from __future__ import annotations
 
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
 
-from tests.contract.conftest import World, error_line, run_on_full_disk
+from tests.contract.conftest import World, error_line, run_on_full_disk, small_filesystem_runner
 from tests.contract.test_bad_inputs import BIG, CHAT, lines
 
 
@@ -107,8 +109,33 @@ def _many_metrics() -> bytes:
     )
 
 
+@pytest.fixture(scope="module")
+def outcomes(world: World, tmp_path_factory):
+    """Every case once, in parallel (each command in its own mount namespace)."""
+    small_filesystem_runner()  # skips here, once, when mounts are not allowed
+    root = tmp_path_factory.mktemp("full")
+
+    def one(case: Case):
+        d = root / case.name
+        d.mkdir()
+        return case.name, run_case(case, world, d)
+
+    with ThreadPoolExecutor(max_workers=max(2, min(6, (os.cpu_count() or 2) + 1))) as pool:
+        return dict(pool.map(one, CASES))
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_full_disk_is_one_named_error_and_leaves_nothing(case: Case, world: World, tmp_path):
+def test_full_disk_is_one_named_error_and_leaves_nothing(case: Case, outcomes):
+    proc, listing, argv = outcomes[case.name]
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 1, f"exit {proc.returncode}:\n{err[-3000:]}"
+    line = error_line(proc, argv[0])
+    assert re.search(r"fs/\S*: no space left on device", line), line
+    mine = [entry for entry in listing if entry != "./filler"]
+    assert mine == [], f"left on the full filesystem: {mine}"
+
+
+def run_case(case: Case, world: World, tmp_path):
     files = dict(case.files or {})
     if case.name == "log-tb":
         files["many.jsonl"] = _many_metrics()
@@ -120,9 +147,4 @@ def test_full_disk_is_one_named_error_and_leaves_nothing(case: Case, world: Worl
         prepare = f"head -c {filler} /dev/zero > fs/filler || exit 98"
     argv = [a.format(w=world) if "{w." in a else a for a in case.argv]
     proc, listing = run_on_full_disk(argv, tmp_path, case.size_kib, prepare)
-    err = proc.stderr.decode("utf-8", "replace")
-    assert proc.returncode == 1, f"exit {proc.returncode}:\n{err[-3000:]}"
-    line = error_line(proc, argv[0])
-    assert re.search(r"fs/\S*: no space left on device", line), line
-    mine = [entry for entry in listing if entry != "./filler"]
-    assert mine == [], f"left on the full filesystem: {mine}"
+    return proc, listing or [], argv

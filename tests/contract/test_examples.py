@@ -1,0 +1,393 @@
+"""Every example in the README and in the Makefile's comments is run, as written, by this test.
+
+The README's shell blocks are read at test time: each command line must either run here (exit 0) or be
+listed in :data:`NOT_HERE` with the reason it cannot (Slurm, a multi-node hostfile). A new example
+that is neither fails the test. The examples run in one folder, in an order that lets later ones use
+what earlier ones wrote; the files they name but nobody writes (a corpus, a chat dataset, a log) are
+made tiny beforehand. The only changes to a command, all cheap and stated here:
+
+* ``llm-train`` runs with ``--dry-run`` (it checks everything before any compute and prints the plan);
+  the examples that need a trained run read one made by a short real training (``runs/tiny``).
+* fixed ``--master_port`` numbers become free ports (concurrent test runs must not collide).
+* ``ssh node1 tail -f train.log |`` becomes ``cat train.log |`` (the producer of the pipe, not the command).
+* ``llm-log tb --follow`` is stopped with Ctrl-C after a moment, as its comment says it stops.
+
+Every output is then checked against the umask (0644 files, 0755 folders here). The Makefile's examples
+are run by ``test_makefile_examples``: each with ``make -n`` for the commands it chains, and the one
+that used to fail (``CORPUS=... VOCAB=8000 SEQ=256 ...``) for real, with two training steps.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SHARED_DATA
+from tests.contract.conftest import BIN, REPO, contract_env
+
+README = REPO / "README.md"
+FIXTURES = REPO / "tests" / "logs" / "fixtures"
+
+NOT_HERE = {
+    "deepspeed --hostfile hosts": "needs a multi-node hostfile and ssh/pdsh to its hosts",
+    "export MASTER_ADDR=$(scontrol": "inside a Slurm batch script (scontrol); srun-style ranks are emulated in tests/train/test_slurm.py",
+    "export MASTER_PORT=$((20000 + SLURM_JOB_ID": "inside a Slurm batch script (SLURM_JOB_ID)",
+    "source .venv/bin/activate": "inside a Slurm batch script (every example here runs with .venv/bin on PATH)",
+    "srun llm-train": "needs Slurm (tests/train/test_slurm.py emulates two srun tasks)",
+    "make pretrain": "run by test_makefile_examples",
+    "make test": "this test suite itself",
+}
+
+# The order the examples run in (prefixes of the commands): producers before consumers.
+ORDER = [
+    "llm-prep sample-corpus", "llm-prep tokenizer train", "llm-prep json2bin data/raw", "llm-prep json2bin 'shards",
+    "zcat dump", "llm-prep inspect", "llm-prep cat", "SETUP", "llm-mix data/wiki", "llm-mix --data-path",
+    "llm-mix --train-data-path", "llm-mix data/a", "llm-export", "llm-prep hf2bin", "llm-prep sft", "PYTHON",
+    "llm-train", "torchrun", "deepspeed", "llm-ckpt list", "llm-ckpt verify", "llm-ckpt inspect", "llm-ckpt convert",
+    "llm-ckpt import-hf", "llm-ckpt prune", "llm-log", "ssh node1",
+]  # fmt: skip
+
+
+# Independent snippets reuse output names; before these run, the earlier example's output goes (else it is
+# refused as existing, which is the documented behaviour, not what the snippet shows).
+CLEAN_BEFORE = {
+    "llm-mix data/a": ["mix.json"],
+    "llm-prep hf2bin 'pq": [
+        "data/web_text_document.bin",
+        "data/web_text_document.idx",
+        "data/web_text_document.json",
+    ],
+}
+
+
+def readme_examples() -> list[str]:
+    """Every command line of the README's bash blocks (continuations joined, comments dropped)."""
+    out = []
+    for lang, body in re.findall(r"```(\w*)\n(.*?)```", README.read_text(encoding="utf-8"), re.S):
+        if lang not in ("bash", "sh"):
+            continue
+        for line in re.sub(r"\\\n\s*", " ", body).splitlines():
+            line = re.sub(r"\s+#(?![^'\"]*['\"]).*$", "", line).strip()  # a trailing comment
+            if line and not line.startswith("#"):
+                out.append(line)
+    return out
+
+
+def readme_python() -> str:
+    (block,) = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    return block
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def adapt(command: str) -> tuple[str, str | None]:
+    """The command as run here, and how it is stopped (None: it ends by itself)."""
+    command = re.sub(r"--master_port \d+", lambda _: f"--master_port {free_port()}", command)
+    if command.startswith("ssh node1 tail -f train.log |"):
+        command = command.replace("ssh node1 tail -f train.log |", "cat train.log |", 1)
+    if re.search(r"(^|\s)(llm-train|-m llmtools\.cli\.train|--module llmtools\.cli\.train)\s", command):
+        command += " --dry-run"
+    if command.startswith("llm-log tb") and "--follow" in command and "|" not in command:
+        return f"exec {command}", "sigint"  # exec: the signal goes to llm-log itself
+    return command, None
+
+
+# -- the folder the examples run in ------------------------------------------------------------------
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>'"
+    " + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _jsonl(path: Path, records) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def before_all(d: Path) -> None:
+    """What the first examples read and nobody writes."""
+    gpt2 = SHARED_DATA / "tokenizers" / "gpt2"
+    if not (gpt2 / "vocab.json").exists():
+        pytest.skip(f"needs {gpt2} (the shared data folder beside the repo; always present in CI)")
+    (d / "configs").symlink_to(REPO / "configs")
+    shutil.copytree(gpt2, d / "gpt2")
+    import zstandard
+
+    (d / "shards").mkdir()
+    for k in range(2):
+        data = "".join(
+            json.dumps({"text": f"shard {k} line {i}: some text"}) + "\n" for i in range(50)
+        ).encode()
+        (d / "shards" / f"part{k}.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
+    (d / "dump.jsonl.gz").write_bytes(
+        gzip.compress(
+            b"".join(json.dumps({"text": f"dump {i}"}).encode() + b"\n" for i in range(30)) + b"{bad\n"
+        )
+    )
+
+
+def setup_middle(d: Path) -> None:
+    """What the later examples read: made from what the first ones wrote (and tiny files of each kind)."""
+    env = contract_env(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    data = d / "data"
+    shutil.copy(data / "tokenizer.json", d / "tokenizer.json")
+    for name in ("wiki", "code", "held_out"):
+        style = "stories" if name != "code" else "arith"
+        subprocess.run(
+            ["llm-prep", "json2bin", f"data/raw/{style}.jsonl", "-t", "data/tokenizer.json", "-o", f"data/{name}",
+             "--append-eod", "-q"], cwd=d, env=env, check=True, capture_output=True,
+        )  # fmt: skip
+    for alias, source in (
+        ("wiki", "wiki"),
+        ("code", "code"),
+        ("held_out", "held_out"),
+        ("a", "wiki"),
+        ("b", "code"),
+    ):
+        for suffix in (".bin", ".idx", ".json"):
+            shutil.copy(data / f"{source}_text_document{suffix}", data / f"{alias}{suffix}")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (d / "pq").mkdir()
+    pq.write_table(
+        pa.table({"text": [f"parquet row {i}" for i in range(40)]}), d / "pq" / "train-00000.parquet"
+    )
+    _jsonl(d / "my_dataset_dir" / "validation.jsonl", [{"body": f"held-out text {i}"} for i in range(20)])
+    (d / "tok").mkdir()
+    shutil.copy(data / "tokenizer.json", d / "tok" / "tokenizer.json")
+    (d / "tok" / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": CHATML,
+                "eos_token": "<|endoftext|>",
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            }
+        )
+    )
+    chat = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4."}]
+    _jsonl(d / "chats.jsonl", [{"messages": chat}] * 20)
+    _jsonl(d / "alpaca.jsonl", [{"instruction": "Add 2 and 2.", "input": "", "output": "4"}] * 20)
+    _jsonl(d / "qa.jsonl", [{"q": "2 + 2?", "a": "4"}] * 20)
+    import datasets
+
+    datasets.DatasetDict({"train_sft": datasets.Dataset.from_list([{"messages": chat}] * 20)}).save_to_disk(
+        str(d / "hf" / "ultrachat")
+    )
+    for name in ("megatron.log", "deepspeed.log"):
+        shutil.copy(FIXTURES / name, d / name)
+    (d / "ds.log.gz").write_bytes(gzip.compress((FIXTURES / "deepspeed.log").read_bytes()))
+    (d / "train.log").write_text((FIXTURES / "metrics.jsonl").read_text())
+
+
+def after_mix(d: Path) -> None:
+    """tiny.yaml reads out/pretrain/mix.json (make pretrain's); the resume example a new mix."""
+    for folder in ("out/pretrain", "out/new"):
+        shutil.copytree(
+            d / "out", d / folder, ignore=shutil.ignore_patterns("pretrain", "new"), dirs_exist_ok=True
+        )
+    shutil.copy(d / "data" / "tokenizer.json", d / "out" / "pretrain" / "tokenizer.json")
+
+
+def trained_run(d: Path) -> None:
+    """runs/tiny: a real, short training of a tiny model (checkpoints at steps 100 and 200), and the
+    metrics the llm-log examples read."""
+    config = d / "micro.yaml"
+    config.write_text(
+        "model: {preset: tiny, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,\n"
+        "        num_attention_heads: 2, num_key_value_heads: 1}\n"
+        "data: {mix: out/pretrain/mix.json}\n"
+        "training: {micro_batch_size: 2, global_batch_size: 2, train_steps: 200, precision: fp32}\n"
+        "optimizer: {lr: 1.0e-3}\nschedule: {kind: constant, warmup_steps: 0}\neval: {every: 0}\n"
+        "logging: {log_every: 10}\ncheckpoint: {save_every: 100}\n"
+    )
+    proc = subprocess.run(
+        [str(BIN / "llm-train"), str(config), "--deepspeed", "configs/deepspeed/zero2.json", "-o", "runs/tiny"],
+        cwd=d, env=contract_env(), capture_output=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    for run in ("run", "runA", "runB"):
+        (d / run).mkdir()
+        shutil.copy(d / "runs" / "tiny" / "metrics.jsonl", d / run / "metrics.jsonl")
+
+
+def _position(command: str) -> int:
+    for i, prefix in enumerate(ORDER):
+        if command.startswith(prefix):
+            return i
+    return len(ORDER)
+
+
+@pytest.fixture(scope="module")
+def examples_run(tmp_path_factory):
+    """Run every README example once, in order, in one folder: {command: (adapted, process)}."""
+    d = tmp_path_factory.mktemp("examples")
+    before_all(d)
+    env = contract_env(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    commands = sorted(
+        (c for c in readme_examples() if not any(c.startswith(p) for p in NOT_HERE)), key=_position
+    )
+    results: dict[str, tuple] = {}
+    stages = {"llm-mix data/wiki": setup_middle, "llm-export": after_mix, "llm-ckpt list": trained_run}
+    for command in commands:
+        for prefix, stage in list(stages.items()):
+            if _position(command) >= _position(prefix):
+                stage(d)
+                del stages[prefix]
+        for prefix, paths in CLEAN_BEFORE.items():
+            if command.startswith(prefix):
+                for path in paths:
+                    (d / path).unlink(missing_ok=True)
+        adapted, stop = adapt(command)
+        proc = subprocess.Popen(
+            ["bash", "-o", "pipefail", "-c", adapted],
+            cwd=d,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        if stop == "sigint":
+            time.sleep(4)
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=600)
+        results[command] = (
+            adapted,
+            proc.returncode,
+            out.decode("utf-8", "replace"),
+            err.decode("utf-8", "replace"),
+        )
+    python = readme_python().replace("ds[i]", "ds[0]")
+    python = "r, w, c = 0, 1, 0\n" + python
+    proc = subprocess.run(
+        [str(BIN / "python"), "-c", python], cwd=d, env=env, capture_output=True, timeout=300
+    )
+    results["README python block"] = (
+        "python -c ...",
+        proc.returncode,
+        proc.stdout.decode(),
+        proc.stderr.decode(),
+    )
+    return d, results
+
+
+def test_every_readme_example_is_run_or_excused():
+    examples = readme_examples()
+    assert len(examples) >= 40
+    for command in examples:
+        assert any(command.startswith(p) for p in NOT_HERE) or _position(command) < len(ORDER), (
+            f"README example not run by this test and not excused: {command}"
+        )
+
+
+@pytest.mark.parametrize(
+    "command", [c for c in readme_examples() if not any(c.startswith(p) for p in NOT_HERE)]
+)
+def test_readme_example(command, examples_run):
+    _, results = examples_run
+    adapted, code, out, err = results[command]
+    assert code == 0, f"{adapted}\nexit {code}\n{err[-3000:]}"
+    assert "Traceback" not in err
+
+
+def test_readme_python_block(examples_run):
+    _, results = examples_run
+    _, code, out, err = results["README python block"]
+    assert code == 0, err[-3000:]
+
+
+def test_example_outputs_honour_the_umask(examples_run):
+    d, _ = examples_run
+    umask = os.umask(0)
+    os.umask(umask)
+    skip = {"configs", "gpt2"}  # links and copies the test made, not outputs
+    wrong = []
+    for path in d.rglob("*"):
+        if (
+            path.is_symlink()
+            or path.relative_to(d).parts[0] in skip
+            or path.name in ("zero_to_fp32.py", "zero_to_torch.py")
+        ):
+            continue
+        want = (0o777 if path.is_dir() else 0o666) & ~umask
+        if stat.S_IMODE(path.lstat().st_mode) != want:
+            wrong.append(f"{path.relative_to(d)}: {stat.S_IMODE(path.lstat().st_mode):o}")
+    assert wrong == []
+    assert not [p for p in d.rglob("*") if ".tmp-" in p.name]
+
+
+# -- the Makefile's examples ---------------------------------------------------------------------------
+def makefile_examples() -> list[str]:
+    """`make ...` lines in the comments of Makefile and mk/*.mk."""
+    out = []
+    for path in [REPO / "Makefile", *sorted((REPO / "mk").glob("*.mk"))]:
+        for line in path.read_text().splitlines():
+            match = re.match(r"#\s+(make [^#]*?)\s*(#.*)?$", line)
+            if match:
+                out.append(match.group(1).strip())
+    return out
+
+
+def test_makefile_examples(tmp_path):
+    """Each example's command chain (make -n) carries its variables to the commands that need them, and
+    the CORPUS/VOCAB/SEQ example — which used to stop at llm-train with a vocabulary mismatch — runs for
+    real: tokenizer of 8,000 ids, json2bin, mix at sequence length 256, two training steps, checkpoint,
+    Hugging Face folder, curves."""
+    if shutil.which("make") is None:
+        pytest.skip("needs GNU make")
+    examples = makefile_examples()
+    assert len(examples) >= 5, examples
+    wiki, code = tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz"
+    stories = [
+        json.dumps({"text": f"Story {i}: Tom had {i % 9} apples and gave one to Sam."}) for i in range(300)
+    ]
+    wiki.write_text("\n".join(stories) + "\n")
+    code.write_bytes(
+        gzip.compress(("\n".join(json.dumps({"text": f"x = {i} + {i}"}) for i in range(300)) + "\n").encode())
+    )
+    for example in examples:
+        line = example.replace('"a.jsonl b.jsonl.gz"', f'"{wiki} {code}"').replace(
+            '"a.jsonl b.jsonl"', f'"{wiki} {code}"'
+        )
+        args = [a.strip('"') for a in re.findall(r'(\S+="[^"]*"|\S+)', line)[2:]]
+        dry = subprocess.run(
+            ["make", "-n", "-o", ".venv/.setup-stamp", "-o", "setup", "pretrain", f"OUT={tmp_path}/dry", *args],
+            cwd=REPO, capture_output=True, text=True,
+        )  # fmt: skip
+        assert dry.returncode == 0, f"{example}: {dry.stderr}"
+        variables = dict(a.split("=", 1) for a in args)
+        train = next(c for c in dry.stdout.splitlines() if "llm-train" in c or "llmtools.cli.train" in c)
+        assert f"model.vocab_size={variables.get('VOCAB', 4096)}" in train, (example, train)
+        assert f"data.seq_length={variables.get('SEQ', 128)}" in train, (example, train)
+        if "SEQ" in variables:
+            assert f"--seq-length {variables['SEQ']}" in dry.stdout
+        if "VOCAB" in variables:
+            assert f"--vocab-size {variables['VOCAB']}" in dry.stdout
+    out = tmp_path / "real"
+    real = subprocess.run(
+        ["make", "-o", ".venv/.setup-stamp", "-o", "setup", "pretrain", f"OUT={out}", f"CORPUS={wiki} {code}",
+         "WEIGHTS=0.7,0.3", "VOCAB=8000", "SEQ=256", "SAMPLES=64", "VALID_SAMPLES=8",
+         "TRAIN_ARGS=--set training.train_steps=2 --set schedule.total_steps=2 --set schedule.warmup_steps=0 "
+         "--set checkpoint.save_every=2 --set eval.every=0 --set training.global_batch_size=8 "
+         "--set training.micro_batch_size=4"],
+        cwd=REPO, capture_output=True, text=True, timeout=900, env=contract_env(),
+    )  # fmt: skip
+    assert real.returncode == 0, real.stderr[-4000:]
+    config = (out / "run" / "config.yaml").read_text()
+    assert "vocab_size: 8000" in config and "seq_length: 256" in config
+    assert json.loads((out / "hf" / "config.json").read_text())["vocab_size"] == 8000
+    assert (out / "curves.png").exists() and (out / "summary.txt").exists()
