@@ -23,6 +23,7 @@ import gzip
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -363,7 +364,7 @@ def test_makefile_examples(tmp_path):
         line = example.replace('"a.jsonl b.jsonl.gz"', f'"{wiki} {code}"').replace(
             '"a.jsonl b.jsonl"', f'"{wiki} {code}"'
         )
-        args = [a.strip('"') for a in re.findall(r'(\S+="[^"]*"|\S+)', line)[2:]]
+        args = shlex.split(line)[2:]
         dry = subprocess.run(
             ["make", "-n", "-o", ".venv/.setup-stamp", "-o", "setup", "pretrain", f"OUT={tmp_path}/dry", *args],
             cwd=REPO, capture_output=True, text=True,
