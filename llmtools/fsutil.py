@@ -124,7 +124,7 @@ def tmp_sibling(path: str | os.PathLike, suffix: str = "") -> Path:
             continue
         except OSError as error:
             _forget(tmp)
-            raise disk_full_error(error, path) or error from None
+            raise disk_full_error(error, path) or _naming(error, path) from None
         os.close(fd)
         return tmp
 
@@ -143,8 +143,13 @@ def tmp_folder(path: str | os.PathLike) -> Path:
             continue
         except OSError as error:
             _forget(tmp)
-            raise disk_full_error(error, path) or error from None
+            raise disk_full_error(error, path) or _naming(error, path) from None
         return tmp
+
+
+def _naming(error: OSError, path: Path) -> OSError:
+    """The same error, naming the output rather than its temporary (a read-only folder, say)."""
+    return type(error)(error.errno, error.strerror, str(path)) if error.errno is not None else error
 
 
 def discard(tmp: str | os.PathLike) -> None:

@@ -28,7 +28,7 @@ from llmtools.ckpt import dist, layout
 from llmtools.ckpt import rng as rng_state
 from llmtools.ckpt.verify import check, check_compatible, file_manifest, read_meta, verify
 from llmtools.errors import InputError, RuntimeFailure, UsageError
-from llmtools.fsutil import TMP_MARK, atomic_file, fsync_dir, write_text_atomic
+from llmtools.fsutil import TMP_MARK, atomic_file, disk_full_guard, fsync_dir, write_text_atomic
 
 
 def _stderr_warning(message: str) -> None:
@@ -118,9 +118,16 @@ class CheckpointManager:
                 shutil.rmtree(leftover, ignore_errors=True)
         dist.barrier()
 
-        engine.save_checkpoint(str(self.ckpt_dir), tag=tmp.name, client_state=client_state, save_latest=False)
-        with atomic_file(tmp / layout.rng_name(rank), "wb") as handle:
-            torch.save(rng_state.capture(), handle)
+        try:
+            with disk_full_guard(tmp):  # torch words a full disk "unexpected pos ..."
+                engine.save_checkpoint(
+                    str(self.ckpt_dir), tag=tmp.name, client_state=client_state, save_latest=False
+                )
+                with atomic_file(tmp / layout.rng_name(rank), "wb") as handle:
+                    torch.save(rng_state.capture(), handle)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed save leaves no half-written folder
+            raise
         dist.barrier()
 
         if rank == 0:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.contract.conftest import World, error_line, run_on_full_disk, small_filesystem_runner
+from tests.contract.conftest import REPO, World, error_line, run_on_full_disk, small_filesystem_runner
 from tests.contract.test_bad_inputs import BIG, CHAT, lines
 
 
@@ -148,3 +148,41 @@ def run_case(case: Case, world: World, tmp_path):
     argv = [a.format(w=world) if "{w." in a else a for a in case.argv]
     proc, listing = run_on_full_disk(argv, tmp_path, case.size_kib, prepare)
     return proc, listing or [], argv
+
+
+READ_ONLY = [
+    ("json2bin", ["llm-prep", "json2bin", "{w.corpus}", "-t", "{w.gpt2}", "-o", "fs/x"]),
+    ("export", ["llm-export", "hf", "{w.prefix}", "-o", "fs/hf"]),
+    ("log-tb", ["llm-log", "tb", "{w.metrics}", "--logdir", "fs/tb"]),
+]
+
+
+@pytest.mark.parametrize(("name", "argv"), READ_ONLY, ids=[name for name, _ in READ_ONLY])
+def test_read_only_output_is_one_named_error(name, argv, world: World, tmp_path):
+    """An output on a read-only filesystem (what chmod cannot simulate for root): exit 1, the output named."""
+    argv = [a.format(w=world) if "{w." in a else a for a in argv]
+    proc, listing = run_on_full_disk(argv, tmp_path, 64, "mount -o remount,ro fs || exit 97")
+    assert proc.returncode == 1, proc.stderr.decode()[-2000:]
+    line = error_line(proc, argv[0])
+    assert re.search(r"fs/\S*: Read-only file system", line), line
+    assert listing == []
+
+
+def test_a_checkpoint_save_that_fills_the_disk(world: World, tmp_path):
+    """llm-train's own save: DeepSpeed's torch.save says "unexpected pos"; the run ends with exit 1 naming
+    the checkpoint being written, and no half-written checkpoint folder is left."""
+    argv = [
+        "llm-train",
+        str(world.tiny_yaml),
+        "--deepspeed",
+        str(REPO / "configs/deepspeed/zero1.json"),
+        "-o",
+        "fs/run",
+    ]
+    proc, listing = run_on_full_disk(argv, tmp_path, 256)
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert re.match(r"llm-train: error: fs/run/checkpoints/step_\S+: no space left on device", last), last
+    assert not [entry for entry in listing if ".tmp-" in entry or "step_" in entry], listing
