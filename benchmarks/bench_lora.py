@@ -36,7 +36,7 @@ def worker(args: argparse.Namespace) -> dict:
 
     from llmtools.model import LlamaForCausalLM
     from llmtools.model.config import load_model_config
-    from llmtools.train.lora import TARGETS, LoraSection, apply_lora
+    from llmtools.model.lora import TARGETS, LoraSection, apply_lora
 
     torch.set_num_threads(args.threads)
     base = load_model_config(args.preset).to_dict()

@@ -107,7 +107,7 @@ def convert(config: ConvertConfig) -> Path:
     if config.to == "universal":
         return to_universal_dir(config.checkpoint, config.output, force=config.force)
     if config.adapter_only:  # --- lora (issue 8) ---
-        from llmtools.train.lora import write_adapter
+        from llmtools.model.lora import write_adapter
 
         return write_adapter(resolve_checkpoint(config.checkpoint), config.output, force=config.force)
     if config.to == "safetensors":
@@ -235,7 +235,7 @@ def to_hf(
             )
 
         # --- lora (issue 8): a LoRA checkpoint is exported with W + (alpha / r) B A merged in ---
-        from llmtools.train.lora import checkpoint_lora, merge_state
+        from llmtools.model.lora import checkpoint_lora, merge_state
 
         found = checkpoint_lora(checkpoint)
         if found is not None:

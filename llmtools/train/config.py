@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from llmtools.errors import InputError, UsageError
-from llmtools.train.lora import LoraSection  # issue 8 (no torch at import)
+from llmtools.model.lora import LoraSection  # issue 8 (no torch at import)
 
 PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("cosine", "linear", "constant", "wsd", "inverse_sqrt")
@@ -496,7 +496,7 @@ def from_dict(raw: Any, where: str = "<config>") -> TrainConfig:
     for key, value in raw.items():
         # --- sft/lora (issue 8) ---
         if key == "task":
-            from llmtools.train.sft import check_task
+            from llmtools.train.tasks.sft import check_task
 
             sections["task"] = check_task(value, where)
             continue

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtools.errors import InputError, RuntimeFailure
-from llmtools.train import losses as loss_fns
+from llmtools.train.tasks import pretrain as loss_fns
 from llmtools.train.config import TrainConfig
 from llmtools.train.deepspeed_config import prefer_torch_adam
 from llmtools.train.distributed import all_mean, any_rank, log0
@@ -138,7 +138,7 @@ def accumulate_and_update(engine, plan: TrainPlan, batches, gate: HealthGate, co
         for m in range(gas):
             indices = next(batches)
             if cfg.task == "sft":  # --- sft (issue 8): loss only where the mask is 1 ---
-                from llmtools.train.sft import micro_batch_loss
+                from llmtools.train.tasks.sft import micro_batch_loss
 
                 loss = micro_batch_loss(
                     engine, plan.train_data.batch(indices), engine.device, plan.train_data.packed

@@ -57,7 +57,7 @@ def resolve_model_config(config: TrainConfig):
             raise InputError(f"{where}: unknown key model.{key}{hint}")
     init_base = None
     if section.init_from is not None:
-        from llmtools.train.sft import init_model_source  # issue 8: or the model of one of our checkpoints
+        from llmtools.train.tasks.sft import init_model_source  # issue 8: or the model of one of our checkpoints
 
         # Read even when a preset names the shape: a missing or broken folder fails here, before compute.
         init_base = load_model_config(init_model_source(section.init_from)).to_dict()
@@ -131,7 +131,7 @@ def make_plan(
     # Data. A mix fixes seq_length and the number of samples; prefixes get exactly what the run needs.
     if config.data.mix is not None:
         if config.task == "sft":  # --- sft (issue 8) ---
-            from llmtools.train.sft import open_sft_data
+            from llmtools.train.tasks.sft import open_sft_data
 
             open_sft_data(config, 0)  # raises: sft reads an llm-prep sft prefix, not a mix
         train = _open_data(config, "train")
@@ -145,7 +145,7 @@ def make_plan(
         seq_length = int(config.data.seq_length)
         needed = config.steps(seq_length) * t.global_batch_size
         if config.task == "sft":  # --- sft (issue 8): one llm-prep sft prefix, cycled as needed ---
-            from llmtools.train.sft import open_sft_data
+            from llmtools.train.tasks.sft import open_sft_data
 
             train = open_sft_data(config, needed)
         else:

@@ -151,7 +151,7 @@ def load_init_weights(model, spec: str) -> None:
     import torch
 
     from llmtools.model.hf import load_state_dict_into
-    from llmtools.train.lora import checkpoint_weights
+    from llmtools.model.lora import checkpoint_weights
 
     with torch.no_grad():
         load_state_dict_into(model, checkpoint_weights(path), str(path))
