@@ -43,7 +43,7 @@ from llmtools.data.gpt_index import GPTIndices, build_gpt_indices
 from llmtools.data.splits import DEFAULT_SPLIT, SPLITS, parse_split, split_matrix, split_range
 from llmtools.errors import InputError, RuntimeFailure, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
-from llmtools.formats.mix import FORMAT, VERSION, read_mix, write_mix
+from llmtools.formats.mix import FORMAT, MIN_SEQ_LENGTH, VERSION, read_mix, write_mix
 from llmtools.formats.sidecar import read_sidecar
 from llmtools.fsutil import atomic_file
 
@@ -95,8 +95,8 @@ class MixConfig:
 
     def __post_init__(self) -> None:
         _positive_int(self.seq_length, "--seq-length")
-        if self.seq_length < 2:
-            raise UsageError("--seq-length must be at least 2")
+        if self.seq_length < MIN_SEQ_LENGTH:
+            raise UsageError(f"--seq-length must be at least {MIN_SEQ_LENGTH}")
         if (self.num_samples is None) == (self.tokens is None):
             raise UsageError("give exactly one of --num-samples N or --tokens T")
         if self.tokens is not None:

@@ -18,6 +18,9 @@ from llmtools.fsutil import write_text_atomic
 FORMAT = "llmtools.mix"
 VERSION = 1
 SPLIT_NAMES = ("train", "valid", "test")
+MIN_SEQ_LENGTH = 2
+"""The shortest sample (in model inputs) llm-mix plans, llm-train trains on and a mix.json may record:
+with one input token per sample the model never attends to a context, it learns token bigrams."""
 
 _REQUIRED = {
     "format": str,
@@ -48,6 +51,10 @@ def read_mix(path: str | os.PathLike) -> dict:
     if data["version"] != VERSION:
         raise InputError(
             f"{where(path, key='version')}: unsupported version {data['version']} (this is {VERSION})"
+        )
+    if data["seq_length"] < MIN_SEQ_LENGTH:
+        raise InputError(
+            f"{where(path, key='seq_length')}: must be >= {MIN_SEQ_LENGTH}, found {data['seq_length']}"
         )
     for i, source in enumerate(data["sources"]):
         if not isinstance(source, dict) or not isinstance(source.get("prefix"), str):

@@ -59,7 +59,7 @@ def lora_run(tmp_path_factory):
 
 
 def _checkpoint_state(path: Path):
-    from llmtools.model.lora import checkpoint_lora
+    from llmtools.ckpt.lora import checkpoint_lora
 
     found = checkpoint_lora(path)
     assert found is not None

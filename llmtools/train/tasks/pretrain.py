@@ -1,9 +1,13 @@
-"""The loss of a micro-batch (next-token cross-entropy in fp32) and the evaluation on the valid split."""
+"""Pretraining (``task: pretrain``, the default): next-token cross-entropy in fp32 over every token of
+blended GPT samples (a ``mix.json`` from llm-mix, or prefixes with weights planned in code)."""
 
 from __future__ import annotations
 
-from llmtools.train.distributed import all_mean
-from llmtools.train.plan import TrainPlan
+import os
+from collections.abc import Callable
+
+from llmtools.errors import InputError
+from llmtools.train.tasks.base import LossOutput, Task
 
 
 def cross_entropy(logits, labels):
@@ -19,21 +23,38 @@ def to_batch(array, device):
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def evaluate(engine, plan: TrainPlan, rank: int, world: int) -> float:
-    """Mean next-token loss over the first ``eval.iters`` micro-batches per rank of the valid split."""
-    import numpy as np
-    import torch
+class PretrainTask(Task):
+    name = "pretrain"
 
-    data = plan.valid_data
-    micro = plan.config.training.micro_batch_size
-    n = len(data)
-    engine.eval()
-    losses = []
-    with torch.no_grad():
-        for i in range(plan.config.eval.iters):
-            start = (i * world + rank) * micro
-            indices = [int(j % n) for j in range(start, start + micro)]
-            inputs, labels = to_batch(data.batch(np.asarray(indices)), engine.device)
-            losses.append(float(cross_entropy(engine(inputs), labels)))
-    engine.train()
-    return all_mean([sum(losses) / len(losses)], engine.device)[0]
+    def open_data(self, split: str, samples_for: Callable[[int], int]):
+        """A mix's split (its seq_length and samples are the mix's), or exactly the samples the run needs
+        planned over ``data.prefixes``."""
+        from llmtools.data.dataset import BlendedGPTDataset
+
+        data = self.config.data
+        if data.mix is not None:
+            if not os.path.exists(data.mix):
+                raise InputError(
+                    f"{self.config.source}: data.mix: {data.mix}: no such file (make one with llm-mix)"
+                )
+            opened = BlendedGPTDataset.from_mix(data.mix, split=split)
+            if data.seq_length is not None and data.seq_length != opened.seq_length:
+                raise InputError(
+                    f"{self.where}: data.seq_length={data.seq_length} contradicts seq_length={opened.seq_length} "
+                    f"of {data.mix}"
+                )
+            return opened
+        return BlendedGPTDataset.from_prefixes(
+            data.prefixes,
+            data.weights or [1.0] * len(data.prefixes),
+            data.seq_length,
+            samples_for(data.seq_length),
+            seed=data.seed,
+            split=data.split,
+            cache_dir=data.cache_dir,
+            **({"split_name": split} if split != "train" else {}),
+        )
+
+    def loss(self, model, batch, device) -> LossOutput:
+        inputs, labels = to_batch(batch, device)
+        return LossOutput(cross_entropy(model(inputs), labels))

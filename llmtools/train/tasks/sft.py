@@ -1,30 +1,23 @@
-"""The SFT data path of the training loop (``task: sft`` in the train config).
+"""Supervised fine-tuning (``task: sft``): the masked next-token loss over ``llm-prep sft`` data.
 
 ``data.prefixes`` names ONE prefix written by ``llm-prep sft`` (``PREFIX_input_ids_document`` ...) and
 ``data.seq_length`` the tokens per sample. Samples are the prep's documents (one conversation, or one
 packed sequence with ``--pack``), visited in a seeded random order, epoch after epoch as the run needs.
 The loss is the next-token cross-entropy where the loss mask is 1 (assistant tokens), averaged over
 those tokens of the micro-batch. Packed sequences pass their segment ids and restarting position ids
-to the model, which then attends only within each sample.
+to the model, which then attends only within each sample. There is no valid split yet.
 
-No torch at import time (the train config imports :func:`check_task`).
+No torch at import time (the train config checks ``task:`` against the table of tasks).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 
 import numpy as np
 
 from llmtools.errors import InputError
-
-TASKS = ("pretrain", "sft")
-
-
-def check_task(value, where: str) -> str:
-    if value not in TASKS:
-        raise InputError(f"{where}: task: {value!r} is not one of {', '.join(TASKS)}")
-    return value
+from llmtools.train.tasks.base import LossOutput, Task
 
 
 class SftTrainData:
@@ -66,19 +59,10 @@ class SftTrainData:
         return int(order[offset])
 
     def batch(self, indices) -> dict[str, np.ndarray]:
-        return self.dataset.batch([self.document_of(i) for i in indices], self.seq_length)
-
-
-def open_sft_data(config, num_samples: int) -> SftTrainData:
-    """The SFT training data of a train config (``task: sft``), checked with file and key named."""
-    where = config.source or "<train config>"
-    data = config.data
-    if data.mix is not None or len(data.prefixes) != 1:
-        raise InputError(
-            f"{where}: data: task sft reads one prefix written by llm-prep sft: "
-            "data.prefixes: [PREFIX] and data.seq_length (no data.mix)"
-        )
-    return SftTrainData(data.prefixes[0], int(data.seq_length), num_samples, seed=data.seed)
+        arrays = self.dataset.batch([self.document_of(i) for i in indices], self.seq_length)
+        if not self.packed:  # one sample per row: plain causal attention and default positions
+            del arrays["position_ids"], arrays["segment_ids"]
+        return arrays
 
 
 def masked_loss(logits, labels, loss_mask):
@@ -102,56 +86,25 @@ def to_tensors(batch: dict[str, np.ndarray], device, packed: bool) -> dict:
     return out
 
 
-def micro_batch_loss(model, batch: dict[str, np.ndarray], device, packed: bool):
-    """The masked loss of one micro-batch through ``model`` (a module or a DeepSpeed engine)."""
-    b = to_tensors(batch, device, packed)
-    kwargs = {"position_ids": b["position_ids"], "segment_ids": b["segment_ids"]} if packed else {}
-    logits = model(b["tokens"], **kwargs)
-    return masked_loss(logits, b["labels"], b["loss_mask"])
+class SftTask(Task):
+    name = "sft"
+    evaluates = False
 
+    def open_data(self, split: str, samples_for: Callable[[int], int]) -> SftTrainData:
+        """The one ``llm-prep sft`` prefix, cycled for as many samples as the run needs."""
+        data = self.config.data
+        if data.mix is not None or len(data.prefixes) != 1:
+            raise InputError(
+                f"{self.where}: data: task sft reads one prefix written by llm-prep sft: "
+                "data.prefixes: [PREFIX] and data.seq_length (no data.mix)"
+            )
+        seq_length = int(data.seq_length)
+        return SftTrainData(data.prefixes[0], seq_length, samples_for(seq_length), seed=data.seed)
 
-# -- model.init_from one of our checkpoints ---------------------------------------------------------
-def init_checkpoint(spec: str | None) -> Path | None:
-    """The checkpoint ``model.init_from`` names (a checkpoint folder, or a run folder: its newest verified
-    checkpoint); None when it is a Hugging Face folder (config.json) or not given."""
-    if not spec or (Path(spec) / "config.json").is_file():
-        return None
-    from llmtools.ckpt import layout
-
-    path = Path(spec)
-    if not (layout.model_states_file(path).is_file() or (path / layout.CHECKPOINTS).is_dir()):
-        return None
-    from llmtools.ckpt.convert import resolve_checkpoint
-
-    return resolve_checkpoint(path)
-
-
-def init_model_source(spec: str):
-    """What ``load_model_config`` should read for ``init_from``: a checkpoint's recorded model, else ``spec``."""
-    path = init_checkpoint(spec)
-    if path is None:
-        return spec
-    from llmtools.ckpt.verify import read_meta
-
-    model = read_meta(path).get("model")
-    if not model:
-        raise InputError(f"{path}/meta.json[model]: no model config recorded; give model.preset")
-    return model
-
-
-def load_init_weights(model, spec: str) -> None:
-    """Copy ``init_from``'s weights into ``model``: a Hugging Face folder, or one of our checkpoints
-    (any ZeRO stage; a LoRA checkpoint with its adapters merged into the base)."""
-    path = init_checkpoint(spec)
-    if path is None:
-        from llmtools.model.hf import load_hf_weights
-
-        load_hf_weights(model, spec)
-        return
-    import torch
-
-    from llmtools.model.hf import load_state_dict_into
-    from llmtools.model.lora import checkpoint_weights
-
-    with torch.no_grad():
-        load_state_dict_into(model, checkpoint_weights(path), str(path))
+    def loss(self, model, batch: dict[str, np.ndarray], device) -> LossOutput:
+        """The masked loss of one micro-batch (packed rows carry their segment and position ids)."""
+        packed = "segment_ids" in batch
+        b = to_tensors(batch, device, packed)
+        kwargs = {"position_ids": b["position_ids"], "segment_ids": b["segment_ids"]} if packed else {}
+        logits = model(b["tokens"], **kwargs)
+        return LossOutput(masked_loss(logits, b["labels"], b["loss_mask"]))
