@@ -152,7 +152,7 @@ def to_safetensors(
 
 
 def _model_config(meta: dict[str, Any] | None, model: str | None, checkpoint: Path):
-    from llmtools.model.config import load_model_config
+    from llmtools.model.presets import load_model_config
 
     if model is not None:
         return load_model_config(model)
