@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.train.conftest import TINY
-from tests.train.test_sft_training import ds, make_sft_prefix, sft_config
+from tests.train.tasks.test_sft import ds, make_sft_prefix, sft_config
 
 ROOT = Path(__file__).resolve().parents[2]
 LORA = {

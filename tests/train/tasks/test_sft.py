@@ -15,7 +15,7 @@ import pytest
 
 from tests.train.conftest import TINY
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SEQ = 96
 PACK = 256  # packed sequences hold several samples
 
