@@ -183,9 +183,10 @@ class _Trainer:
     """One run: the engine and everything around it, with one method per job of the loop."""
 
     def __init__(self, plan: TrainPlan, options: RunOptions, dist_info) -> None:
+        from llmtools.model.flops import flops_per_token
         from llmtools.train import checkpointing
         from llmtools.train.engine import build_engine, build_model, coalesce_reductions
-        from llmtools.train.metrics import build_metrics_logger
+        from llmtools.train.metrics import StepWindow, peak_tflops
 
         cfg = self.cfg = plan.config
         self.plan, self.options = plan, options
@@ -204,9 +205,13 @@ class _Trainer:
         self.model_identity = plan.model_config.to_dict()
         self.progress = Progress()
         self.last_saved: Path | None = None
-        self.metrics = build_metrics_logger(
-            self.run_dir, self.rank, tensorboard=options.tensorboard or cfg.logging.tensorboard
-        )
+        self.metrics = None  # opened by resume(), once a checkpoint asked for has loaded
+        self.flops_per_token = flops_per_token(plan.model_config, plan.seq_length)
+        self.peak = peak_tflops(self.device)
+        self.window = StepWindow()  # the steps since the last train record
+        # The last step's figures: set by train_step, read by the reporting methods after it.
+        self.loss, self.lr, self.step_time = float("nan"), cfg.optimizer.lr, 0.0
+        self.step_metrics: dict[str, float] = {}
 
     def log(self, message: str, always: bool = False) -> None:
         log0(message, self.rank, False if always else self.options.quiet)
@@ -221,10 +226,15 @@ class _Trainer:
     def resume(self) -> None:
         """Load the checkpoint ``--resume`` names, if any, and continue its step count and data."""
         from llmtools.train import checkpointing
+        from llmtools.train.metrics import build_metrics_logger
 
         plan, options = self.plan, self.options
         path, client_state = checkpointing.resume(
             self.manager, self.engine, options.resume, model=self.model_identity, tokenizer=plan.tokenizer
+        )
+        # Only now: a --resume that fails leaves no metrics.jsonl, so the folder does not look like a run.
+        self.metrics = build_metrics_logger(
+            self.run_dir, self.rank, tensorboard=options.tensorboard or self.cfg.logging.tensorboard
         )
         if not client_state:
             _event(
@@ -296,8 +306,6 @@ class _Trainer:
     def run(self) -> RunResult:
         from llmtools.ckpt.signals import StopRequested, resume_command
         from llmtools.data.dataset import MicroBatchSampler
-        from llmtools.model.flops import flops_per_token
-        from llmtools.train.metrics import StepWindow, peak_tflops
 
         plan, cfg = self.plan, self.cfg
         micro, gbs = cfg.training.micro_batch_size, cfg.training.global_batch_size
@@ -310,8 +318,6 @@ class _Trainer:
             consumed_samples=self.progress.consumed_samples,
         )
         batches = iter(sampler)
-        self.flops_per_token = flops_per_token(plan.model_config, plan.seq_length)
-        self.peak = peak_tflops(self.device)
         self.log(
             f"training {plan.model_config.num_parameters():,} parameters for {plan.steps} steps "
             f"({plan.tokens_per_step:,} tokens/step, {self.world} rank(s) x {plan.grad_accumulation} "
@@ -320,7 +326,6 @@ class _Trainer:
         result = RunResult(
             run_dir=self.run_dir, steps=self.progress.step, final_loss=None, first_loss=None, checkpoint=None
         )
-        self.window = StepWindow()
         self.engine.train()
         # SIGTERM/SIGINT (a scheduler's preemption, Ctrl-C) finish the current step, save, and return.
         stop = StopRequested(announce=self.rank == 0).install()
