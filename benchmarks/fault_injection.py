@@ -171,13 +171,14 @@ def main() -> int:
 # -- the real llm-train ---------------------------------------------------------------------------------
 HOOKS = REPO / "tests" / "contract" / "hooks"
 BIN = Path(sys.executable).parent
-# Where a save is paused and then killed: (kind, function of llmtools.ckpt.manager whose N-th call it follows).
+# Where the k-th save of a process is paused and then killed: kind -> (function of llmtools.ckpt.manager,
+# its calls per save, which of them, before or after it). A random k in 1..3 lets the run move on.
 SAVE_POINTS = {
-    "ds-saved": "atomic_file@1",  # DeepSpeed's files written, the RNG file not yet
-    "hashed": "file_manifest@1",  # checksums taken, meta.json not written
-    "meta": "fsync_dir@1",  # meta.json written, the folder not renamed
-    "renamed": "fsync_dir@2",  # renamed to step_N, `latest` not updated
-    "latest": "write_text_atomic@1",  # `latest` updated, old checkpoints not pruned
+    "ds-saved": ("atomic_file", 2, 1, ""),  # DeepSpeed's files written, the RNG file not yet
+    "hashed": ("file_manifest", 1, 1, ""),  # checksums taken, meta.json not yet written
+    "meta": ("atomic_file", 2, 2, ""),  # meta.json being written, the folder not renamed
+    "renamed": ("write_text_atomic", 1, 1, "<"),  # renamed to step_N, `latest` not updated
+    "latest": ("write_text_atomic", 1, 1, ""),  # `latest` updated, old checkpoints not pruned yet
 }
 TRAIN_CONFIG = """\
 model: {{preset: tiny, hidden_size: 48, intermediate_size: 96, num_hidden_layers: 2, num_attention_heads: 4,
@@ -227,7 +228,7 @@ def train_main(args) -> int:
 
     seed = args.seed if args.seed is not None else random.randrange(10**6)
     rng = random.Random(seed)
-    steps = args.steps if args.steps != 40 or args.quick else max(40, 2 * args.kills + 20)
+    steps = args.steps if args.steps != 40 or args.quick else max(40, 4 * args.kills + 20)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="fault_injection_train_"))
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -265,9 +266,11 @@ def train_main(args) -> int:
         kind = rng.choice([*SAVE_POINTS, "timed", "timed"])
         env = _env()
         if kind != "timed":
+            function, per_save, which, when = SAVE_POINTS[kind]
+            call = per_save * (rng.randint(1, 3) - 1) + which
             mark.unlink(missing_ok=True)
             env.update(PYTHONPATH=f"{HOOKS}{os.pathsep}{env['PYTHONPATH']}", LLMTOOLS_TEST_PAUSE_MARK=str(mark),
-                       LLMTOOLS_TEST_PAUSE=f"llmtools.ckpt.manager:{SAVE_POINTS[kind]}")  # fmt: skip
+                       LLMTOOLS_TEST_PAUSE=f"llmtools.ckpt.manager:{function}@{call}{when}")  # fmt: skip
         before = len((run / "metrics.jsonl").read_bytes()) if (run / "metrics.jsonl").exists() else 0
         proc = subprocess.Popen(base, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if kind == "timed":
@@ -275,7 +278,7 @@ def train_main(args) -> int:
                 not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_bytes()) <= before
             ):
                 time.sleep(0.02)
-            time.sleep(rng.uniform(0.0, 0.6))
+            time.sleep(rng.uniform(0.0, 2.0))
         else:
             while proc.poll() is None and not mark.exists():
                 time.sleep(0.02)

@@ -28,7 +28,6 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -519,22 +518,20 @@ def import_token_ids(config: TokenImportConfig) -> TokenImportResult:
                 result.tokens += int(values.size)
                 row += batch.num_rows
                 bar.update(batch.num_rows)
-            from llmtools import __version__
+            from llmtools.formats.sidecar import build_sidecar
 
-            sidecar = {
-                "format": "llmtools.indexed-sidecar",
-                "version": 1,
-                "tool": f"llmtools {__version__}",
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "tokenizer": identity,
-                "json_key": config.column,
-                "append_eod": bool(config.append_eod or original.get("append_eod", False)),
-                "dtype": np.dtype(dtype).name,
-                "special_tokens": original.get("special_tokens", "auto"),
-                "inputs": file_inputs(table.files),
-                "counts": {"documents": result.documents, "sequences": writer.num_sequences,
-                           "tokens": result.tokens, "empty_documents": empty, "skipped": {}},
-            }  # fmt: skip
+            sidecar = build_sidecar(
+                tokenizer=identity,
+                dtype=dtype,
+                inputs=file_inputs(table.files),
+                documents=result.documents,
+                sequences=writer.num_sequences,
+                tokens=result.tokens,
+                json_key=config.column,
+                append_eod=config.append_eod or original.get("append_eod", False),
+                special_tokens=original.get("special_tokens", "auto"),
+                empty_documents=empty,
+            )
             # The sidecar schema needs a tokenizer identity; without one the output is what Megatron makes:
             # a .bin/.idx pair of unknown provenance, which every reader accepts.
             written = commit_with_sidecars([writer], {prefix: sidecar} if identity else {})

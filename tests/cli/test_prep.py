@@ -123,7 +123,7 @@ def test_usage_errors_exit_2(tmp_path, cli_env):
     cases = [
         (
             ["json2bin", src, "-t", "byte", "-o", tmp_path / "o", "--workers", "0"],
-            "--workers: must be at least 1",
+            "--workers: must be from 1 to 1024",
         ),
         (
             ["json2bin", src, "-t", "byte", "-o", tmp_path / "o", "--special-tokens", "x"],

@@ -1,10 +1,11 @@
 """Fault injection for the contract tests: pause a real command at a chosen point.
 
 Loaded by Python at start-up (this folder is put first on PYTHONPATH) only by tests that set
-``LLMTOOLS_TEST_PAUSE=module.path:Qualified.name[@N]``: the N-th call (default 1) of that function
-returns normally, then touches ``LLMTOOLS_TEST_PAUSE_MARK`` and sleeps, so that the test can send a
-signal to a command that is provably in the middle of its work (a temporary exists, data is half
-written). Nothing else changes: the command is the real console script, with its real handlers.
+``LLMTOOLS_TEST_PAUSE=module.path:Qualified.name[@N][<]``: the N-th call (default 1) of that function
+returns normally (or, with ``<``, has not started yet), then touches ``LLMTOOLS_TEST_PAUSE_MARK`` and
+sleeps, so that the test can send a signal to a command that is provably in the middle of its work (a
+temporary exists, data is half written). Nothing else changes: the command is the real console script,
+with its real handlers.
 """
 
 import os
@@ -15,7 +16,8 @@ if _target:
     import importlib
     import time
 
-    _spec, _, _count = _target.partition("@")
+    _before = _target.endswith("<")
+    _spec, _, _count = _target.rstrip("<").partition("@")
     _module_name, _, _qualname = _spec.partition(":")
     _owner = importlib.import_module(_module_name)
     *_parents, _name = _qualname.split(".")
@@ -24,14 +26,20 @@ if _target:
     _original = getattr(_owner, _name)
     _calls = [0]
 
+    def _pause():
+        with open(os.environ["LLMTOOLS_TEST_PAUSE_MARK"], "w") as mark:
+            mark.write(str(os.getpid()))
+        time.sleep(120)  # the test signals us here
+
     @functools.wraps(_original)
     def _paused(*args, **kwargs):
-        result = _original(*args, **kwargs)
         _calls[0] += 1
-        if _calls[0] == int(_count or 1):
-            with open(os.environ["LLMTOOLS_TEST_PAUSE_MARK"], "w") as mark:
-                mark.write(str(os.getpid()))
-            time.sleep(120)  # the test signals us here
+        due = _calls[0] == int(_count or 1)
+        if due and _before:
+            _pause()
+        result = _original(*args, **kwargs)
+        if due and not _before:
+            _pause()
         return result
 
     setattr(_owner, _name, _paused)
