@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from llmtools.errors import DiskFullError, LlmtoolsError, OutputExistsError
-from llmtools.interrupt import critical
+from llmtools.interrupt import critical, on_abort
 
 TMP_MARK = ".tmp-"
 FULL_MARGIN = 1 << 20
@@ -86,6 +86,9 @@ def remove_temporaries() -> list[Path]:
         except OSError:
             continue
     return removed
+
+
+on_abort(remove_temporaries)  # a second signal exits without unwinding: clean up from the handler
 
 
 def make_parents(folder: str | os.PathLike) -> None:

@@ -24,6 +24,7 @@ from llmtools.errors import Interrupted
 
 HANDLED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
+_abort_hooks: list = []  # run before exiting on a second signal (fsutil registers its cleanup here)
 _depth = 0  # nesting of critical() in the main thread
 _held: int | None = None  # a signal that arrived inside critical()
 _raised: int | None = None  # the signal already turned into an exception
@@ -38,15 +39,21 @@ def _handle(signum: int, _frame) -> None:
     global _held, _raised
     if _raised is not None:
         # Asked twice: stop now, but still leave nothing half-written behind.
-        from llmtools.fsutil import remove_temporaries
-
-        remove_temporaries()
+        for hook in _abort_hooks:
+            with contextlib.suppress(Exception):
+                hook()
         os._exit(128 + signum)
     if _depth:
         _held = signum
         return
     _raised = signum
     raise _exception(signum)
+
+
+def on_abort(hook) -> None:
+    """Run ``hook()`` before the process exits at once on a second signal (no exception unwinds then)."""
+    if hook not in _abort_hooks:
+        _abort_hooks.append(hook)
 
 
 def install() -> dict:

@@ -33,8 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from llmtools.errors import InputError, where
-from llmtools.fsutil import commit_file, discard, disk_full_guard, fsync_dir, tmp_sibling
-from llmtools.interrupt import critical
+from llmtools.fsutil import commit_file, critical, discard, disk_full_guard, fsync_dir, tmp_sibling
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1

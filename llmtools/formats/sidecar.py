@@ -94,7 +94,7 @@ def commit_with_sidecars(writers, sidecars: dict, last: dict | None = None, grou
     signal cannot leave a ``.bin/.idx`` without its sidecar, or a file that names outputs which are not
     there. Each writer's index is written first (the slow part, still interruptible). Returns the
     sidecar paths, then the paths of ``last``."""
-    from llmtools.interrupt import critical
+    from llmtools.fsutil import critical
 
     for writer in writers:
         writer.finish()
