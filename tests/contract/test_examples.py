@@ -333,13 +333,14 @@ def test_example_outputs_honour_the_umask(examples_run):
 
 # -- the Makefile's examples ---------------------------------------------------------------------------
 def makefile_examples() -> list[str]:
-    """`make ...` lines in the comments of Makefile and mk/*.mk."""
+    """`make pretrain ...` lines in the comments of Makefile and mk/*.mk, and in the README."""
     out = []
     for path in [REPO / "Makefile", *sorted((REPO / "mk").glob("*.mk"))]:
         for line in path.read_text().splitlines():
             match = re.match(r"#\s+(make [^#]*?)\s*(#.*)?$", line)
             if match:
                 out.append(match.group(1).strip())
+    out += [c for c in readme_examples() if c.startswith("make pretrain")]
     return out
 
 
@@ -351,7 +352,7 @@ def test_makefile_examples(tmp_path):
     if shutil.which("make") is None:
         pytest.skip("needs GNU make")
     examples = makefile_examples()
-    assert len(examples) >= 5, examples
+    assert len(examples) >= 9, examples
     wiki, code = tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz"
     stories = [
         json.dumps({"text": f"Story {i}: Tom had {i % 9} apples and gave one to Sam."}) for i in range(300)
@@ -361,9 +362,7 @@ def test_makefile_examples(tmp_path):
         gzip.compress(("\n".join(json.dumps({"text": f"x = {i} + {i}"}) for i in range(300)) + "\n").encode())
     )
     for example in examples:
-        line = example.replace('"a.jsonl b.jsonl.gz"', f'"{wiki} {code}"').replace(
-            '"a.jsonl b.jsonl"', f'"{wiki} {code}"'
-        )
+        line = re.sub(r'CORPUS="[^"]*"', f'CORPUS="{wiki} {code}"', example)  # the corpus files named
         args = shlex.split(line)[2:]
         dry = subprocess.run(
             ["make", "-n", "-o", ".venv/.setup-stamp", "-o", "setup", "pretrain", f"OUT={tmp_path}/dry", *args],
