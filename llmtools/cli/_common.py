@@ -34,11 +34,6 @@ def debug_enabled() -> bool:
     return os.environ.get("LLMTOOLS_DEBUG", "") not in ("", "0", "false", "no")
 
 
-def fail(prog: str, message: str, code: int) -> None:
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    sys.exit(code)
-
-
 def run(app: typer.Typer, prog: str) -> None:
     """Invoke a typer app under the one error model.
 

@@ -161,9 +161,12 @@ class ChatTemplate:
         try:
             return _compile(self.text)
         except _SyntaxError as error:
-            raise TemplateSyntaxError(
-                f"{self.source}{f':{error.lineno}' if error.lineno else ''}: chat template syntax error: {error.message}"
-            ) from None
+            # A template file: FILE:LINE. A template inside a JSON file (tokenizer_config.json): its own line.
+            if self.source.endswith(".json"):
+                place = f"{self.source}[chat_template]{f' line {error.lineno}' if error.lineno else ''}"
+            else:
+                place = f"{self.source}{f':{error.lineno}' if error.lineno else ''}"
+            raise TemplateSyntaxError(f"{place}: chat template syntax error: {error.message}") from None
 
     def assistant_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
         """The rendering and the ``[start, end)`` character span of every assistant turn in it.
