@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 
+from llmtools.errors import InputError, UsageError
 from llmtools.prep.chat_template import (
     BUILTIN_TEMPLATES,
     ChatTemplate,
@@ -14,7 +16,6 @@ from llmtools.prep.chat_template import (
     load_chat_template,
 )
 from llmtools.prep.sft import SampleEncoder
-from llmtools.errors import InputError, UsageError
 from tests.conftest import shared
 
 # A template with a default system turn, trim, raise_exception, bos_token, multi-line blocks (so
@@ -228,3 +229,63 @@ def test_rich_template_matches_transformers(hf_folder):
         "4 * 3 = 12 — café ☕<|im_end|>",
         " You're welcome! <|im_end|>",
     ]
+
+
+# -- bounded rendering: templates are untrusted code ---------------------------------------------------
+BOMBS = {
+    "{{ 'A' * 10000000000 }}": "a repeated sequence would be 10,000,000,000 long",
+    "{{ messages * 10000000000 }}": "a repeated sequence",
+    "{{ 9 ** 99999999 }}": "a power with",
+    "{{ '%10000000000d' % 1 }}": "a formatted field",
+    "{{ '{:>10000000000}'.format(1) }}": "a formatted field",
+    "{{ 'a'.ljust(10000000000) }}": "str.ljust's result",
+    "{{ 'a'|center(10000000000) }}": "the centered text",
+    "{{ ('a' * 1000000).replace('', 'bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb') }}": "str.replace's result",
+    "{{ messages|tojson(indent=10000000000) }}": "the JSON indentation",
+    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}": "a value",
+    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}": "a concatenation",
+    "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}": "rendering exceeds",
+    "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}": "recursion too deep",
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}": "rendering took more than",
+}
+
+
+@pytest.mark.parametrize("text", list(BOMBS))
+def test_template_bombs_are_bounded(text):
+    from llmtools.prep.chat_template import TemplateLimitError
+
+    template = ChatTemplate("bomb.jinja", text, time_limit=0.3)
+    with pytest.raises(TemplateLimitError, match=re.escape(BOMBS[text])) as caught:
+        template.render(CONVERSATIONS[1])
+    assert str(caught.value).startswith("chat template bomb.jinja: ")
+
+
+def test_time_limit_holds_outside_the_main_thread():
+    """No SIGALRM there: the checks at every call stop an endless loop all the same."""
+    import threading
+
+    from llmtools.prep.chat_template import TemplateLimitError
+
+    template = ChatTemplate("loop.jinja", BOMBS_LOOP, time_limit=0.3)
+    caught = []
+
+    def render():
+        try:
+            template.render(CONVERSATIONS[1])
+        except TemplateLimitError as error:
+            caught.append(error)
+
+    thread = threading.Thread(target=render)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and caught
+
+
+BOMBS_LOOP = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+
+
+def test_syntax_error_names_the_template_file(tmp_path):
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{{ messages }}\n{% for %}")
+    with pytest.raises(InputError, match=r"bad\.jinja:2: chat template syntax error"):
+        load_chat_template(str(bad))
