@@ -185,16 +185,17 @@ def from_hf_config(data: Mapping[str, Any], source: str = "config.json") -> Mode
 
 def _moe_from_hf(data: Mapping[str, Any], model_type: str, source: str) -> dict[str, Any]:
     """The MoE fields of a Mixtral / Qwen3-MoE / Qwen2-MoE config.json (transformers' defaults when absent)."""
+    # transformers 5 writes Qwen3-MoE's num_experts as num_local_experts (Mixtral's name): read either.
     if model_type == "mixtral":
         fields: dict[str, Any] = {
-            "num_experts": data.get("num_local_experts", 8),
+            "num_experts": data.get("num_local_experts", data.get("num_experts", 8)),
             "num_experts_per_tok": data.get("num_experts_per_tok", 2),
             "norm_topk_prob": True,
         }
     else:
         defaults = {"qwen3_moe": (128, 8, 768), "qwen2_moe": (60, 4, 1408)}[model_type]
         fields = {
-            "num_experts": data.get("num_experts", defaults[0]),
+            "num_experts": data.get("num_experts", data.get("num_local_experts", defaults[0])),
             "num_experts_per_tok": data.get("num_experts_per_tok", defaults[1]),
             "moe_intermediate_size": data.get("moe_intermediate_size", defaults[2]),
             "norm_topk_prob": bool(data.get("norm_topk_prob", False)),
