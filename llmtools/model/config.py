@@ -187,7 +187,9 @@ class ModelConfig:
         _check_int("shared_expert_intermediate_size", self.shared_expert_intermediate_size, minimum=0)
         _check_int("decoder_sparse_step", self.decoder_sparse_step, minimum=1)
         if not isinstance(self.mlp_only_layers, (list, tuple)):
-            raise InputError(f"model.mlp_only_layers: expected a list of layer indices, got {self.mlp_only_layers!r}")
+            raise InputError(
+                f"model.mlp_only_layers: expected a list of layer indices, got {self.mlp_only_layers!r}"
+            )
         layers = []
         for i, layer in enumerate(self.mlp_only_layers):
             _check_int(f"mlp_only_layers[{i}]", layer, minimum=0)
@@ -277,7 +279,9 @@ class ModelConfig:
         if not self.is_moe_layer(index):
             return 3 * h * self.intermediate_size
         experts = self.num_experts_per_tok if active else self.num_experts
-        shared = 3 * h * self.shared_expert_intermediate_size + (h if self.shared_expert_intermediate_size else 0)
+        shared = 3 * h * self.shared_expert_intermediate_size + (
+            h if self.shared_expert_intermediate_size else 0
+        )
         return experts * 3 * h * self.moe_intermediate_size + self.num_experts * h + shared
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:

@@ -37,7 +37,9 @@ def matmul_parameters(config: ModelConfig) -> int:
     for index in range(config.num_hidden_layers):
         total += attention
         if config.is_moe_layer(index):
-            total += config.num_experts * h + config.num_experts_per_tok * 3 * h * config.moe_intermediate_size
+            total += (
+                config.num_experts * h + config.num_experts_per_tok * 3 * h * config.moe_intermediate_size
+            )
             if config.shared_expert_intermediate_size:
                 total += 3 * h * config.shared_expert_intermediate_size + h
         else:

@@ -113,7 +113,9 @@ def _moe_fields(config: ModelConfig) -> dict[str, Any]:
         )
     if config.model_type == "qwen2_moe":
         # Qwen2-MoE's attention has q/k/v biases unless told otherwise; ours has none.
-        fields.update({"shared_expert_intermediate_size": config.shared_expert_intermediate_size, "qkv_bias": False})
+        fields.update(
+            {"shared_expert_intermediate_size": config.shared_expert_intermediate_size, "qkv_bias": False}
+        )
     # Training-only knobs transformers does not know: kept so that a round trip gives the same config.
     if config.router_z_loss_coef:
         fields["router_z_loss_coef"] = config.router_z_loss_coef
@@ -144,9 +146,13 @@ def from_hf_config(data: Mapping[str, Any], source: str = "config.json") -> Mode
         raise InputError(f"{source}[qkv_bias]: q/k/v biases are not supported by this model (need false)")
     if model_type == "mixtral":
         if data.get("sliding_window") is not None:
-            raise InputError(f"{source}[sliding_window]: {data['sliding_window']!r} is not supported (need null)")
+            raise InputError(
+                f"{source}[sliding_window]: {data['sliding_window']!r} is not supported (need null)"
+            )
         if data.get("router_jitter_noise"):
-            raise InputError(f"{source}[router_jitter_noise]: {data['router_jitter_noise']!r} is not supported (need 0)")
+            raise InputError(
+                f"{source}[router_jitter_noise]: {data['router_jitter_noise']!r} is not supported (need 0)"
+            )
     # transformers 5 nests theta and the scaling in rope_parameters; 4.x has rope_theta + rope_scaling.
     rope = data.get("rope_parameters")
     if isinstance(rope, Mapping):

@@ -94,7 +94,9 @@ def _saved_parts(config: ModelConfig, name: str) -> list[tuple[str, Any]]:
     return parts
 
 
-_MOE_PARAM = re.compile(r"^model\.layers\.(\d+)\.mlp\.(gate\.weight|experts\.gate_up_proj|experts\.down_proj)$")
+_MOE_PARAM = re.compile(
+    r"^model\.layers\.(\d+)\.mlp\.(gate\.weight|experts\.gate_up_proj|experts\.down_proj)$"
+)
 
 
 class ExpertSlice:
@@ -173,7 +175,9 @@ def to_memory_layout(state: Mapping[str, Any], config: ModelConfig, source: str)
                 raise InputError(f"{source}[{missing[0]}]: missing")
             g, u, d = (out.pop(n) for n in names)
             if g.shape != u.shape:
-                raise InputError(f"{source}[{names[1]}]: shape {tuple(u.shape)}, its gate has {tuple(g.shape)}")
+                raise InputError(
+                    f"{source}[{names[1]}]: shape {tuple(u.shape)}, its gate has {tuple(g.shape)}"
+                )
             gate_up.append(torch.cat([g, u], dim=0))
             down.append(d)
         shapes = {tuple(t.shape) for t in gate_up}, {tuple(t.shape) for t in down}

@@ -121,7 +121,11 @@ class Routing(NamedTuple):
 
 
 def route(
-    probs: torch.Tensor, top_k: int, normalize: bool, capacity_factor: float | None, valid: torch.Tensor | None
+    probs: torch.Tensor,
+    top_k: int,
+    normalize: bool,
+    capacity_factor: float | None,
+    valid: torch.Tensor | None,
 ) -> Routing:
     """Top-k of ``probs`` (tokens, experts); the kept assignments grouped by expert.
 

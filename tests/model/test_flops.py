@@ -78,7 +78,9 @@ def hand_count_moe_forward(c: ModelConfig, seq: int) -> int:
     router = 2 * h * c.num_experts
     experts = c.num_experts_per_tok * 3 * 2 * h * c.moe_intermediate_size
     dense_mlp = 3 * 2 * h * c.intermediate_size
-    layers = sum(attention + (router + experts if c.is_moe_layer(i) else dense_mlp) for i in range(c.num_hidden_layers))
+    layers = sum(
+        attention + (router + experts if c.is_moe_layer(i) else dense_mlp) for i in range(c.num_hidden_layers)
+    )
     return layers + 2 * h * c.vocab_size
 
 
@@ -89,7 +91,9 @@ def test_moe_flops_count_active_parameters_only():
     # Qwen3-30B-A3B: N is the 3.35B active parameters less the embedding lookup and the norm weights.
     config = load_model_config("qwen3-30b-a3b")
     norms = (2 * config.hidden_size + 2 * config.head_dim) * config.num_hidden_layers + config.hidden_size
-    assert matmul_parameters(config) == config.num_active_parameters() - 151936 * 2048 - norms == 3_041_656_832
+    assert (
+        matmul_parameters(config) == config.num_active_parameters() - 151936 * 2048 - norms == 3_041_656_832
+    )
     # A layer with mlp_only_layers keeps its dense MLP in the count.
     mixed = ModelConfig(**{**config.to_dict(), "mlp_only_layers": [0]})
     assert matmul_parameters(mixed) - matmul_parameters(config) == 3 * 2048 * 6144 - (
@@ -98,7 +102,9 @@ def test_moe_flops_count_active_parameters_only():
 
 
 def test_torch_flop_counter_agrees_on_a_moe_training_step():
-    config = ModelConfig(**{**load_model_config("tiny-moe").to_dict(), "num_hidden_layers": 2, "mlp_only_layers": [1]})
+    config = ModelConfig(
+        **{**load_model_config("tiny-moe").to_dict(), "num_hidden_layers": 2, "mlp_only_layers": [1]}
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     batch, seq = 2, 32

@@ -11,15 +11,23 @@ import torch.nn.functional as F
 
 from llmtools.errors import InputError
 from llmtools.model.config import ModelConfig, load_model_config, preset_metadata
-from llmtools.model.hf import from_hf_config, load_hf_model, load_hf_state_dict, load_hf_weights, save_hf_folder
-from llmtools.model.hf import to_hf_config
+from llmtools.model.hf import (
+    from_hf_config,
+    load_hf_model,
+    load_hf_state_dict,
+    load_hf_weights,
+    save_hf_folder,
+    to_hf_config,
+)
 from llmtools.model.hf_layout import saved_names
 from llmtools.model.llama import LlamaForCausalLM
 from llmtools.model.moe import route
 
 transformers = pytest.importorskip("transformers")
 
-SMALL = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+SMALL = dict(
+    vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128
+)
 # Qwen3-MoE: QK-norm, GQA, head_dim > hidden/heads, one dense layer (mlp_only_layers), untied (as the 30B).
 QWEN3_MOE = ModelConfig(
     **SMALL,
@@ -46,7 +54,9 @@ QWEN3_MOE_TIED = ModelConfig(
     norm_topk_prob=False,
 )
 # Mixtral: no QK-norm, GQA, untied, experts as wide as intermediate_size.
-MIXTRAL = ModelConfig(**SMALL, intermediate_size=48, num_hidden_layers=2, num_experts=4, num_experts_per_tok=2)
+MIXTRAL = ModelConfig(
+    **SMALL, intermediate_size=48, num_hidden_layers=2, num_experts=4, num_experts_per_tok=2
+)
 # Qwen2-MoE: a gated shared expert beside the routed ones.
 QWEN2_MOE = ModelConfig(
     **SMALL,
@@ -82,7 +92,9 @@ def ours(config: ModelConfig, seed: int = 0) -> LlamaForCausalLM:
 
 def hf_twin(model: LlamaForCausalLM):
     """transformers' model of the same family, holding our weights (loaded by name, strictly)."""
-    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**to_hf_config(model.config)))
+    hf = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**to_hf_config(model.config))
+    )
     hf.load_state_dict(model.state_dict(), strict=True)
     return hf
 
@@ -99,7 +111,9 @@ def test_logits_loss_and_gradients_equal_transformers(config):
     theirs = hf(input_ids=batch, labels=batch, output_router_logits=True)
     out = model(batch, output_router=True)
     torch.testing.assert_close(out.logits, theirs.logits, atol=1e-5, rtol=0)
-    torch.testing.assert_close(out.aux_loss, config.router_aux_loss_coef * theirs.aux_loss, atol=1e-8, rtol=1e-6)
+    torch.testing.assert_close(
+        out.aux_loss, config.router_aux_loss_coef * theirs.aux_loss, atol=1e-8, rtol=1e-6
+    )
     ce = F.cross_entropy(out.logits[:, :-1].float().flatten(0, 1), batch[:, 1:].flatten())
     loss = ce + out.aux_loss
     torch.testing.assert_close(loss, theirs.loss, atol=1e-6, rtol=0)
@@ -142,7 +156,10 @@ def test_fused_layout_folder_and_bitwise_round_trip(tmp_path):
     hf_twin(model).save_pretrained(tmp_path / "fused", save_original_format=False)
     assert "model.layers.0.mlp.experts.gate_up_proj" in load_hf_state_dict(tmp_path / "fused")
     back = load_hf_model(tmp_path / "fused")
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), back.state_dict().values(), strict=True)
+    )
     assert back.lm_head.weight is back.model.embed_tokens.weight
     save_hf_folder(back, back.config, tmp_path / "a", max_shard_size=30_000)
     save_hf_folder(load_hf_model(tmp_path / "a"), back.config, tmp_path / "b", max_shard_size=30_000)
@@ -214,7 +231,9 @@ def test_dropped_tokens_keep_only_the_residual_and_are_counted():
     x = torch.randn(2, 16, 64)
     out, info = block(x)
     capacity = 4  # ceil(0.25 x 32 tokens x top-2 / 4 experts)
-    assert info.counts.sum() == 64 and info.dropped == (info.counts - info.counts.clamp(max=capacity)).sum() > 0
+    assert (
+        info.counts.sum() == 64 and info.dropped == (info.counts - info.counts.clamp(max=capacity)).sum() > 0
+    )
     # a token none of whose assignments survived gets exactly zero from the block
     routing = route(torch.softmax(block.gate(x.reshape(-1, 64)), -1), 2, True, 0.25, None)
     lost = sorted(set(range(32)) - set(routing.token.tolist()))
