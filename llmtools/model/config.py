@@ -347,6 +347,14 @@ class ModelConfig:
             raise InputError(f"{source}: {error}") from None
 
 
+def shape_mismatch(ours: ModelConfig, theirs: ModelConfig) -> tuple[str, Any, Any] | None:
+    """The first shape field (:data:`SHAPE_FIELDS`) two configs disagree on, as (name, ours, theirs)."""
+    for name in SHAPE_FIELDS:
+        if getattr(ours, name) != getattr(theirs, name):
+            return name, getattr(ours, name), getattr(theirs, name)
+    return None
+
+
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InputError(f"model.{name}: expected an integer, got {value!r}")
@@ -477,4 +485,11 @@ def preset_metadata(name: str) -> dict:
     return dict(data.get("published") or {})
 
 
-__all__ = ["ModelConfig", "load_model_config", "list_presets", "preset_metadata", "PRESET_DIR"]
+__all__ = [
+    "ModelConfig",
+    "load_model_config",
+    "list_presets",
+    "preset_metadata",
+    "shape_mismatch",
+    "PRESET_DIR",
+]

@@ -25,7 +25,7 @@ import torch
 
 from llmtools.errors import InputError
 from llmtools.fsutil import atomic_dir
-from llmtools.model.config import SHAPE_FIELDS, ModelConfig
+from llmtools.model.config import ModelConfig, shape_mismatch
 from llmtools.model.hf_config import from_hf_config, read_hf_config, to_hf_config
 from llmtools.model.hf_layout import parameter_names, to_memory_layout, to_saved_layout
 
@@ -175,12 +175,10 @@ def load_hf_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
 
 
 def check_same_shape(ours: ModelConfig, theirs: ModelConfig, source: str) -> None:
-    for name in SHAPE_FIELDS:
-        if getattr(ours, name) != getattr(theirs, name):
-            raise InputError(
-                f"{source}[{name}]: {getattr(theirs, name)!r} but the model config has "
-                f"{getattr(ours, name)!r}"
-            )
+    mismatch = shape_mismatch(ours, theirs)
+    if mismatch:
+        name, mine, other = mismatch
+        raise InputError(f"{source}[{name}]: {other!r} but the model config has {mine!r}")
 
 
 # ---- saving ------------------------------------------------------------------------------------------

@@ -187,7 +187,11 @@ class DecoderLayer(nn.Module):
         if isinstance(self.mlp, SparseMoeBlock):
             out, info = self.mlp(self.post_attention_layernorm(x), token_mask)
             return x + out, info
-        return x + self.mlp(self.post_attention_layernorm(x)), None
+        out = self.mlp(self.post_attention_layernorm(x))
+        if isinstance(out, tuple):  # a block put in our MoE block's place reports its router the same way
+            out, info = out
+            return x + out, info
+        return x + out, None
 
 
 def segment_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:

@@ -56,11 +56,12 @@ class RouterInfo(NamedTuple):
 class RouterStats(NamedTuple):
     """All MoE layers of one forward, stacked (no gradients): what the metrics report."""
 
-    counts: torch.Tensor  # (moe layers, experts)
+    counts: torch.Tensor  # (moe layers, experts) assignments chosen
     tokens: torch.Tensor  # (moe layers,)
-    dropped: torch.Tensor  # (moe layers,)
+    dropped: torch.Tensor  # (moe layers,) assignments dropped for capacity
     balance: torch.Tensor  # (moe layers,) each layer's own E * sum(f * P)
     z_loss: torch.Tensor  # (moe layers,)
+    load_balancing: torch.Tensor  # () the pooled loss the training uses, without its coefficient
 
 
 class TopKRouter(nn.Module):
@@ -193,25 +194,43 @@ class SparseMoeBlock(nn.Module):
         out = torch.zeros_like(x).index_add_(0, routing.token, ys)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out.reshape(shape), self._info(logits, probs, routing, valid)
-
-    def _info(
-        self, logits: torch.Tensor, probs: torch.Tensor, routing: Routing, valid: torch.Tensor | None
-    ) -> RouterInfo:
-        z = torch.logsumexp(logits.float(), dim=-1).square()
-        if valid is None:
-            tokens = torch.tensor(float(probs.shape[0]), device=probs.device)
-            prob_sum, z_sum = probs.sum(0), z.sum()
-            counts = routing.chosen.float()
-        else:
-            mask = valid.to(probs.dtype)
-            tokens = mask.sum()
-            prob_sum, z_sum = (probs * mask.unsqueeze(-1)).sum(0), (z * mask).sum()
-            counts = torch.zeros(self.num_experts, device=probs.device).index_add_(
-                0, routing.expert.reshape(-1), mask.repeat_interleave(self.top_k)
-            )
         dropped = (routing.chosen - routing.counts).sum().float()
-        return RouterInfo(prob_sum, counts, tokens, z_sum / tokens.clamp(min=1.0), dropped)
+        return out.reshape(shape), router_info(logits, probs, routing.expert, dropped, valid)
+
+
+def router_info(
+    logits: torch.Tensor,
+    probs: torch.Tensor,
+    expert: torch.Tensor,
+    dropped: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+) -> RouterInfo:
+    """A layer's :class:`RouterInfo` from its router logits (tokens, E), their softmax and the chosen
+    experts (tokens, k); ``valid`` (tokens,) False for padding."""
+    experts, top_k = probs.shape[-1], expert.shape[-1]
+    z = torch.logsumexp(logits.float(), dim=-1).square()
+    if valid is None:
+        tokens = torch.tensor(float(probs.shape[0]), device=probs.device)
+        prob_sum, z_sum = probs.sum(0), z.sum()
+        counts = torch.bincount(expert.reshape(-1), minlength=experts).float()
+    else:
+        mask = valid.to(probs.dtype)
+        tokens = mask.sum()
+        prob_sum, z_sum = (probs * mask.unsqueeze(-1)).sum(0), (z * mask).sum()
+        counts = torch.zeros(experts, device=probs.device).index_add_(
+            0, expert.reshape(-1), mask.repeat_interleave(top_k)
+        )
+    if dropped is None:
+        dropped = torch.zeros((), device=probs.device)
+    return RouterInfo(prob_sum, counts, tokens, z_sum / tokens.clamp(min=1.0), dropped)
+
+
+def router_info_from_logits(logits: torch.Tensor, top_k: int) -> RouterInfo:
+    """The :class:`RouterInfo` of a dropless top-k router seen only through its logits (another
+    implementation of the block, e.g. DeepSpeed's expert-parallel layer, routing as this one does)."""
+    logits = logits.reshape(-1, logits.shape[-1])
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    return router_info(logits, probs, torch.topk(probs.detach(), top_k, dim=-1).indices)
 
 
 class RouterLosses(NamedTuple):
@@ -248,6 +267,7 @@ def router_losses(infos: list[RouterInfo], config: ModelConfig) -> RouterLosses:
             dropped=torch.stack([i.dropped for i in infos]),
             balance=per_layer,
             z_loss=torch.stack([i.z_loss.detach() for i in infos]),
+            load_balancing=balance.detach(),
         )
     return RouterLosses(aux, balance, z_loss, stats)
 
@@ -261,5 +281,7 @@ __all__ = [
     "SparseMoeBlock",
     "TopKRouter",
     "route",
+    "router_info",
+    "router_info_from_logits",
     "router_losses",
 ]

@@ -125,12 +125,16 @@ def _event(metrics, step: int, event: str, message: str) -> None:
     )
 
 
-def accumulate_and_update(engine, plan: TrainPlan, batches, gate: HealthGate, coalesce: bool, own_norm: bool):
+def accumulate_and_update(
+    engine, plan: TrainPlan, batches, gate: HealthGate, coalesce: bool, own_norm: bool, router=None
+):
     """One optimizer step: every micro-batch's forward and backward, the health checks, the update.
-    Returns the micro-batch losses (detached)."""
+    Returns the micro-batch losses (detached). ``router`` (MoE models, a :class:`~llmtools.train.moe.RouterLoss`)
+    runs the forwards and adds the router's auxiliary loss to each micro-batch's loss before backward."""
     import torch
 
     cfg, gas = plan.config, plan.grad_accumulation
+    model = router if router is not None else engine
     losses = []
     if coalesce:  # DeepSpeed's documented manual boundary: not one until all micro-batches are in
         engine.set_gradient_accumulation_boundary(False)
@@ -141,13 +145,14 @@ def accumulate_and_update(engine, plan: TrainPlan, batches, gate: HealthGate, co
                 from llmtools.train.sft import micro_batch_loss
 
                 loss = micro_batch_loss(
-                    engine, plan.train_data.batch(indices), engine.device, plan.train_data.packed
+                    model, plan.train_data.batch(indices), engine.device, plan.train_data.packed
                 )
             else:
                 inputs, labels = loss_fns.to_batch(plan.train_data.batch(indices), engine.device)
-                loss = loss_fns.cross_entropy(engine(inputs), labels)
-            losses.append(loss.detach())
-            engine.backward(loss)
+                loss = loss_fns.cross_entropy(model(inputs), labels)
+            losses.append(loss.detach())  # the language-model loss is what the records report
+            aux = router.take_aux() if router is not None else None
+            engine.backward(loss if aux is None else loss + aux)
             if m < gas - 1 and not coalesce:
                 engine.step()  # DeepSpeed counts micro-steps; the update waits for the boundary
     # the accumulation boundary: health checks, then the update
@@ -193,6 +198,14 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
             return None
         return float(value)
 
+    # MoE: the forwards go through RouterLoss (the auxiliary loss joins each micro-batch's loss) and the
+    # router's statistics are summed per logging window into the train records.
+    router = None
+    if plan.model_config.is_moe:
+        from llmtools.train.moe import RouterLoss, RouterMeter
+
+        router = RouterLoss(engine, RouterMeter(plan.model_config))
+
     gate = HealthGate(cfg.health, norm_source)
     wrap_step(engine.basic_optimizer, gate)
     own_norm = engine.optimizer is engine.basic_optimizer  # ZeRO-0 fp32: DeepSpeed keeps no norm
@@ -202,7 +215,12 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
     model_identity = plan.model_config.to_dict()
     start_step, consumed_samples, consumed_tokens = 0, 0, 0
     path, client_state = checkpointing.resume(
-        manager, engine, options.resume, model=model_identity, tokenizer=plan.tokenizer
+        manager,
+        engine,
+        options.resume,
+        model=model_identity,
+        tokenizer=plan.tokenizer,
+        expert_parallel=cfg.model.expert_parallel,
     )
     metrics = build_metrics_logger(run_dir, rank, tensorboard=options.tensorboard or cfg.logging.tensorboard)
     if client_state:
@@ -247,6 +265,8 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
             "data_fingerprint": _data_fingerprint(plan),
             # issue 8: llm-ckpt convert reads it (merge / --adapter-only)
             "lora": cfg.lora.to_dict() if cfg.lora is not None else None,
+            # the checkpoint holds DeepSpeed's expert-parallel layout (llm-ckpt and resume read it)
+            "expert_parallel": cfg.model.expert_parallel,
         }
 
     def save(step: int) -> Path:
@@ -288,7 +308,7 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
         started = time.perf_counter()
         gate.reset()
         lr = engine.get_lr()[0] if engine.get_lr() else cfg.optimizer.lr
-        losses = accumulate_and_update(engine, plan, batches, gate, coalesce, own_norm)
+        losses = accumulate_and_update(engine, plan, batches, gate, coalesce, own_norm, router)
         grad_norm = gate.norm
         step_loss = all_mean([float(torch.stack(losses).float().mean())], engine.device)[0]
         consumed_samples += cfg.training.global_batch_size
@@ -333,6 +353,8 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
                 peak_tflops=peak,
                 world=world,
             )
+            if router is not None:
+                record.update(router.meter.record(engine.device))  # all ranks: one all-reduce
             metrics.log(record, step)
             log0(step_line(record, plan.steps), rank, quiet)
             window = StepWindow()
