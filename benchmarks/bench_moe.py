@@ -171,7 +171,7 @@ def balance_after_training(steps: int, coef: float, batch: int, seq: int) -> dic
     load = counts / counts.sum(-1, keepdim=True)
     cv = load.std(-1, unbiased=False) / load.mean(-1)
     return {
-        "lm_loss": float(lm),
+        "lm_loss": float(lm.detach()),
         "cv_mean": float(cv.mean()),
         "cv_max": float(cv.max()),
         "max_load": float((load.max(-1).values * config.num_experts).max()),

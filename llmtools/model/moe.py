@@ -91,10 +91,13 @@ class Experts(nn.Module):
     def forward(self, xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """``xs`` sorted by expert, ``counts[e]`` rows for local expert e. Every expert runs, even on zero
         rows, so each one is in the graph and its gradient is defined (zeros when it got no token)."""
+        # unbind, not gate_up_proj[e]: indexing would make every expert's backward write a zero-filled
+        # gradient of the whole 3-D tensor (E times the memory traffic; 1.7x slower on CPU).
+        gate_up, down = self.gate_up_proj.unbind(0), self.down_proj.unbind(0)
         outs = []
         for e, chunk in enumerate(xs.split(counts)):
-            gate, up = F.linear(chunk, self.gate_up_proj[e]).chunk(2, dim=-1)
-            outs.append(F.linear(F.silu(gate) * up, self.down_proj[e]))
+            gate, up = F.linear(chunk, gate_up[e]).chunk(2, dim=-1)
+            outs.append(F.linear(F.silu(gate) * up, down[e]))
         return torch.cat(outs)
 
 
