@@ -341,3 +341,20 @@ def test_dense_checkpoint_into_a_moe_run_is_refused(one_rank, byte_data, tmp_pat
             resume=str(one_rank / "zero2" / "checkpoints" / "step_00000006"),
             expert_parallel=1,
         )
+
+
+def test_llm_ckpt_verifies_and_inspects_an_expert_parallel_checkpoint(two_ranks, cli_env):
+    from llmtools.model.config import load_model_config
+
+    path = two_ranks / "ep2-zero2" / "checkpoints" / "step_00000012"
+    command = [sys.executable, "-m", "llmtools.cli.ckpt"]
+    verified = subprocess.run([*command, "verify", str(path)], env=cli_env, capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stderr
+    shown = subprocess.run(
+        [*command, "inspect", str(path), "--json"], env=cli_env, capture_output=True, text=True
+    )
+    assert shown.returncode == 0, shown.stderr
+    info = json.loads(shown.stdout)
+    meta = json.loads((path / "meta.json").read_text())
+    assert info["num_parameters"] == load_model_config(meta["model"]).num_parameters()
+    assert info["master_weights"]["kind"].startswith("expert-parallel (2 ranks")
