@@ -36,7 +36,8 @@ SHARED = Path(os.environ.get("LLMTOOLS_SHARED_DATA", Path(__file__).resolve().pa
 
 
 def configs():
-    from llmtools.model.config import MOE_DEFAULTS, load_model_config
+    from llmtools.model.config import MOE_DEFAULTS
+    from llmtools.model.presets import load_model_config
 
     moe = load_model_config("tiny-moe")
     fields = {k: v for k, v in dataclasses.asdict(moe).items() if k not in MOE_DEFAULTS}

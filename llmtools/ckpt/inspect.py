@@ -99,7 +99,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         dtypes: dict[str, int] = {}
         if expert_parallel:
             # DeepSpeed's expert-parallel layout: the shapes recorded are rank 0's share of the experts.
-            from llmtools.model.config import load_model_config
+            from llmtools.model.presets import load_model_config
 
             total = load_model_config(meta["model"]).num_parameters()
             kind = f"expert-parallel ({meta['expert_parallel']} ranks per expert group, DeepSpeed AutoEP)"

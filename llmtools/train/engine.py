@@ -92,9 +92,8 @@ def build_engine(plan: TrainPlan, model, device: str):
         config=plan.ds_config,
         dist_init_required=False,
     )
-    if (
-        cfg.model.expert_parallel is not None
-    ):  # DeepSpeed swapped our MoE blocks for its expert-parallel layer
+    if cfg.model.expert_parallel is not None:
+        # DeepSpeed swapped our MoE blocks for its expert-parallel layer: have it report its router as ours does.
         from llmtools.train.moe import tap_expert_parallel_routers
 
         if not tap_expert_parallel_routers(engine.module, plan.model_config):

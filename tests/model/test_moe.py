@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from llmtools.errors import InputError
-from llmtools.model.config import ModelConfig, load_model_config, preset_metadata
+from llmtools.model.config import ModelConfig
 from llmtools.model.hf import (
     from_hf_config,
     load_hf_model,
@@ -22,6 +22,7 @@ from llmtools.model.hf import (
 from llmtools.model.hf_layout import saved_names
 from llmtools.model.llama import LlamaForCausalLM
 from llmtools.model.moe import route
+from llmtools.model.presets import load_model_config, preset_metadata
 
 transformers = pytest.importorskip("transformers")
 

@@ -344,7 +344,7 @@ def test_dense_checkpoint_into_a_moe_run_is_refused(one_rank, byte_data, tmp_pat
 
 
 def test_llm_ckpt_verifies_and_inspects_an_expert_parallel_checkpoint(two_ranks, cli_env):
-    from llmtools.model.config import load_model_config
+    from llmtools.model.presets import load_model_config
 
     path = two_ranks / "ep2-zero2" / "checkpoints" / "step_00000012"
     command = [sys.executable, "-m", "llmtools.cli.ckpt"]
