@@ -358,3 +358,23 @@ def test_llm_ckpt_verifies_and_inspects_an_expert_parallel_checkpoint(two_ranks,
     meta = json.loads((path / "meta.json").read_text())
     assert info["num_parameters"] == load_model_config(meta["model"]).num_parameters()
     assert info["master_weights"]["kind"].startswith("expert-parallel (2 ranks")
+
+
+def test_init_from_an_expert_parallel_checkpoint(two_ranks, tmp_path):
+    """model.init_from names an expert-parallel checkpoint: the weights arrive under the model's names."""
+    import torch
+
+    from llmtools.ckpt.convert import to_hf
+    from llmtools.ckpt.init_from import load_init_weights
+    from llmtools.model.hf import load_hf_model
+    from llmtools.model.llama import LlamaForCausalLM
+    from llmtools.train.plan import resolve_model_config
+
+    path = two_ranks / "ep2-zero2" / "checkpoints" / "step_00000012"
+    config = resolve_model_config(moe_config(_mix_of(two_ranks / "ep2-zero2")))
+    model = LlamaForCausalLM(config)
+    load_init_weights(model, str(path))
+    exported = load_hf_model(to_hf(path, tmp_path / "hf"))
+    for (name, mine), theirs in zip(model.state_dict().items(), exported.state_dict().values(), strict=True):
+        assert torch.equal(mine, theirs), name
+    assert not list(path.parent.glob("*.tmp-*"))
