@@ -3,10 +3,11 @@ and SIGINT exactly as it does on an error.
 
 :func:`install` is called once by every command (``cli._common.run``). The first signal raises
 :class:`~llmtools.errors.Interrupted` in the main thread (for SIGINT too: click would turn a
-``KeyboardInterrupt`` into "Aborted!" and exit 1); the writers' context managers remove their temporaries as it unwinds, and the command exits
-128 + the signal number. A signal that arrives inside :func:`critical` (the few renames that commit a
-set of outputs) is held until the section ends, so a set is committed whole or not at all. A second
-signal while the first is still unwinding removes the temporaries that are left and exits at once.
+``KeyboardInterrupt`` into "Aborted!" and exit 1); the writers' context managers remove their
+temporaries as it unwinds, and the command exits 128 + the signal number. A signal that arrives inside
+:func:`critical` (the few renames that commit a set of outputs) is held until the section ends, so a set
+is committed whole or not at all. A second signal while the first is still unwinding runs the abort
+hooks (fsutil's: remove the temporaries that are left) and exits at once.
 
 Python runs signal handlers in the main thread only, between bytecodes: worker threads are never
 interrupted, and the main thread notices a signal as soon as it returns from the C call it is in.
@@ -30,11 +31,6 @@ _held: int | None = None  # a signal that arrived inside critical()
 _raised: int | None = None  # the signal already turned into an exception
 
 
-def _exception(signum: int) -> BaseException:
-    # Not KeyboardInterrupt for SIGINT either: click turns that into "Aborted!" and exit 1.
-    return Interrupted(signum)
-
-
 def _handle(signum: int, _frame) -> None:
     global _held, _raised
     if _raised is not None:
@@ -47,7 +43,7 @@ def _handle(signum: int, _frame) -> None:
         _held = signum
         return
     _raised = signum
-    raise _exception(signum)
+    raise Interrupted(signum)
 
 
 def on_abort(hook) -> None:
@@ -100,7 +96,7 @@ def critical() -> Iterator[None]:
     if _depth == 0 and _held is not None:
         signum, _held = _held, None
         _raised = signum
-        raise _exception(signum)
+        raise Interrupted(signum)
 
 
 def exit_code(error: BaseException) -> int:
