@@ -243,10 +243,13 @@ def check_with_deepspeed(ds: dict, ds_source: str) -> None:
         return
     import logging
 
-    probe = _Recorder(copy.deepcopy({k: v for k, v in ds.items() if not str(k).startswith("_")}))
+    # train_batch_size (checked above against the world size) is left out: DeepSpeed derives it from the
+    # other two with the world size it finds now, 1 or the launcher's WORLD_SIZE, before any process group.
+    skip = ("train_batch_size",)
+    probe = _Recorder(
+        copy.deepcopy({k: v for k, v in ds.items() if not str(k).startswith("_") and k not in skip})
+    )
     probe.seen = set()
-    # Before the process group exists DeepSpeed takes the world size as 1: give it that arithmetic.
-    probe["train_batch_size"] = ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]
     version = getattr(deepspeed, "__version__", "?")
     logger = logging.getLogger("DeepSpeed")
     level = logger.level
