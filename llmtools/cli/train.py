@@ -82,6 +82,12 @@ def train(
         "--reset-data",
         help="With --resume: keep the step count and LR schedule, start the (new) data from its beginning.",
     ),
+    reshard: bool = typer.Option(
+        False,
+        "--reshard",
+        help="With --resume: accept another ZeRO stage (1 <-> 2); the optimizer state is converted through a "
+        "DeepSpeed universal checkpoint.",
+    ),
     tensorboard: bool = typer.Option(
         False, "--tensorboard", help="Also write TensorBoard events to RUN/tensorboard/."
     ),
@@ -105,6 +111,10 @@ def train(
         from llmtools.errors import UsageError
 
         raise UsageError("--reset-data: only with --resume (it restarts the data of a resumed run)")
+    if reshard and resume is None:
+        from llmtools.errors import UsageError
+
+        raise UsageError("--reshard: only with --resume (it converts the checkpoint a run resumes from)")
     if init_from is not None:  # a spelled-out flag for the most common override
         set_ = [*set_, f"model.init_from={init_from}"]
     cfg = load_train_config(config, set_)
@@ -148,6 +158,7 @@ def train(
                 resume=resume,
                 force=force,
                 reset_data=reset_data,
+                reshard=reshard,
             ),
         )
     finally:

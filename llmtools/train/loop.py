@@ -29,14 +29,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmtools.errors import InputError, RuntimeFailure
+from llmtools.errors import RuntimeFailure
 from llmtools.train import losses as loss_fns
 from llmtools.train.config import TrainConfig
 from llmtools.train.deepspeed_config import prefer_torch_adam
 from llmtools.train.distributed import all_mean, any_rank, log0
 from llmtools.train.health import HealthGate, wrap_step
 from llmtools.train.plan import TrainPlan, make_plan
-from llmtools.train.rundir import prepare_run_dir, write_resolved
+from llmtools.train.rundir import (
+    clear_run_dir,
+    locked_run_dir,
+    prepare_run_dir,
+    resolved_config,
+    write_resolved,
+)
 
 
 @dataclass
@@ -50,6 +56,8 @@ class RunOptions:
     on_step: Callable[[int, float], None] | None = None
     """Called on every rank after each step with (step, loss); for benchmarks and embedding programs."""
     reset_data: bool = False  # llm-ckpt (issue 6): continue step count and schedule, restart the data
+    reshard: bool = False
+    """With --resume: allow another ZeRO stage (1 <-> 2) through a DeepSpeed universal checkpoint."""
 
 
 @dataclass
@@ -96,7 +104,9 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
         prefer_torch_adam(plan.ds_config)
     # The process group outlives the run (DeepSpeed keeps its own handle on it); the CLI tears it down.
     dist_info = init_distributed()
-    return _train(plan, options, dist_info)
+    # One writer per run folder: rank 0 holds RUN/run.lock from before anything is written until the end.
+    with locked_run_dir(options.run_dir, dist_info.rank):
+        return _train(plan, options, dist_info)
 
 
 def _quiet_deepspeed() -> None:
@@ -119,9 +129,10 @@ def _quiet_deepspeed() -> None:
         pass
 
 
-def _event(metrics, step: int, event: str, message: str) -> None:
+def _event(metrics, step: int, event: str, message: str, **extra) -> None:
     metrics.log(
-        {"kind": "event", "step": step, "time": time.time(), "event": event, "message": message}, step
+        {"kind": "event", "step": step, "time": time.time(), "event": event, "message": message, **extra},
+        step,
     )
 
 
@@ -181,9 +192,22 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
     run_dir = options.run_dir
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_resolved(plan, run_dir)
+        if options.force and options.resume is None:
+            clear_run_dir(run_dir)
         for warning in plan.warnings:
             log0(f"warning: {warning}", rank)
+    # The checkpoint to resume from and the resume policy's verdict on this config, before any compute:
+    # a refused change exits without writing anything (config.yaml included).
+    manager = checkpointing.make_manager(run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
+    resolved = resolved_config(plan)
+    review = {
+        "reset_data": options.reset_data,
+        "reshard": options.reshard,
+        "own_scheduler": "scheduler" in plan.ds_config,
+    }
+    chosen = checkpointing.choose(manager, options.resume, resolved, **review)
+    if chosen is None and rank == 0:
+        write_resolved(plan, run_dir)
 
     engine = build_engine(plan, build_model(plan), device)
 
@@ -198,19 +222,18 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
     own_norm = engine.optimizer is engine.basic_optimizer  # ZeRO-0 fp32: DeepSpeed keeps no norm
     coalesce = coalesce_reductions(engine, plan.grad_accumulation, world)
 
-    manager = checkpointing.make_manager(run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
     model_identity = plan.model_config.to_dict()
     start_step, consumed_samples, consumed_tokens = 0, 0, 0
-    path, client_state = checkpointing.resume(
-        manager, engine, options.resume, model=model_identity, tokenizer=plan.tokenizer
-    )
+    accepted, client_state = checkpointing.resume(manager, engine, chosen, options.resume, resolved, **review)
+    if accepted is not None and rank == 0:  # accepted and loaded: now the run folder records the new config
+        for kept in write_resolved(plan, run_dir, resumed_step=accepted.step):
+            log0(f"the previous config is kept as {kept}", rank, quiet)
     metrics = build_metrics_logger(run_dir, rank, tensorboard=options.tensorboard or cfg.logging.tensorboard)
-    if client_state:
+    if accepted is not None:
+        path = accepted.path
         start_step = int(client_state.get("step", 0))
         consumed_samples = int(client_state.get("consumed_samples", 0))
         consumed_tokens = int(client_state.get("consumed_tokens", 0))
-        # --- llm-ckpt (issue 6): a changed data section is refused unless --reset-data restarts the data ---
-        saved_data, current_data = client_state.get("data_fingerprint"), _data_fingerprint(plan)
         if options.reset_data:
             consumed_samples = 0
             log0(
@@ -218,15 +241,24 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
                 rank,
                 quiet,
             )
-        elif saved_data is not None and saved_data != current_data:
-            raise InputError(
-                f"{path}/meta.json[data]: the checkpoint was trained on data {saved_data}, the config "
-                f"now has {current_data}; pass --reset-data to continue the step count and schedule "
-                "on the new data from its beginning"
-            )
-        # --- end llm-ckpt ---
         log0(f"resumed from {path} at step {start_step} ({consumed_samples} samples)", rank, quiet)
         _event(metrics, start_step, "resume", f"resumed from {path}")
+        from llmtools.train import resume as resume_policy
+
+        notes = resume_policy.apply(engine, accepted.changes, cfg)
+        for change in accepted.changes:
+            log0(f"resume: {change.describe()}", rank)
+            _event(
+                metrics,
+                start_step,
+                "config_change",
+                change.describe(),
+                key=change.key,
+                old=change.old,
+                new=change.new,
+            )
+        for note in notes:
+            log0(f"resume: {note}", rank)
     else:
         _event(
             metrics,
@@ -245,6 +277,7 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
             "model": model_identity,
             "tokenizer": plan.tokenizer,
             "data_fingerprint": _data_fingerprint(plan),
+            "config": resolved,
             # issue 8: llm-ckpt convert reads it (merge / --adapter-only)
             "lora": cfg.lora.to_dict() if cfg.lora is not None else None,
         }
