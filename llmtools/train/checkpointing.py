@@ -76,6 +76,33 @@ def choose(
     return verdict
 
 
+def precheck(run_dir, spec: str | None, current: dict, **review) -> None:
+    """The resume policy's verdict on the checkpoint ``spec`` most likely names, on every rank, without
+    torch or checksums: a refused change then exits in about a second. :func:`choose` decides for good
+    (checksums verified, the verdict given again) once the process group and the run's lock exist."""
+    from llmtools.ckpt import layout
+    from llmtools.ckpt.verify import read_meta, verify
+    from llmtools.train import resume as policy
+
+    if spec is None:
+        return
+    ckpt_dir, spec = layout.checkpoints_dir(run_dir), str(spec).strip()
+    if spec == "auto":
+        found = [p for _, p in reversed(layout.list_checkpoints(ckpt_dir)) if verify(p, False, False).ok]
+        path = found[0] if found else None
+    elif spec == "latest":
+        tag = layout.read_latest(ckpt_dir)
+        path = ckpt_dir / tag if tag else None
+    else:
+        path = ckpt_dir / layout.step_name(int(spec)) if spec.isdigit() else Path(spec)
+    try:
+        meta = read_meta(path) if path is not None else None
+    except InputError:
+        meta = None  # choose() names what is wrong with it
+    if meta is not None:
+        policy.review(meta, path, current, **review)
+
+
 def resume(manager, engine, first: Accepted | None, spec: str | None, current: dict, **review):
     """Load ``first`` (from :func:`choose`) into ``engine``; returns ``(accepted, client_state)``, or
     ``(None, None)`` when there is nothing to resume.

@@ -98,6 +98,11 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
     # and before the process group exists (so it fails on every rank alike).
     plan = make_plan(config, ds_raw, world_size=world, cpu=False, ds_source=options.ds_source)
     prepare_run_dir(options.run_dir, options.resume, options.force, rank)
+    from llmtools.train import checkpointing
+
+    checkpointing.precheck(
+        options.run_dir, options.resume, resolved_config(plan), **_review_options(plan, options)
+    )
     import torch
 
     if not torch.cuda.is_available():
@@ -107,6 +112,15 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
     # One writer per run folder: rank 0 holds RUN/run.lock from before anything is written until the end.
     with locked_run_dir(options.run_dir, dist_info.rank):
         return _train(plan, options, dist_info)
+
+
+def _review_options(plan: TrainPlan, options: RunOptions) -> dict:
+    """What the resume policy needs to know besides the two configs (llmtools.train.resume.review)."""
+    return {
+        "reset_data": options.reset_data,
+        "reshard": options.reshard,
+        "own_scheduler": "scheduler" in plan.ds_config,
+    }
 
 
 def _quiet_deepspeed() -> None:
@@ -200,11 +214,7 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
     # a refused change exits without writing anything (config.yaml included).
     manager = checkpointing.make_manager(run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
     resolved = resolved_config(plan)
-    review = {
-        "reset_data": options.reset_data,
-        "reshard": options.reshard,
-        "own_scheduler": "scheduler" in plan.ds_config,
-    }
+    review = _review_options(plan, options)
     chosen = checkpointing.choose(manager, options.resume, resolved, **review)
     if chosen is None and rank == 0:
         write_resolved(plan, run_dir)

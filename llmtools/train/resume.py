@@ -64,7 +64,7 @@ POLICY: dict[str, Rule] = {
         NEVER, "the data position and the schedule are counted in batches of the old size", NEW_RUN
     ),
     "training.precision": Rule(NEVER, "the optimizer state was saved in the old precision's layout", NEW_RUN),
-    "training.clip_grad": Rule(APPLY, "clipping from the next step on"),
+    "training.clip_grad": Rule(APPLY, "set in the optimizer from the next step on"),
     "training.seed": Rule(RESET_DATA, "the RNG streams restart from the new seed"),
     "training.activation_checkpointing": Rule(APPLY, "same results, other memory and speed"),
     "optimizer.name": Rule(NEVER, "the optimizer state belongs to the old optimizer", NEW_RUN),
@@ -292,6 +292,9 @@ def apply(engine, changes: list[Change], config) -> list[str]:
         if "optimizer.weight_decay" in keys:
             for group in decayed:  # norms and biases keep no decay
                 group["weight_decay"] = config.optimizer.weight_decay
+    if "training.clip_grad" in keys and hasattr(optimizer, "clip_grad"):
+        # DeepSpeed's ZeRO-1/2 and bf16 optimizers take their clipping back from the checkpoint.
+        optimizer.clip_grad = config.training.clip_grad
     if "optimizer.lr" in keys or any(k.startswith("schedule.") for k in keys):
         scheduler = engine.lr_scheduler
         before = [g["lr"] for g in scheduler.optimizer.param_groups]
