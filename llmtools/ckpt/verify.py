@@ -81,10 +81,12 @@ class Report:
     path: Path
     meta: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # files its kind needs that it does not hold or list
 
     @property
     def complete(self) -> bool:
-        return self.meta is not None and self.meta.get("complete") is True
+        """meta.json says complete and the folder holds every file its kind needs."""
+        return self.meta is not None and self.meta.get("complete") is True and not self.missing
 
     @property
     def ok(self) -> bool:
@@ -142,6 +144,7 @@ def verify(path: str | Path, checksums: bool = True, shapes: bool = True) -> Rep
         report.problems.append(f"{meta_path}: zero_stage, world_size or precision is not what a save writes")
     for name in needed:
         if name not in files:
+            report.missing.append(name)
             where = "missing" if not (path / name).is_file() else "not listed in meta.json"
             report.problems.append(
                 f"{path / name}: {where}; a ZeRO-{meta.get('zero_stage')} {meta.get('precision')} checkpoint of "
