@@ -83,16 +83,16 @@ def deepspeed_files(zero_stage: int, dp_world_size: int, precision: str) -> list
 
     Its own naming (``DeepSpeedEngine._get_ckpt_name`` / ``_get_zero_ckpt_name``): the module state in
     ``mp_rank_00_model_states.pt``, one per data-parallel rank under ZeRO-3 (``zero_pp_rank_R_...``);
-    the optimizer partitions in ``zero_pp_rank_R_mp_rank_00_optim_states.pt`` per rank whenever a ZeRO or
-    bf16 optimizer wraps the optimizer (``bf16_`` in front in bf16); plain fp32 ZeRO-0 keeps the optimizer
-    inside the model-states file.
+    the optimizer partitions in ``zero_pp_rank_R_mp_rank_00_optim_states.pt`` per rank under ZeRO-1/2/3
+    (``bf16_`` in front in bf16, whichever wrapper DeepSpeed picked); ZeRO-0 keeps the optimizer inside the
+    model-states file (fp32, and bf16 without pipeline parallelism: DeepSpeed's DDP-style bf16 wrapper).
     """
     ranks = range(max(1, int(dp_world_size)))
     if zero_stage == 3:
         files = [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in ranks]
     else:
         files = ["mp_rank_00_model_states.pt"]
-    if zero_stage > 0 or precision == "bf16":
+    if zero_stage > 0:
         prefix = "bf16_" if precision == "bf16" else ""
         files += [f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in ranks]
     return files

@@ -49,7 +49,7 @@ def choose(
     """The checkpoint ``spec`` names (auto|latest|STEP|PATH), reviewed against ``current`` (the resolved
     config); None when there is nothing to resume. Call on ALL ranks: rank 0 decides, the others follow;
     a refusal raises InputError on every rank."""
-    from llmtools.ckpt import dist
+    from llmtools.ckpt import dist, layout
     from llmtools.ckpt.verify import read_meta
     from llmtools.train import resume as policy
 
@@ -57,6 +57,13 @@ def choose(
         return None
     path = manager.resolve(spec, exclude=exclude)
     if path is None:
+        have = [p.name for _, p in layout.list_checkpoints(manager.ckpt_dir)]
+        if spec == "auto" and have and not exclude:
+            # Checkpoints exist and none can be used: starting over here would silently drop the run.
+            raise InputError(
+                f"{manager.ckpt_dir}: none of its checkpoints can be resumed ({', '.join(have)}; the warnings "
+                "above say why); --resume STEP names one, --force starts the run over"
+            )
         if spec == "auto":
             return None
         raise InputError(f"--resume {spec}: no such checkpoint in {manager.ckpt_dir}")

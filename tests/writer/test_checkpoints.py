@@ -71,6 +71,19 @@ def test_resume_auto_skips_an_incomplete_checkpoint_and_resumes_the_previous(bas
     assert f"resumed from {run_copy}/checkpoints/step_00000002 at step 2" in done.stderr
 
 
+def test_resume_auto_does_not_start_over_when_no_checkpoint_is_usable(base_run, run_copy):
+    for step in ("2", "4"):
+        (run_copy / f"checkpoints/step_0000000{step}/rng_rank0000.pt").write_bytes(b"torn")
+    before = snapshot(run_copy)
+    done = run(train_args(base_run[1], run_copy, 2, "--resume", "auto"))
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"llm-train: error: {run_copy}/checkpoints: none of its checkpoints can be resumed (step_00000002, "
+        "step_00000004; the warnings above say why); --resume STEP names one, --force starts the run over"
+    )
+    assert snapshot(run_copy) == before
+
+
 def test_resume_auto_falls_back_when_loading_fails(base_run, run_copy, tmp_path):
     """The newest checkpoint verifies (its meta.json vouches for a file DeepSpeed cannot use): --resume auto
     warns and resumes the previous one; an explicit --resume of it fails with exit 1, writing nothing."""
@@ -104,7 +117,8 @@ def test_each_save_has_its_own_temporary_name():
     "stage, precision, world, expected",
     [
         (0, "fp32", 1, ["mp_rank_00_model_states.pt"]),
-        (0, "bf16", 1, ["mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"]),
+        (0, "bf16", 1, ["mp_rank_00_model_states.pt"]),
+        (2, "bf16", 1, ["mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"]),
         (2, "fp32", 2, ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
                         "zero_pp_rank_1_mp_rank_00_optim_states.pt"]),
         (3, "fp32", 2, ["zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_model_states.pt",
