@@ -120,7 +120,7 @@ def _show(value: Any) -> str:
 # ------------------------------------------------------------------------------------------ views
 def _model_fields(model: dict) -> dict:
     """Every model field with derived ones filled in, so both sides compare alike."""
-    from llmtools.model.config import load_model_config
+    from llmtools.model.presets import load_model_config
 
     fields = {k: v for k, v in model.items() if k not in ("preset", "init_from")}
     try:

@@ -125,3 +125,41 @@ def _events(run_dir: Path) -> list[dict]:
         return records(run_dir, "event")
     except (FileNotFoundError, ValueError):
         return []
+
+
+HOLD_RUN = """
+import sys, time
+from llmtools.locks import lock_run
+with lock_run(sys.argv[1], command="holder-for-test"):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_every_rank_stops_when_another_writer_holds_the_run(tmp_path, byte_mix):
+    """Two ranks under torchrun: rank 0 finds the folder locked and every rank exits 2 alike (none is left
+    waiting in a collective), writing nothing."""
+    import socket as sockets
+    import sys
+
+    config = write_config(tmp_path / "train.yaml", byte_mix)
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_RUN, str(run_dir)], stdout=subprocess.PIPE, text=True,
+                              env=env())  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with sockets.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        args = train_args(config, run_dir, 2, "--resume", "auto")
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
+                    "-m", "llmtools.cli.train", *args[3:]]  # fmt: skip
+        done = run(torchrun, timeout=600)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert done.returncode != 0
+    refusals = [line for line in done.stderr.splitlines() if line.startswith("llm-train: error: ")]
+    assert len(refusals) == 2, done.stderr[-3000:]
+    assert all(f"{run_dir}: in use by holder-for-test (pid {holder.pid} on " in line for line in refusals)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["run.lock"]
