@@ -163,7 +163,11 @@ def accumulate_and_update(engine, plan: TrainPlan, batches, gate: HealthGate, co
         engine.set_gradient_accumulation_boundary(False)
     with engine.coalesce_grad_reduction() if coalesce else contextlib.nullcontext():
         for m in range(gas):
-            out = plan.task.loss(engine, plan.train_data.batch(next(batches)), engine.device)
+            indices = next(batches)
+            batch = plan.train_data.batch(indices)
+            if hasattr(plan.train_data, "check_ids"):
+                plan.train_data.check_ids(batch, indices)
+            out = plan.task.loss(engine, batch, engine.device)
             losses.append(out.loss.detach())
             metrics.append({name: value.detach() for name, value in out.metrics.items()})
             engine.backward(out.loss)

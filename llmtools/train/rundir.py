@@ -92,6 +92,8 @@ def resolved_config(plan: TrainPlan) -> dict:
         "num_parameters": plan.model_config.num_parameters(),
         "tokenizer": plan.tokenizer,
         "config_hash": plan.config.fingerprint(),
+        # The sample plan's identity (a mix's hash and split): a resume on another plan is refused.
+        "data_plan": getattr(plan.train_data, "fingerprint", None) or None,
     }
     return resolved
 
