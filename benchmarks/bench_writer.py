@@ -6,8 +6,12 @@
    interleaved rounds; the ratio is per round, then the median.
 2. The same lock inside a command: ``llm-prep json2bin`` on a small JSONL (byte tokenizer), in process,
    with the lock and with it stubbed out, interleaved rounds.
+3. Plan verification on open (llmtools.data.plan_check, the cache digests, the source fingerprints) for a
+   plan of --sources sources (default 1,000): ``BlendedGPTDataset.from_mix`` with every check, and with
+   the checks taken out (stubs, and a mix.json without digests or fingerprints), interleaved rounds; warm
+   page cache. Goal: the checks cost < 1 s at 1,000 sources.
 
-Usage: python benchmarks/bench_writer.py [--quick] [--rounds N] [--dir PATH]
+Usage: python benchmarks/bench_writer.py [--quick] [--rounds N] [--sources N] [--dir PATH]
 (--dir: run on another filesystem, e.g. an NFS or Lustre mount, to see its lock cost.)
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -88,13 +93,87 @@ def json2bin_with_and_without_lock(folder: Path, rounds: int, docs: int) -> tupl
     return with_lock, without
 
 
+def make_sources(folder: Path, count: int, docs: int, seed: int = 0) -> list[str]:
+    """``count`` small byte-token sources with sidecars (random document lengths, 50-500 tokens)."""
+    import numpy as np
+
+    from llmtools.formats.indexed import IndexedDatasetWriter
+    from llmtools.formats.sidecar import write_sidecar
+    from llmtools.tokenize import load_tokenizer
+
+    identity = load_tokenizer("byte").identity()
+    rng = np.random.default_rng(seed)
+    prefixes = []
+    for i in range(count):
+        prefix = folder / f"src{i:04d}_text_document"
+        lengths = rng.integers(50, 500, size=docs)
+        with IndexedDatasetWriter(prefix, np.uint16) as writer:
+            writer.add_documents(rng.integers(0, 256, size=int(lengths.sum()), dtype=np.uint16), lengths)
+        write_sidecar(prefix, {"format": "llmtools.indexed-sidecar", "version": 1, "tokenizer": identity})
+        prefixes.append(str(prefix))
+    return prefixes
+
+
+def plan_open(folder: Path, sources: int, docs: int, samples: int, rounds: int):
+    """Seconds to open a ``sources``-source plan with every check and without them, interleaved."""
+    from llmtools.data import dataset as dataset_module
+    from llmtools.data import mix as mixlib
+    from llmtools.data import plan_check
+
+    prefixes = make_sources(folder, sources, docs)
+    started = time.perf_counter()
+    config = mixlib.MixConfig(
+        blend=mixlib.Blend(prefixes, [1.0] * len(prefixes)),
+        seq_length=256,
+        num_samples=samples,
+        split="100,0,0",
+    )
+    checked = folder / "mix.json"
+    mixlib.save_plan(mixlib.build_plan(config), checked)
+    built = time.perf_counter() - started
+    bare = folder / "bare" / "mix.json"  # the same plan, nothing to verify: no digests, no fingerprints
+    bare.parent.mkdir()
+    data = json.loads(checked.read_text())
+    data["cache"].pop("digests")
+    for source in data["sources"]:
+        source.pop("files")
+    for name in data["cache"]["files"]["train"].values():
+        os.link(folder / name, bare.parent / name)
+    bare.write_text(json.dumps(data))
+
+    real = (plan_check.check_recorded, plan_check.check_arrays, plan_check.check_source)
+
+    def open_plan(verify: bool) -> float:
+        if not verify:
+            plan_check.check_recorded = plan_check.check_arrays = plan_check.check_source = lambda *a, **k: (
+                None
+            )
+        try:
+            start = time.perf_counter()
+            ds = dataset_module.BlendedGPTDataset.from_mix(checked if verify else bare)
+            took = time.perf_counter() - start
+            assert len(ds) == samples
+            return took
+        finally:
+            plan_check.check_recorded, plan_check.check_arrays, plan_check.check_source = real
+
+    open_plan(True), open_plan(False)
+    with_checks, without = [], []
+    for r in range(rounds):
+        for verify in (True, False) if r % 2 == 0 else (False, True):
+            (with_checks if verify else without).append(open_plan(verify))
+    return built, with_checks, without
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run")
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--dir", type=Path, default=None, help="where to lock (default: a temporary folder)")
+    parser.add_argument("--sources", type=int, default=1000, help="sources in the plan of part 3")
+    parser.add_argument("--dir", type=Path, default=None, help="where to work (default: a temporary folder)")
     args = parser.parse_args()
     rounds, n, docs = (3, 50, 200) if args.quick else (args.rounds, 500, 2000)
+    sources = min(args.sources, 50) if args.quick else args.sources
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         folder = Path(tmp)
         lock_t, write_t = paired(
@@ -113,6 +192,14 @@ def main() -> None:
               f"{statistics.median(with_lock) * 1e3:.1f} ms, without {statistics.median(without) * 1e3:.1f} ms, "
               f"overhead {statistics.median(overhead) * 100:+.1f}% (per round: "
               f"{', '.join(f'{o * 100:+.1f}%' for o in overhead)})")  # fmt: skip
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        samples = 200 * sources
+        built, checked, bare = plan_open(Path(tmp), sources, 200, samples, rounds)
+        cost = [a - b for a, b in zip(checked, bare, strict=True)]
+        print(f"plan of {sources} sources ({samples:,} samples, seq 256; llm-mix built it in {built:.1f} s): "
+              f"from_mix with every check median {statistics.median(checked):.3f} s, without "
+              f"{statistics.median(bare):.3f} s; the checks cost {statistics.median(cost):.3f} s "
+              f"(per round: {', '.join(f'{c:.3f}' for c in cost)}; goal < 1 s)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -52,7 +52,10 @@ app = new_app("llm-train", "Pretrain a LLaMA-family model with DeepSpeed ZeRO.",
     "log step and eval; schemas/metrics.schema.json), RUN/checkpoints/ and, with --tensorboard, "
     "RUN/tensorboard/. Prints metrics.jsonl and the last checkpoint on stdout; progress on stderr. "
     "Bad config keys, types, DeepSpeed contradictions, a tokenizer that does not fit the model, or "
-    "data that ends too early fail before any compute (exit 2).\n" + EXAMPLES,
+    "data that ends too early fail before any compute (exit 2). One llm-train per run folder: a second one "
+    "exits 2 naming the first (RUN/run.lock). With --resume the config is compared with the checkpoint's: a "
+    "key that may change is applied and announced (stderr, metrics.jsonl), one that may not is refused "
+    "before anything is written, naming the flag that would allow it (--reset-data, --reshard).\n" + EXAMPLES,
     no_args_is_help=True,
 )
 def train(

@@ -283,6 +283,7 @@ def _identity(
 ) -> str:
     """Hash of everything the arrays depend on (not paths: moved data keeps its cache). ``semantics``: the
     blending rules a mix.json recorded (default: this version's)."""
+    positions = {s.prefix: i for i, s in reversed(list(enumerate(sources)))}  # first one wins, as before
     ident = {
         "semantics": semantics or MEGATRON_SEMANTICS,
         "sources": [{"idx_sha256": s.idx_sha256, "dtype": str(s.reader.dtype)} for s in sources],
@@ -292,7 +293,7 @@ def _identity(
         "sizes": config.sizes,
         "blends": {
             name: {
-                "sources": [_index_of(sources, p) for p in b.prefixes],
+                "sources": [_index_of(sources, p, positions) for p in b.prefixes],
                 "weights": b.weights,
                 "bookend": list(bk) if bk else None,
             }
@@ -302,8 +303,10 @@ def _identity(
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _index_of(sources: list[Source], prefix: str) -> int:
+def _index_of(sources: list[Source], prefix: str, positions: dict[str, int] | None = None) -> int:
     given = strip_suffix(prefix)
+    if positions is not None:
+        return positions[given]
     for i, s in enumerate(sources):
         if s.prefix == given:
             return i

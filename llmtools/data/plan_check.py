@@ -127,11 +127,11 @@ def check_arrays(mix: dict, path: Path, split: str, arrays: dict) -> None:
 def check_source(described: dict, prefix: str, path: Path) -> None:
     """One source (opened at ``prefix``) against the fingerprints and tokenizer mix.json recorded."""
     from llmtools.formats.fingerprint import changed
-    from llmtools.formats.indexed import bin_path, idx_path
     from llmtools.formats.sidecar import read_sidecar, sidecar_path
 
     files = described.get("files") or {}
-    for kind, file in (("idx", idx_path(prefix)), ("bin", bin_path(prefix))):
+    for kind in ("idx", "bin"):  # plain strings and os.stat: this runs once per source, for every source
+        file = f"{prefix}.{kind}"
         recorded = files.get(kind)
         if isinstance(recorded, dict):
             problem = changed(file, recorded)

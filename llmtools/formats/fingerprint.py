@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 
 SAMPLE_BLOCKS = 8
 SAMPLE_BLOCK = 4096
@@ -53,9 +52,8 @@ def fingerprint(path: str | os.PathLike, sampled: bool = False) -> dict:
 
 def changed(path: str | os.PathLike, recorded: dict) -> str | None:
     """None when ``path`` still matches ``recorded`` (a :func:`fingerprint`); else what differs, in words."""
-    path = Path(path)
     try:
-        stat = path.stat()
+        stat = os.stat(path)
     except FileNotFoundError:
         return "missing"
     if "size" in recorded and stat.st_size != recorded["size"]:
