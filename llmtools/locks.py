@@ -108,7 +108,10 @@ def _process_start() -> str:
 def _me(command: str | None) -> Holder:
     if command is None:
         argv = list(sys.argv) or ["python"]
-        command = shlex.join([os.path.basename(argv[0]), *argv[1:]])
+        program = Path(argv[0])
+        # python -m llmtools.cli.train (torchrun, the deepspeed launcher) is llm-train to the user
+        name = f"llm-{program.stem}" if program.parent.name == "cli" else program.name
+        command = shlex.join([name, *argv[1:]])
     return Holder(socket.gethostname(), os.getpid(), _process_start(), command)
 
 
@@ -313,21 +316,3 @@ def lock_run(run_dir: str | os.PathLike, command: str | None = None) -> Iterator
     """Lock a run folder (``RUN/run.lock``; the folder is created if needed)."""
     with acquire(run_lock_path(run_dir), run_dir, command) as lock:
         yield lock
-
-
-def is_locked(lock_file: str | os.PathLike) -> bool:
-    """Whether some process holds ``lock_file`` now (this one included)."""
-    lock_file = Path(lock_file)
-    if _key(lock_file) in _held:
-        return True
-    try:
-        fd = os.open(lock_file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as error:
-        return error.errno in _BUSY
-    finally:
-        os.close(fd)
-    return False

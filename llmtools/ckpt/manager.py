@@ -261,8 +261,8 @@ class CheckpointManager:
         if saved_stage != stage and not reshard:
             raise InputError(
                 f"{path / layout.META}[zero_stage]: the checkpoint was saved with ZeRO-{saved_stage}, this run "
-                f"uses ZeRO-{stage}; resume with the same stage (or start a new run from its weights: "
-                "llm-ckpt import-hf / convert --to hf)"
+                f"uses ZeRO-{stage}; resume with the same stage, reshard ZeRO-1 <-> ZeRO-2 (--reshard), or start "
+                "a new run from its weights (llm-ckpt import-hf / convert --to hf)"
             )
         if (saved_world != current_dp and saved_stage > 0) or saved_stage != stage:
             from llmtools.ckpt.reshard import load_resharded

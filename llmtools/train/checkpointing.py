@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmtools.errors import InputError, RuntimeFailure
+from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure
 
 
 def make_manager(run_dir, keep_last: int | None = None, keep_every: int | None = None):
@@ -130,6 +130,8 @@ def resume(manager, engine, first: Accepted | None, spec: str | None, current: d
             return accepted, client_state
         why = f"{type(error).__name__}: {error}" if error is not None else "it failed on another rank"
         if spec != "auto":
+            if isinstance(error, LlmtoolsError):
+                raise error  # it names the file and what is wrong already
             raise RuntimeFailure(f"{accepted.path}: could not be loaded ({why})") from error
         failed.append(accepted.path)
         if dist.rank() == 0:
