@@ -52,6 +52,16 @@ class Rule:
 POLICY: dict[str, Rule] = {
     "model.preset": Rule(DERIVED, "a name; the model's fields are compared one by one"),
     "model.init_from": Rule(APPLY, "no effect on a resumed run: its weights come from the checkpoint"),
+    "model.expert_parallel": Rule(
+        APPLY, "DeepSpeed's universal conversion re-spreads the experts over the new groups"
+    ),
+    "model.initializer_range": Rule(
+        APPLY, "no effect on a resumed run: its weights come from the checkpoint"
+    ),
+    "model.router_aux_loss_coef": Rule(
+        APPLY, "the router's auxiliary loss weighs this from the next step on"
+    ),
+    "model.router_z_loss_coef": Rule(APPLY, "the router's z-loss weighs this from the next step on"),
     "model.*": Rule(NEVER, "a different model cannot continue this checkpoint", OTHER_RUN),
     "tokenizer": Rule(NEVER, "token ids would mean something else (a different tokenizer)", OTHER_RUN),
     "data.cache_dir": Rule(APPLY, "only where the sample-index cache is kept"),
@@ -138,7 +148,8 @@ def view(resolved: dict) -> dict[str, Any]:
             continue
         if section in _SECTIONS and isinstance(value, dict):
             if section == "model":
-                value = _model_fields(value)
+                # expert_parallel is left out of a config that does not set it: None then, not unknown
+                value = {"expert_parallel": None, **_model_fields(value)}
             for key, item in value.items():
                 out[f"{section}.{key}"] = item
         else:
@@ -181,6 +192,8 @@ def saved_view(meta: dict) -> dict[str, Any]:
     plan = (meta.get("data") or {}).get("plan")
     if plan is not None:
         saved["data.plan"] = plan
+    if "expert_parallel" in meta:  # the layout the files were written in, whatever the config said
+        saved["model.expert_parallel"] = meta["expert_parallel"]
     return saved
 
 
@@ -228,7 +241,12 @@ def review(
 
 
 def _order(key: str) -> int:
-    # Refusals name the most fundamental key first: the model, then the tokenizer, precision, data ...
+    # Refusals name the most fundamental key first: the model's shape, the rest of the model, then the
+    # tokenizer, precision, data ...
+    from llmtools.model.config import SHAPE_FIELDS
+
+    if key.startswith("model.") and key[len("model.") :] in SHAPE_FIELDS:
+        return 0
     first = (
         "model.",
         "tokenizer",
@@ -238,10 +256,10 @@ def _order(key: str) -> int:
         "zero_optimization",
         "optimizer.name",
     )
-    for rank, prefix in enumerate(first):
+    for rank, prefix in enumerate(first, start=1):
         if key.startswith(prefix):
             return rank
-    return len(first)
+    return len(first) + 1
 
 
 def _way(rule: Rule, checkpoint: str | Path) -> str:
@@ -252,6 +270,18 @@ def _way(rule: Rule, checkpoint: str | Path) -> str:
 
 def _check_applicable(change: Change, where: Path, step: int, own_scheduler: bool) -> None:
     key = change.key
+    if key == "model.expert_parallel" and (change.old is None) != (change.new is None):
+        path = where.parent
+        if change.old is None:
+            raise InputError(
+                f"{where}[{key}]: saved without expert parallelism, and this run sets model.expert_parallel="
+                f"{change.new}; resume it without (or start from its weights: model.init_from {path})"
+            )
+        raise InputError(
+            f"{where}[{key}]: saved with model.expert_parallel={change.old} (DeepSpeed's expert-parallel layout); "
+            "set model.expert_parallel to resume it (any value dividing the world size), or start from its "
+            f"weights: llm-ckpt convert {path} --to hf, then model.init_from"
+        )
     if key == "zero_optimization.stage" and not {change.old, change.new} <= RESHARDABLE_STAGES:
         raise InputError(
             f"{where}[{key}]: checkpoint has {change.old!r}, the config has {change.new!r}; --reshard converts "
