@@ -159,14 +159,18 @@ def prune_(
     manager = CheckpointManager(
         ckpt_dir.parent, keep_last=keep, keep_every=keep_every, warn=lambda m: log(f"warning: {m}")
     )
-    paths = manager.prune_plan() if dry_run else manager.prune()
+    if dry_run:
+        paths = manager.prune_plan()
+    else:
+        from llmtools.locks import lock_run
+
+        with lock_run(ckpt_dir.parent):  # not while llm-train (or another prune) writes this run
+            paths = manager.prune()
     for path in paths:
         emit(str(path))
-    left = len(manager.checkpoints())
+    left = len(manager.checkpoints()) - (len(paths) if dry_run else 0)
     verb = "would remove" if dry_run else "removed"
-    log(
-        f"llm-ckpt prune: {verb} {len(paths)} checkpoint(s) of {ckpt_dir}, {left - len(paths) if dry_run else left} left"
-    )
+    log(f"llm-ckpt prune: {verb} {len(paths)} checkpoint(s) of {ckpt_dir}, {left} left")
 
 
 CONVERT_HELP = """Convert a checkpoint: to a Hugging Face model folder, to one consolidated safetensors

@@ -181,16 +181,20 @@ def mix(
     outputs = [output] if output else []
     if materialize:
         outputs += [Path(f"{materialize}.bin"), Path(f"{materialize}.idx")]
-    check_writable(outputs, force)
+    from llmtools.locks import lock_output
 
-    plan = lib.build_plan(config)
-    for note in plan.notes:
-        log(f"llm-mix: note: {note}")
-    for warning in plan.warnings:
-        log(f"llm-mix: warning: {warning}")
-    written: list[Path] = []
-    if output is not None:  # mix.json is written last, after the cache and the materialized samples
-        written += lib.save_plan(plan, output, materialize_to=materialize)
+    # One writer per mix.json and per materialized prefix, from the existence check to the last rename.
+    with lock_output([p for p in (output, materialize) if p]):
+        check_writable(outputs, force)
+
+        plan = lib.build_plan(config)
+        for note in plan.notes:
+            log(f"llm-mix: note: {note}")
+        for warning in plan.warnings:
+            log(f"llm-mix: warning: {warning}")
+        written: list[Path] = []
+        if output is not None:  # mix.json is written last, after the cache and the materialized samples
+            written += lib.save_plan(plan, output, materialize_to=materialize)
     if as_json:
         summary = lib.plan_to_json(plan)
         summary.pop("config", None)

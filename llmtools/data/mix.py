@@ -41,11 +41,13 @@ from llmtools.data.blend import (
 from llmtools.data.gpt_index import GPTIndices, build_gpt_indices
 from llmtools.data.splits import DEFAULT_SPLIT, SPLITS, parse_split, split_matrix, split_range
 from llmtools.errors import InputError, RuntimeFailure, UsageError
+from llmtools.formats.fingerprint import fingerprint
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
 from llmtools.formats.mix import (
     FORMAT,
     MIN_SEQ_LENGTH,
     VERSION,
+    cache_digests,
     cache_names,
     mix_text,
     read_mix,
@@ -150,6 +152,9 @@ class Source:
     reader: IndexedDatasetReader = field(repr=False)
     sidecar: dict | None = field(repr=False)
     idx_sha256: str
+    files: dict = field(
+        default_factory=dict, repr=False
+    )  # fingerprints of .idx and .bin (formats.fingerprint)
 
     @property
     def tokenizer(self) -> dict | None:
@@ -165,6 +170,7 @@ class Source:
             "tokens": int(self.reader.num_tokens),
             "dtype": str(self.reader.dtype),
             "idx_sha256": self.idx_sha256,
+            "files": self.files,
             "sidecar": self.sidecar is not None,
             "tokenizer": self.tokenizer,
         }
@@ -197,7 +203,13 @@ def open_source(prefix: str, base: Path | None = None) -> Source:
             f"{reader.idx_file}: the dataset is empty (0 tokens in {reader.num_documents} documents)"
         )
     sidecar = read_sidecar(chosen)
-    return Source(given, os.path.abspath(str(chosen)), reader, sidecar, file_sha256(reader.idx_file))
+    idx_sha256 = file_sha256(reader.idx_file)
+    idx_stat = os.stat(reader.idx_file)
+    files = {  # what a run checks on open: the index by stat and checksum, the tokens by stat and samples
+        "idx": {"size": idx_stat.st_size, "mtime_ns": idx_stat.st_mtime_ns, "sha256": idx_sha256},
+        "bin": fingerprint(reader.bin_file, sampled=True),
+    }
+    return Source(given, os.path.abspath(str(chosen)), reader, sidecar, idx_sha256, files)
 
 
 def check_tokenizers(sources: list[Source], allow_mixed: bool) -> tuple[dict | None, list[str]]:
@@ -264,10 +276,17 @@ class MixPlan:
     hash: str
 
 
-def _identity(config: MixConfig, sources: list[Source], blends: dict[str, tuple[Blend, tuple | None]]) -> str:
-    """Hash of everything the arrays depend on (not paths: moved data keeps its cache)."""
+def _identity(
+    config: MixConfig,
+    sources: list[Source],
+    blends: dict[str, tuple[Blend, tuple | None]],
+    semantics: str | None = None,
+) -> str:
+    """Hash of everything the arrays depend on (not paths: moved data keeps its cache). ``semantics``: the
+    blending rules a mix.json recorded (default: this version's)."""
+    positions = {s.prefix: i for i, s in reversed(list(enumerate(sources)))}  # first one wins, as before
     ident = {
-        "semantics": MEGATRON_SEMANTICS,
+        "semantics": semantics or MEGATRON_SEMANTICS,
         "sources": [{"idx_sha256": s.idx_sha256, "dtype": str(s.reader.dtype)} for s in sources],
         "seq_length": config.seq_length,
         "seed": config.seed,
@@ -275,7 +294,7 @@ def _identity(config: MixConfig, sources: list[Source], blends: dict[str, tuple[
         "sizes": config.sizes,
         "blends": {
             name: {
-                "sources": [_index_of(sources, p) for p in b.prefixes],
+                "sources": [_index_of(sources, p, positions) for p in b.prefixes],
                 "weights": b.weights,
                 "bookend": list(bk) if bk else None,
             }
@@ -285,8 +304,10 @@ def _identity(config: MixConfig, sources: list[Source], blends: dict[str, tuple[
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _index_of(sources: list[Source], prefix: str) -> int:
+def _index_of(sources: list[Source], prefix: str, positions: dict[str, int] | None = None) -> int:
     given = strip_suffix(prefix)
+    if positions is not None:
+        return positions[given]
     for i, s in enumerate(sources):
         if s.prefix == given:
             return i
@@ -620,9 +641,13 @@ def save_plan(
     step: a mix.json never names a file that is not there, and a failed run leaves none of them.
     Returns mix.json's path first."""
     output = Path(output)
-    text = mix_text(plan_to_json(plan))
+    folder = output.parent if str(output.parent) else Path(".")
     with atomic_group() as group:
-        written = write_cache(plan, output.parent if str(output.parent) else Path("."), group=group)
+        written = write_cache(plan, folder, group=group)
+        data = plan_to_json(plan)
+        staged = {final: tmp for tmp, final in group.pending}  # the cache files, not yet renamed
+        data["cache"]["digests"] = cache_digests(folder, data["cache"]["files"], staged)  # checked on open
+        text = mix_text(data)
         if materialize_to is None:
             group.path(output).write_text(text, encoding="utf-8")  # last in the group: renamed last
             return [output, *written]
