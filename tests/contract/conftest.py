@@ -46,10 +46,12 @@ def contract_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _default_signals() -> None:
-    # A test runner started in the background inherits an ignored SIGINT; the commands must see the
-    # default disposition, as under a terminal or a batch scheduler.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# A test runner started in the background (`pytest &` in a script) has SIGINT ignored, and its children
+# would inherit that; the commands must see the default disposition, as under a terminal or a batch
+# scheduler. Set here, once, in the main thread: a preexec_fn would do it per child, but is not safe
+# with the thread pools that start the commands (a child can deadlock between fork and exec).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run_cli(argv: list[str], cwd: Path, stdin: bytes | None = None, timeout: float = 240, env=None):
@@ -62,7 +64,6 @@ def run_cli(argv: list[str], cwd: Path, stdin: bytes | None = None, timeout: flo
         capture_output=True,
         timeout=timeout,
         env=env or contract_env(),
-        preexec_fn=_default_signals,
     )
 
 
@@ -75,7 +76,6 @@ def start_cli(argv: list[str], cwd: Path, env=None, stdin=subprocess.DEVNULL) ->
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env or contract_env(),
-        preexec_fn=_default_signals,
     )
 
 
@@ -314,7 +314,6 @@ def run_on_full_disk(argv: list[str], workdir: Path, size_kib: int, prepare: str
         capture_output=True,
         timeout=timeout,
         env=contract_env(),
-        preexec_fn=_default_signals,
     )
     if proc.returncode == 97:
         pytest.skip(f"cannot mount a tmpfs at {mount}: {proc.stderr.decode()[-300:]}")

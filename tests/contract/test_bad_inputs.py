@@ -1155,7 +1155,7 @@ ROWS: list[Row] = [
             "training.train_steps=1",
         ],
         2,
-        r"step_00000002: the checkpoint is at step 2, past the 1 steps",
+        r"run/checkpoints/step_00000002/meta\.json\[[a-z_.]+\]: ",  # refused by the resume policy, named
         setup=copy_tree("run", "run"),
         timeout=400,
     ),

@@ -40,9 +40,10 @@ def run_under_umask(umask: int, names: list[str], world: World, base: Path) -> d
         d.mkdir()
         (d / "chats.jsonl").write_bytes(lines(*[CHAT] * 5))
         argv = [a.format(w=world) if "{w." in a else a for a in COMMANDS[name]]
+        # The umask is set by a shell that then execs the command (no preexec_fn: not thread-safe).
         proc = subprocess.run(
-            [script(argv[0]), *map(str, argv[1:])], cwd=d, capture_output=True, env=contract_env(),
-            preexec_fn=lambda: os.umask(umask), timeout=300,
+            ["sh", "-c", f'umask {umask:03o} && exec "$0" "$@"', script(argv[0]), *map(str, argv[1:])],
+            cwd=d, capture_output=True, env=contract_env(), timeout=300,
         )  # fmt: skip
         return name, (proc, d / "out")
 
