@@ -222,6 +222,21 @@ class _Trainer:
             return None
         return float(value)
 
+    def prepare_task(self) -> None:
+        """The task's work before the first step, with the starting weights (before a checkpoint loads)."""
+        from llmtools.train.tasks import RunContext
+
+        run = RunContext(
+            run_dir=self.run_dir,
+            rank=self.rank,
+            world_size=self.world,
+            device=self.device,
+            micro_batch_size=self.cfg.training.micro_batch_size,
+            log=self.log,
+            quiet=self.options.quiet,
+        )
+        self.plan.task.prepare(self.engine, run)
+
     # -- checkpoints -------------------------------------------------------------------------------
     def resume(self) -> None:
         """Load the checkpoint ``--resume`` names, if any, and continue its step count and data."""
@@ -480,5 +495,6 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
         for warning in plan.warnings:
             log0(f"warning: {warning}", dist_info.rank)
     trainer = _Trainer(plan, options, dist_info)
+    trainer.prepare_task()
     trainer.resume()
     return trainer.run()

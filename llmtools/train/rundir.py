@@ -28,7 +28,7 @@ def prepare_run_dir(run_dir: Path, resume: str | None, force: bool, rank: int = 
 
         for name in ("metrics.jsonl", "config.yaml", "ds_config.json"):
             (run_dir / name).unlink(missing_ok=True)
-        for name in ("checkpoints", "tensorboard"):
+        for name in ("checkpoints", "tensorboard", "reference"):
             shutil.rmtree(run_dir / name, ignore_errors=True)
 
 
