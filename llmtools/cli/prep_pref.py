@@ -73,7 +73,9 @@ def pref_cmd(
     rejected_key: str = typer.Option("rejected", "--rejected-key", help="Key of the other answer."),
     system_key: str = typer.Option("system", "--system-key", help="Key of an optional system prompt."),
     system_prompt: str = typer.Option(None, "--system-prompt", help="System turn for pairs that have none."),
-    max_length: int = typer.Option(None, "--max-length", help="Longest sequence (prompt + answer), in tokens."),
+    max_length: int = typer.Option(
+        None, "--max-length", help="Longest sequence (prompt + answer), in tokens."
+    ),
     max_prompt_length: int = typer.Option(
         None, "--max-prompt-length", help="Longest prompt, in tokens (keeps its end)."
     ),

@@ -67,10 +67,11 @@ class PrefDataset:
         """The chosen rows of ``pairs`` then their rejected rows, cut to the batch's longest row."""
         pairs = [int(i) for i in pairs]
         halves = [side.batch(pairs, seq_length) for side in (self.chosen, self.rejected)]
-        lengths = [min(int(side.lengths[i]), seq_length + 1) for side in (self.chosen, self.rejected) for i in pairs]
+        lengths = [
+            min(int(side.lengths[i]), seq_length + 1) for side in (self.chosen, self.rejected) for i in pairs
+        ]
         width = max(1, max(lengths, default=2) - 1)
         return {
             name: np.concatenate([half[name][:, :width] for half in halves])
             for name in ("tokens", "labels", "loss_mask")
         }
-

@@ -96,7 +96,10 @@ class PrefConfig:
             raise UsageError(
                 f"--overflow: unknown policy {self.overflow!r} (choose one of {', '.join(OVERFLOW)})"
             )
-        for flag, value in (("--max-length", self.max_length), ("--max-prompt-length", self.max_prompt_length)):
+        for flag, value in (
+            ("--max-length", self.max_length),
+            ("--max-prompt-length", self.max_prompt_length),
+        ):
             if value is not None and value < 1:
                 raise UsageError(f"{flag}: must be at least 1, got {value}")
         if (
@@ -212,7 +215,9 @@ def to_pair(obj, config: PrefConfig) -> Pair:
     prompt = obj.get(config.prompt_key)
     if isinstance(chosen, str):
         if config.prompt_key not in obj:
-            raise BadSample("missing_key", f"missing key {config.prompt_key!r} (string answers need a prompt)")
+            raise BadSample(
+                "missing_key", f"missing key {config.prompt_key!r} (string answers need a prompt)"
+            )
         if not isinstance(prompt, str):
             raise BadSample("not_a_string", f"[{config.prompt_key}]: expected a string, got {_kind(prompt)}")
         pair = Pair(
@@ -272,7 +277,9 @@ def render_side(encoder: SampleEncoder, prompt: list[dict], completion: list[dic
     return text, spans[in_prompt:]
 
 
-def shared_prompt_length(chosen: tuple[np.ndarray, np.ndarray], rejected: tuple[np.ndarray, np.ndarray]) -> int:
+def shared_prompt_length(
+    chosen: tuple[np.ndarray, np.ndarray], rejected: tuple[np.ndarray, np.ndarray]
+) -> int:
     """Tokens of the prompt both sequences start with (before each one's first masked token); raises
     ``prompt_mismatch`` when the two renderings do not share it token for token."""
     lengths = []
@@ -345,7 +352,9 @@ def build_pref(config: PrefConfig) -> PrefResult:
         result.skipped[error.kind] = result.skipped.get(error.kind, 0) + 1
 
     with ExitStack() as stack:
-        writers = {k: stack.enter_context(IndexedDatasetWriter(config.prefix_for(k), dtypes[k])) for k in KEYS}
+        writers = {
+            k: stack.enter_context(IndexedDatasetWriter(config.prefix_for(k), dtypes[k])) for k in KEYS
+        }
 
         def add(place: str, chosen, rejected) -> None:
             try:
@@ -377,7 +386,13 @@ def build_pref(config: PrefConfig) -> PrefResult:
                     raise record
                 pair = to_pair(record, config)
                 pending.append(
-                    (place, (render_side(encoder, pair.prompt, pair.chosen), render_side(encoder, pair.prompt, pair.rejected)))
+                    (
+                        place,
+                        (
+                            render_side(encoder, pair.prompt, pair.chosen),
+                            render_side(encoder, pair.prompt, pair.rejected),
+                        ),
+                    )
                 )
             except BadSample as error:
                 bad(place, error)
@@ -392,7 +407,9 @@ def build_pref(config: PrefConfig) -> PrefResult:
             detail = ", ".join(f"{k} {v}" for k, v in sorted(counted.items()))
             if result.dropped_too_long:
                 detail = ", ".join(filter(None, [detail, f"dropped as too long {result.dropped_too_long}"]))
-            raise InputError(f"{', '.join(config.inputs)}: no usable pairs" + (f" ({detail})" if detail else ""))
+            raise InputError(
+                f"{', '.join(config.inputs)}: no usable pairs" + (f" ({detail})" if detail else "")
+            )
     # The datasets are in place; the sidecars say what they are (written last).
     for key in KEYS:
         prefix = config.prefix_for(key)
@@ -402,7 +419,13 @@ def build_pref(config: PrefConfig) -> PrefResult:
 
 
 def build_pref_sidecar(
-    key: str, config: PrefConfig, tokenizer, template: ChatTemplate, dtype, inputs: list[dict], result: PrefResult
+    key: str,
+    config: PrefConfig,
+    tokenizer,
+    template: ChatTemplate,
+    dtype,
+    inputs: list[dict],
+    result: PrefResult,
 ) -> dict:
     """An ordinary indexed-dataset sidecar plus the ``pref`` block (schema ``pref-sidecar.schema.json``)."""
     from llmtools.formats.sidecar import build_sidecar

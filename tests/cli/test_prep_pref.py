@@ -49,11 +49,25 @@ def test_a_bad_line_exits_2_naming_the_place_and_writes_nothing(python, cli_env,
 
 def test_json_summary_skip_bad_and_refusal_to_overwrite(capsys, monkeypatch, tmp_path):
     src = _jsonl(tmp_path / "pairs.jsonl", [GOOD, "{oops", GOOD])
-    args = ("pref", src, "-t", "byte", "--chat-template", "llama3", "-o", tmp_path / "o", "--json", "-q", "--skip-bad")
+    args = (
+        "pref",
+        src,
+        "-t",
+        "byte",
+        "--chat-template",
+        "llama3",
+        "-o",
+        tmp_path / "o",
+        "--json",
+        "-q",
+        "--skip-bad",
+    )
     proc = run_cli_inproc(capsys, monkeypatch, "prep", *args)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    assert summary["pairs"] == 2 and summary["skipped"] == {"malformed_json": 1} and len(summary["paths"]) == 12
+    assert (
+        summary["pairs"] == 2 and summary["skipped"] == {"malformed_json": 1} and len(summary["paths"]) == 12
+    )
     proc = run_cli_inproc(capsys, monkeypatch, "prep", *args)
     assert proc.returncode == 2 and "already exists (use --force" in proc.stderr
     assert run_cli_inproc(capsys, monkeypatch, "prep", *args, "--force").returncode == 0
@@ -62,4 +76,8 @@ def test_json_summary_skip_bad_and_refusal_to_overwrite(capsys, monkeypatch, tmp
 def test_help_states_the_shapes_and_the_truncation_rules(capsys, monkeypatch):
     proc = run_cli_inproc(capsys, monkeypatch, "prep", "pref", "--help")
     assert proc.returncode == 0 and "Examples:" in proc.stdout
-    assert "--max-prompt-length" in proc.stdout and "keep_start" in proc.stdout and "implicit prompt" in proc.stdout
+    assert (
+        "--max-prompt-length" in proc.stdout
+        and "keep_start" in proc.stdout
+        and "implicit prompt" in proc.stdout
+    )

@@ -66,7 +66,9 @@ def gpt2():
 def _build(tmp_path, records, tokenizer, **kw):
     src = _write_jsonl(tmp_path / "in.jsonl", records)
     kw.setdefault("chat_template", "chatml")
-    config = PrefConfig(inputs=[str(src)], tokenizer=tokenizer, output_prefix=str(tmp_path / "out" / "p"), **kw)
+    config = PrefConfig(
+        inputs=[str(src)], tokenizer=tokenizer, output_prefix=str(tmp_path / "out" / "p"), **kw
+    )
     return config, build_pref(config)
 
 
@@ -82,7 +84,10 @@ def test_trl_record_shapes_become_aligned_pairs_with_one_shared_prompt(tmp_path,
     tok = load_tokenizer(gpt2)
     template = load_chat_template("chatml")
     assert result.pairs == 3 and len(result.paths) == 12 and result.skipped == {}
-    (c_ids, c_mask), (r_ids, r_mask) = _side(config.output_prefix, "chosen"), _side(config.output_prefix, "rejected")
+    (c_ids, c_mask), (r_ids, r_mask) = (
+        _side(config.output_prefix, "chosen"),
+        _side(config.output_prefix, "rejected"),
+    )
     assert c_mask.dtype == np.uint8 and c_ids.dtype == np.uint16
     assert (c_ids.document_lengths() == c_mask.document_lengths()).all()
     assert (r_ids.document_lengths() == r_mask.document_lengths()).all()
@@ -93,8 +98,13 @@ def test_trl_record_shapes_become_aligned_pairs_with_one_shared_prompt(tmp_path,
         assert (chosen[:p] == rejected[:p]).all()  # the shared prompt, token for token
         # ... which is the prompt as the template renders it before an answer
         assert tok.decode(chosen[:p]) == template.render(PROMPTS[j], add_generation_prompt=True)
-        for ids, mask, answer in ((chosen, c_mask.document(j), ANSWERS[j][0]), (rejected, r_mask.document(j), ANSWERS[j][1])):
-            assert not mask[:p].any() and mask[p:].all()  # the answer only: a prompt's own assistant turn is context
+        for ids, mask, answer in (
+            (chosen, c_mask.document(j), ANSWERS[j][0]),
+            (rejected, r_mask.document(j), ANSWERS[j][1]),
+        ):
+            assert (
+                not mask[:p].any() and mask[p:].all()
+            )  # the answer only: a prompt's own assistant turn is context
             assert tok.decode(ids[mask == 1]) == answer + "<|im_end|>\n"
     assert result.prompt_tokens == sum(int(np.argmax(c_mask.document(j))) for j in range(3))
     assert result.chosen_target_tokens == int(c_mask.tokens().sum())
@@ -169,13 +179,40 @@ BAD = [
     ("not_an_object", [1, 2], "expected a JSON object, got list"),
     ("missing_key", {"prompt": "q", "chosen": "a"}, "missing key 'rejected'"),
     ("missing_key", {"chosen": "a", "rejected": "b"}, "missing key 'prompt' (string answers need a prompt)"),
-    ("not_a_string", {"prompt": "q", "chosen": 3, "rejected": "b"}, "[chosen]: expected a string or a list of messages, got int"),
+    (
+        "not_a_string",
+        {"prompt": "q", "chosen": 3, "rejected": "b"},
+        "[chosen]: expected a string or a list of messages, got int",
+    ),
     ("not_a_string", {"prompt": 7, "chosen": "a", "rejected": "b"}, "[prompt]: expected a string, got int"),
-    ("mixed_types", {"prompt": "q", "chosen": "a", "rejected": [USER]}, "one is a string, the other a list of messages"),
-    ("bad_messages", {"chosen": ["hi"], "rejected": [USER]}, "chosen[0]: expected an object with role and content"),
-    ("unknown_role", {"chosen": [{"role": "robot", "content": "x"}], "rejected": [USER]}, "chosen[0]: unknown role 'robot'"),
-    ("empty_completion", {"chosen": [USER, {"role": "assistant", "content": "x"}], "rejected": [USER, {"role": "assistant", "content": "x"}]}, "[chosen]: no assistant turn with content"),
-    ("empty_completion", {"prompt": "q", "chosen": "a", "rejected": "   "}, "[rejected]: no assistant turn with content"),
+    (
+        "mixed_types",
+        {"prompt": "q", "chosen": "a", "rejected": [USER]},
+        "one is a string, the other a list of messages",
+    ),
+    (
+        "bad_messages",
+        {"chosen": ["hi"], "rejected": [USER]},
+        "chosen[0]: expected an object with role and content",
+    ),
+    (
+        "unknown_role",
+        {"chosen": [{"role": "robot", "content": "x"}], "rejected": [USER]},
+        "chosen[0]: unknown role 'robot'",
+    ),
+    (
+        "empty_completion",
+        {
+            "chosen": [USER, {"role": "assistant", "content": "x"}],
+            "rejected": [USER, {"role": "assistant", "content": "x"}],
+        },
+        "[chosen]: no assistant turn with content",
+    ),
+    (
+        "empty_completion",
+        {"prompt": "q", "chosen": "a", "rejected": "   "},
+        "[rejected]: no assistant turn with content",
+    ),
 ]
 GOOD = {"prompt": "q", "chosen": "yes", "rejected": "no"}
 
@@ -184,7 +221,7 @@ GOOD = {"prompt": "q", "chosen": "yes", "rejected": "no"}
 def test_a_bad_pair_stops_with_its_place_or_is_counted(tmp_path, kind, record, words):
     with pytest.raises(InputError) as error:
         _build(tmp_path, [GOOD, record], "byte")
-    assert f"in.jsonl:2: " in str(error.value) and words in str(error.value)
+    assert "in.jsonl:2: " in str(error.value) and words in str(error.value)
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())  # nothing written
     _, result = _build(tmp_path, [GOOD, record, GOOD], "byte", skip_bad=True)
     assert result.pairs == 2 and result.skipped == {kind: 1}
@@ -197,7 +234,9 @@ def test_a_prompt_rendered_differently_before_the_two_answers_is_a_bad_pair(tmp_
     differ = {"prompt": "q", "chosen": "ab", "rejected": "cde"}
     _, result = _build(tmp_path / "ok", [same], "byte", chat_template=str(template))
     assert result.pairs == 1
-    with pytest.raises(InputError, match=r"in\.jsonl:2: the chosen and rejected renderings do not share the prompt"):
+    with pytest.raises(
+        InputError, match=r"in\.jsonl:2: the chosen and rejected renderings do not share the prompt"
+    ):
         _build(tmp_path / "bad", [same, differ], "byte", chat_template=str(template))
     _, result = _build(tmp_path / "skip", [same, differ], "byte", chat_template=str(template), skip_bad=True)
     assert result.pairs == 1 and result.skipped == {"prompt_mismatch": 1}
@@ -210,12 +249,16 @@ def test_hf_dataset_input_equals_jsonl(tmp_path, gpt2):
     folder = tmp_path / "hf"
     datasets.Dataset.from_list(records).save_to_disk(str(folder))
     out = tmp_path / "hfout" / "p"
-    result = build_pref(PrefConfig(inputs=[str(folder)], tokenizer=gpt2, output_prefix=str(out), chat_template="chatml"))
+    result = build_pref(
+        PrefConfig(inputs=[str(folder)], tokenizer=gpt2, output_prefix=str(out), chat_template="chatml")
+    )
     assert result.pairs == 2
     for key in KEYS:
         want = IndexedDatasetReader(f"{config.output_prefix}_{key}_document")
         got = IndexedDatasetReader(f"{out}_{key}_document")
-        assert (got.tokens() == want.tokens()).all() and (got.document_lengths() == want.document_lengths()).all()
+        assert (got.tokens() == want.tokens()).all() and (
+            got.document_lengths() == want.document_lengths()
+        ).all()
 
 
 def test_the_training_reader_gives_chosen_rows_then_rejected_rows(tmp_path):

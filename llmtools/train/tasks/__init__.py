@@ -18,7 +18,16 @@ from llmtools.train.tasks.sft import SftTask
 if TYPE_CHECKING:
     from llmtools.train.config import TrainConfig
 
-__all__ = ["TASKS", "LossOutput", "RunContext", "Task", "TaskData", "check_sections", "check_task", "make_task"]
+__all__ = [
+    "TASKS",
+    "LossOutput",
+    "RunContext",
+    "Task",
+    "TaskData",
+    "check_sections",
+    "check_task",
+    "make_task",
+]
 
 TASKS: dict[str, type[Task]] = {task.name: task for task in (PretrainTask, SftTask, DpoTask)}
 

@@ -129,7 +129,9 @@ def preference_losses(
     raise ValueError(f"unknown preference loss {loss!r} (one of {', '.join(LOSSES)})")
 
 
-def preference_metrics(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta: float) -> dict:
+def preference_metrics(
+    chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta: float
+) -> dict:
     """TRL's metrics of a micro-batch (detached scalar tensors)."""
     import torch
 
@@ -215,7 +217,9 @@ class PrefTrainData:
 
     def batch(self, indices) -> dict[str, np.ndarray]:
         if self.reference is None:
-            raise RuntimeError("preference batches need the reference log-probs (Task.prepare was not called)")
+            raise RuntimeError(
+                "preference batches need the reference log-probs (Task.prepare was not called)"
+            )
         pairs = [self.document_of(i) for i in indices]
         arrays = self.pair_batch(pairs)
         arrays["ref_logps"] = self.reference[pairs]

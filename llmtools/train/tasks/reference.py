@@ -72,7 +72,9 @@ def data_identity(data) -> dict:
     }
 
 
-def reference_logps(model, data, run: RunContext, *, lora: bool, stored: str | None) -> tuple[np.ndarray, str]:
+def reference_logps(
+    model, data, run: RunContext, *, lora: bool, stored: str | None
+) -> tuple[np.ndarray, str]:
     """The reference log-probs of every pair of ``data`` (float64, pairs x 2) and the sha256 of the starting
     weights they belong to: read from ``stored`` (``dpo.reference``) or ``RUN/reference`` when it holds them
     for exactly this run's starting weights and data, else computed now and stored in ``RUN/reference``."""
@@ -141,7 +143,9 @@ def compute_reference_logps(model, data, run: RunContext, *, lora: bool) -> np.n
         with torch.no_grad(), adapters_disabled(module) if lora else contextlib.nullcontext():
             for s in range(steps):
                 rows = mine[s * micro : (s + 1) * micro]
-                chosen, rejected, _ = pair_logps(model, data.pair_batch(rows if rows.size else [0]), run.device)
+                chosen, rejected, _ = pair_logps(
+                    model, data.pair_batch(rows if rows.size else [0]), run.device
+                )
                 if rows.size:
                     found[s * micro : s * micro + rows.size] = np.stack(
                         [rows, chosen.double().cpu().numpy(), rejected.double().cpu().numpy()], axis=1

@@ -79,7 +79,9 @@ def ds(stage: int) -> dict:
 def run(prefix: str, run_dir: Path, stage: int = 2, resume: str | None = None, **overrides):
     from llmtools.train.loop import RunOptions, train
 
-    return train(dpo_config(prefix, **overrides), ds(stage), RunOptions(run_dir=run_dir, quiet=True, resume=resume))
+    return train(
+        dpo_config(prefix, **overrides), ds(stage), RunOptions(run_dir=run_dir, quiet=True, resume=resume)
+    )
 
 
 def records(run_dir: Path, kind: str = "train") -> list[dict]:
@@ -149,11 +151,23 @@ def test_the_reference_is_stored_in_the_run_and_tied_to_weights_and_data(learned
     logps = read_reference(run_dir / "reference", identity)
     assert logps.shape == (96, 2) and (logps < 0).all() and (logps[:, 0] != logps[:, 1]).any()
     # Another run may reuse it (a sweep over beta) ...
-    reuse = run(pref, tmp_path / "beta", training__train_steps=1, dpo__beta=0.5, dpo__reference=str(run_dir / "reference"))
+    reuse = run(
+        pref,
+        tmp_path / "beta",
+        training__train_steps=1,
+        dpo__beta=0.5,
+        dpo__reference=str(run_dir / "reference"),
+    )
     assert reuse.steps == 1 and not (tmp_path / "beta" / "reference").exists()
     # ... but not from other starting weights (another seed), nor over other data
     with pytest.raises(InputError, match=r"computed from other starting weights \(sha256 [0-9a-f]{12} there"):
-        run(pref, tmp_path / "seed", training__train_steps=1, training__seed=7, dpo__reference=str(run_dir / "reference"))
+        run(
+            pref,
+            tmp_path / "seed",
+            training__train_steps=1,
+            training__seed=7,
+            dpo__reference=str(run_dir / "reference"),
+        )
     other = make_pref_prefix(tmp_path, "other", n=96, seed=1)
     with pytest.raises(InputError, match=r"computed from other data \(.*other_chosen_input_ids_document.bin"):
         run(other, tmp_path / "data", training__train_steps=1, dpo__reference=str(run_dir / "reference"))
@@ -173,7 +187,9 @@ def _weights(checkpoint: Path) -> dict:
         return {name: source.load() for name, source in reader.sources().items()}
 
 
-def _resume_exactly(pref, full_dir: Path, full, tmp_path: Path, at: int, stage: int, keep_reference: bool, **kw):
+def _resume_exactly(
+    pref, full_dir: Path, full, tmp_path: Path, at: int, stage: int, keep_reference: bool, **kw
+):
     import torch
 
     run_dir = tmp_path / "resumed"
@@ -203,14 +219,18 @@ SHORT = {"training__train_steps": 6, "checkpoint__save_every": 3}
 
 
 @pytest.mark.parametrize(
-    "stage,lora,keep_reference", [(3, False, False), (2, True, False), (3, True, True)], ids=["zero3-full", "zero2-lora", "zero3-lora"]
+    "stage,lora,keep_reference",
+    [(3, False, False), (2, True, False), (3, True, True)],
+    ids=["zero3-full", "zero2-lora", "zero3-lora"],
 )
 def test_resume_is_exact(pref, tmp_path, stage, lora, keep_reference):
     settings = {**SHORT, **(LORA if lora else {})}
     full_dir = tmp_path / "full"
     full = run(pref, full_dir, stage=stage, **settings)
     assert full.steps == 6 and full.losses[-1] < full.losses[0]
-    _resume_exactly(pref, full_dir, full, tmp_path, at=3, stage=stage, keep_reference=keep_reference, **settings)
+    _resume_exactly(
+        pref, full_dir, full, tmp_path, at=3, stage=stage, keep_reference=keep_reference, **settings
+    )
 
 
 def test_a_checkpoint_from_other_starting_weights_is_refused():
@@ -219,7 +239,9 @@ def test_a_checkpoint_from_other_starting_weights_is_refused():
     task = make_task(dpo_config("unused"))
     task.reference_weights = "a" * 64
     task.load_state_dict({"reference_weights": "a" * 64})
-    with pytest.raises(InputError, match="trained against a reference computed from starting weights sha256 bbbb"):
+    with pytest.raises(
+        InputError, match="trained against a reference computed from starting weights sha256 bbbb"
+    ):
         task.load_state_dict({"reference_weights": "b" * 64})
 
 
@@ -235,7 +257,9 @@ def test_with_lora_the_reference_is_the_base_with_adapters_off(pref):
     torch.manual_seed(0)
     base = LlamaForCausalLM(resolve_model_config(dpo_config(pref)))
     data = PrefTrainData(pref, SEQ, 16)
-    ctx = RunContext(run_dir=Path("."), rank=0, world_size=1, device="cpu", micro_batch_size=5, log=lambda _: None)
+    ctx = RunContext(
+        run_dir=Path("."), rank=0, world_size=1, device="cpu", micro_batch_size=5, log=lambda _: None
+    )
     want = compute_reference_logps(base, data, ctx, lora=False)
     base_digest = weights_sha256(base, lora=False)
 
@@ -253,23 +277,53 @@ def test_with_lora_the_reference_is_the_base_with_adapters_off(pref):
     assert all(m.adapter_enabled for m in model.modules() if hasattr(m, "adapter_enabled"))
 
 
-def test_a_dpo_trained_checkpoint_exports_to_transformers(learned, python, cli_env, tmp_path):
+def test_a_dpo_trained_checkpoint_exports_to_transformers(learned, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    from llmtools.ckpt.convert import ConvertConfig, convert
     from llmtools.ckpt.lora import checkpoint_weights
     from llmtools.model import LlamaForCausalLM
     from llmtools.train.plan import resolve_model_config
 
     run_dir, result = learned
-    out = tmp_path / "hf"
-    proc = subprocess.run(
-        [python, "-m", "llmtools.cli.ckpt", "convert", str(run_dir), "--to", "hf", "-o", str(out)],
-        capture_output=True, text=True, env=cli_env, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    out = convert(
+        ConvertConfig(checkpoint=run_dir, to="hf", output=tmp_path / "hf")
+    )  # llm-ckpt convert's library call
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     ours = LlamaForCausalLM(resolve_model_config(dpo_config("unused")))
     ours.load_state_dict(checkpoint_weights(result.checkpoint))
     ids = torch.randint(0, 257, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=ids).logits, ours.eval()(ids), atol=1e-5, rtol=0)
+
+
+def test_llm_train_runs_the_dpo_config_and_a_resume_reuses_its_reference(
+    pref, python, cli_env, capsys, tmp_path
+):
+    from llmtools.train.config import load_train_config
+    from llmtools.train.loop import RunOptions, train
+
+    run_dir = tmp_path / "run"
+    settings = [f"data.prefixes=[{pref}]", f"data.seq_length={SEQ}", "model.init_from=null",
+                f"model.vocab_size={TINY['vocab_size']}", "checkpoint.save_every=1"]  # fmt: skip
+    proc = subprocess.run(
+        [python, "-m", "llmtools.cli.train", str(ROOT / "configs/train/tiny-dpo.yaml"),
+         "--deepspeed", str(ROOT / "configs/deepspeed/zero2.json"), "-o", str(run_dir),
+         *[f"--set={s}" for s in [*settings, "training.train_steps=1"]]],
+        capture_output=True, text=True, env=cli_env, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        f"reference log-probs: one forward pass over 96 pairs with the starting weights -> {run_dir}/reference"
+        in proc.stderr
+    )
+    assert "task: dpo" in (run_dir / "config.yaml").read_text()
+    capsys.readouterr()
+    config = load_train_config(ROOT / "configs/train/tiny-dpo.yaml", [*settings, "training.train_steps=2"])
+    train(config, ds(2), RunOptions(run_dir=run_dir, resume="auto"))
+    assert (
+        f"reference log-probs of 96 pairs from {run_dir}/reference (same starting weights and data)"
+        in capsys.readouterr().err
+    )
+    assert [r["step"] for r in records(run_dir)] == [1, 2]
+    assert all(r["rewards/accuracies"] is not None for r in records(run_dir))

@@ -32,7 +32,9 @@ PAIRS = [
     {
         "prompt": [{"role": "system", "content": "Answer briefly."}, USER],
         "chosen": [{"role": "assistant", "content": "12 is larger."}],
-        "rejected": [{"role": "assistant", "content": "7, because it comes first in the alphabet of numbers."}],
+        "rejected": [
+            {"role": "assistant", "content": "7, because it comes first in the alphabet of numbers."}
+        ],
     },
     {
         "prompt": [{"role": "user", "content": "Say hello in French."}],
@@ -105,13 +107,19 @@ def world(tmp_path_factory):
     save_hf_folder(ours, config, folder / "hf")
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder / "hf")
 
-    (folder / "pairs.jsonl").write_text("".join(__import__("json").dumps(p) + "\n" for p in PAIRS), encoding="utf-8")
+    (folder / "pairs.jsonl").write_text(
+        "".join(__import__("json").dumps(p) + "\n" for p in PAIRS), encoding="utf-8"
+    )
     prefix = str(folder / "pref")
-    build_pref(PrefConfig(inputs=[str(folder / "pairs.jsonl")], tokenizer=str(folder / "tok"), output_prefix=prefix))
+    build_pref(
+        PrefConfig(inputs=[str(folder / "pairs.jsonl")], tokenizer=str(folder / "tok"), output_prefix=prefix)
+    )
     data = PrefTrainData(prefix, seq_length=128, num_samples=len(PAIRS))
     from llmtools.train.tasks.base import RunContext
 
-    run = RunContext(run_dir=folder, rank=0, world_size=1, device="cpu", micro_batch_size=3, log=lambda _: None)
+    run = RunContext(
+        run_dir=folder, rank=0, world_size=1, device="cpu", micro_batch_size=3, log=lambda _: None
+    )
     reference = compute_reference_logps(ours, data, run, lora=False)
 
     args = DPOConfig(
@@ -124,8 +132,17 @@ def world(tmp_path_factory):
         bf16=False,  # TRL defaults to bf16 autocast; ours runs fp32 here
         beta=0.1,
     )
-    trainer = DPOTrainer(model=hf, args=args, processing_class=tok, train_dataset=datasets.Dataset.from_list(PAIRS))
-    return {"ours": ours, "hf": hf, "data": data, "reference": reference, "trainer": trainer, "prefix": prefix}
+    trainer = DPOTrainer(
+        model=hf, args=args, processing_class=tok, train_dataset=datasets.Dataset.from_list(PAIRS)
+    )
+    return {
+        "ours": ours,
+        "hf": hf,
+        "data": data,
+        "reference": reference,
+        "trainer": trainer,
+        "prefix": prefix,
+    }
 
 
 def test_pairs_are_tokenized_as_trl_tokenizes_them(world):
@@ -150,7 +167,12 @@ def _dpo_task(prefix: str, **dpo):
     from llmtools.train.config import from_dict
     from llmtools.train.tasks import make_task
 
-    raw = {"task": "dpo", "data": {"prefixes": [prefix], "seq_length": 128}, "training": {"train_steps": 1}, "dpo": dpo}
+    raw = {
+        "task": "dpo",
+        "data": {"prefixes": [prefix], "seq_length": 128},
+        "training": {"train_steps": 1},
+        "dpo": dpo,
+    }
     return make_task(from_dict(raw, "test-dpo.yaml"))
 
 
@@ -164,7 +186,9 @@ def test_loss_gradients_and_metrics_equal_trls(world, loss, beta):
     ref = np.stack([np.asarray(rows["ref_chosen_logps"]), np.asarray(rows["ref_rejected_logps"])], axis=1)
     ref = ref + np.array([[0.5, -0.7], [-1.2, 0.3], [0.8, 0.9], [-0.4, -2.0]]) * 4
     inputs = trainer.data_collator([rows[j] for j in pairs])
-    inputs["ref_chosen_logps"], inputs["ref_rejected_logps"] = (torch.tensor(ref[:, k], dtype=torch.float32) for k in (0, 1))
+    inputs["ref_chosen_logps"], inputs["ref_rejected_logps"] = (
+        torch.tensor(ref[:, k], dtype=torch.float32) for k in (0, 1)
+    )
 
     trainer.beta, trainer.loss_types, trainer.loss_weights = beta, [loss], [1.0]
     trainer._metrics["train"].clear()
@@ -192,7 +216,9 @@ def test_loss_gradients_and_metrics_equal_trls(world, loss, beta):
     )  # fmt: skip
     assert 0 < float(out.metrics["rewards/accuracies"]) < 1  # a batch where the reward picks some pairs right
     for name in task.metric_names:
-        assert math.isclose(float(out.metrics[name]), trainer._metrics["train"][name][-1], rel_tol=1e-5, abs_tol=1e-6), name
+        assert math.isclose(
+            float(out.metrics[name]), trainer._metrics["train"][name][-1], rel_tol=1e-5, abs_tol=1e-6
+        ), name
 
 
 def _losses(loss, beta, logps, ref, tokens=None, label_smoothing=0.0):
@@ -201,7 +227,14 @@ def _losses(loss, beta, logps, ref, tokens=None, label_smoothing=0.0):
     t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
     kw = {"chosen_tokens": t(tokens[0]), "rejected_tokens": t(tokens[1])} if tokens else {}
     return preference_losses(
-        t(logps[0]), t(logps[1]), t(ref[0]), t(ref[1]), beta=beta, loss=loss, label_smoothing=label_smoothing, **kw
+        t(logps[0]),
+        t(logps[1]),
+        t(ref[0]),
+        t(ref[1]),
+        beta=beta,
+        loss=loss,
+        label_smoothing=label_smoothing,
+        **kw,
     ).tolist()
 
 
@@ -216,7 +249,10 @@ def test_losses_by_hand():
     # conservative DPO (Mitchell 2023): -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)
     eps = 0.1
     assert _losses("sigmoid", beta, logps, ref, label_smoothing=eps) == pytest.approx(
-        [-(1 - eps) * math.log(sig(0.6)) - eps * math.log(sig(-0.6)), -(1 - eps) * math.log(sig(0.1)) - eps * math.log(sig(-0.1))]
+        [
+            -(1 - eps) * math.log(sig(0.6)) - eps * math.log(sig(-0.6)),
+            -(1 - eps) * math.log(sig(0.1)) - eps * math.log(sig(-0.1)),
+        ]
     )
     # SLiC hinge: max(0, 1 - beta h)
     assert _losses("hinge", beta, logps, ref) == pytest.approx([0.4, 0.9])
