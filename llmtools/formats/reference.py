@@ -9,7 +9,7 @@ The identity says what the numbers depend on: the starting weights (sha256 over 
 shape, dtype and bytes; the frozen base alone with LoRA), the model config, the data files (sha256 of each
 ``.bin``/``.idx``, by file name, so a moved data folder still matches) and the pair count, and the sequence
 length the sequences were cut to. :func:`read_reference` hands the array back only when every part equals
-the current run's; otherwise it raises an :class:`~llmtools.errors.InputError` naming what differs. The
+the current run's; otherwise it raises a :class:`ReferenceMismatch` (an input error) naming what differs. The
 folder is untrusted input: the array is read without pickle, from the one file name this module writes,
 and checked against its recorded checksum, shape, dtype and finiteness.
 """
@@ -63,17 +63,28 @@ def write_reference(folder: str | os.PathLike, logps: np.ndarray, identity: dict
     return folder
 
 
+class ReferenceMismatch(InputError):
+    """A stored reference computed from something else; ``parts`` names what differs (``COMPARED`` keys)."""
+
+    def __init__(self, message: str, parts: list[str]) -> None:
+        super().__init__(message)
+        self.parts = parts
+
+
 def exists(folder: str | os.PathLike) -> bool:
     return (Path(folder) / META_FILE).is_file()
+
+
+def differing(stored: dict, current: dict) -> list[str]:
+    """The parts of two identities that differ (``COMPARED`` keys)."""
+    return [key for key in COMPARED if stored.get(key) != current.get(key)]
 
 
 def differences(stored: dict, current: dict) -> list[str]:
     """What differs between two identities, in words (empty when they match)."""
     out = []
-    for key in COMPARED:
+    for key in differing(stored, current):
         a, b = stored.get(key), current.get(key)
-        if a == b:
-            continue
         if key == "weights":
             out.append(
                 f"starting weights (sha256 {_short((a or {}).get('sha256'))} there, "
@@ -118,9 +129,10 @@ def read_reference(folder: str | os.PathLike, identity: dict[str, Any]) -> np.nd
         raise InputError(f"{meta_path}[identity]: missing or not an object")
     differ = differences(stored, identity)
     if differ:
-        raise InputError(
+        raise ReferenceMismatch(
             f"{folder}: the stored reference log-probs were computed from other "
-            f"{'; '.join(differ)}: they do not belong to this run"
+            f"{'; '.join(differ)}: they do not belong to this run",
+            differing(stored, identity),
         )
     info = meta.get("logps")
     if not isinstance(info, dict) or not isinstance(info.get("sha256"), str):

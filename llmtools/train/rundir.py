@@ -17,7 +17,9 @@ def prepare_run_dir(run_dir: Path, resume: str | None, force: bool, rank: int = 
     """
     if force and rank != 0:
         return
-    existing = [run_dir / name for name in ("metrics.jsonl", "checkpoints") if (run_dir / name).exists()]
+    existing = [
+        run_dir / name for name in ("metrics.jsonl", "checkpoints", "reference") if (run_dir / name).exists()
+    ]
     if existing and resume is None:
         if not force:
             raise UsageError(

@@ -12,7 +12,9 @@ travels with the checkpoints that depend on it and is reused by every resume of 
 pass. A sweep over ``dpo.beta`` (same weights, same data) can reuse one run's reference with
 ``dpo.reference: RUN/reference``. Either way a stored reference is used only if it was computed from the
 same starting weights (sha256 over every parameter), model config, data files (sha256) and sequence length:
-otherwise the run stops and says which of them differs.
+otherwise the run stops and says which of them differs, except that the run's own reference is computed again
+when only the data differs (a resume with ``--reset-data`` onto new data; without it the trainer refuses the
+change itself).
 
 Every rank takes part (ZeRO-3 gathers parameters collectively); rank 0 alone reads and writes the folder and
 shares what it found, so ranks on hosts that do not share the run folder agree.
@@ -32,6 +34,10 @@ from llmtools.errors import InputError
 from llmtools.train.tasks.base import RunContext
 
 REFERENCE_DIR = "reference"
+# What may differ in the run's own stored reference and still be replaced by a fresh pass: the data (the trainer
+# refuses changed data on resume unless --reset-data asks for it). Other starting weights are refused: a
+# checkpoint of the run was trained against the stored reference.
+RECOMPUTABLE = {"data", "seq_length"}
 
 
 def weights_sha256(module, lora: bool) -> str:
@@ -49,7 +55,7 @@ def weights_sha256(module, lora: bool) -> str:
         with _gathered(param):
             tensor = param.detach().to("cpu").contiguous()
         digest.update(f"{name}\0{tuple(tensor.shape)}\0{tensor.dtype}\n".encode())
-        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy())  # hashed in place, no copy
     return digest.hexdigest()
 
 
@@ -91,7 +97,7 @@ def reference_logps(
             "data": data_identity(data),
             "seq_length": data.seq_length,
         }
-        decision = {"identity": identity, "action": "compute", "error": None}
+        decision = {"identity": identity, "action": "compute", "error": None, "why": ""}
         try:
             if ref_file.exists(folder):
                 decision["logps"] = ref_file.read_reference(folder, identity)
@@ -101,9 +107,13 @@ def reference_logps(
                     f"dpo.reference: {stored}: holds no stored reference (reference.json); leave dpo.reference "
                     "out to compute one in the run folder"
                 )
+        except ref_file.ReferenceMismatch as error:
+            if stored or not set(error.parts) <= RECOMPUTABLE:
+                decision["error"] = str(error) + ("" if stored else f"; remove {folder} to compute it again")
+            else:  # the run's own, over data it no longer reads (--reset-data): computed again below
+                decision["why"] = f" ({folder} was computed over other {' and '.join(error.parts)})"
         except InputError as error:
-            hint = "" if stored else f"; remove {folder} to compute it again, or start over with --force"
-            decision["error"] = f"{error}{hint}"
+            decision["error"] = str(error) + ("" if stored else f"; remove {folder} to compute it again")
     decision = _share(decision, run)
     if decision["error"]:
         raise InputError(decision["error"])
@@ -113,7 +123,7 @@ def reference_logps(
     run.log(
         f"reference log-probs: one forward pass over {data.pairs} pairs with the starting weights"
         + (" (LoRA adapters off)" if lora else "")
-        + f" -> {folder}"
+        + f" -> {folder}{decision['why']}"
     )
     logps = compute_reference_logps(model, data, run, lora=lora)
     if run.rank == 0:

@@ -171,6 +171,24 @@ def test_the_reference_is_stored_in_the_run_and_tied_to_weights_and_data(learned
     other = make_pref_prefix(tmp_path, "other", n=96, seed=1)
     with pytest.raises(InputError, match=r"computed from other data \(.*other_chosen_input_ids_document.bin"):
         run(other, tmp_path / "data", training__train_steps=1, dpo__reference=str(run_dir / "reference"))
+    # the run's own reference, over data the run no longer reads (a resume with --reset-data), is computed again
+    from llmtools.train.loop import RunOptions, train
+
+    reset = tmp_path / "reset"
+    run(pref, reset, training__train_steps=1, checkpoint__save_every=1)
+    with pytest.raises(InputError, match="pass --reset-data"):  # the trainer's own guard on changed data
+        run(other, reset, resume="auto", training__train_steps=2)
+    cfg = dpo_config(other, training__train_steps=2, checkpoint__save_every=1)
+    train(cfg, ds(2), RunOptions(run_dir=reset, resume="auto", reset_data=True, quiet=True))
+    assert (
+        json.loads((reset / "reference" / "reference.json").read_text())["identity"]["data"]["prefix"]
+        == other
+    )
+    # ... but not one from other starting weights: a checkpoint of the run was trained against it
+    with pytest.raises(
+        InputError, match=r"other starting weights .*remove .*reset/reference to compute it again"
+    ):
+        run(other, reset, resume="auto", training__train_steps=3, training__seed=5)
     with pytest.raises(InputError, match="dpo.reference: .*holds no stored reference"):
         run(pref, tmp_path / "none", training__train_steps=1, dpo__reference=str(tmp_path))
 
