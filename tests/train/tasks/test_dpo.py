@@ -136,6 +136,19 @@ def test_metrics_validate_and_reach_llm_log(learned, capsys, monkeypatch, tmp_pa
     assert rewards["rewards/accuracies"]["first"] == 0 and rewards["rewards/accuracies"]["last"] > 0.9
     proc = run_cli_inproc(capsys, monkeypatch, "log", "summary", run_dir / "metrics.jsonl")
     assert "reward acc / margin  0 -> " in proc.stdout
+    from llmtools.logs.tb import TbConfig, convert
+    from tests.logs.helpers import scalars
+
+    convert([str(run_dir / "metrics.jsonl")], TbConfig(tmp_path, run="dpo"))
+    tags = scalars(tmp_path / "dpo")
+    for name in (
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/accuracies",
+        "rewards/margins",
+        "logps/chosen",
+    ):
+        assert sorted(tags[f"train/{name}"]) == list(range(1, 25)), name
 
 
 def test_the_reference_is_stored_in_the_run_and_tied_to_weights_and_data(learned, pref, tmp_path):
@@ -345,3 +358,39 @@ def test_llm_train_runs_the_dpo_config_and_a_resume_reuses_its_reference(
     )
     assert [r["step"] for r in records(run_dir)] == [1, 2]
     assert all(r["rewards/accuracies"] is not None for r in records(run_dir))
+
+
+def test_two_ranks_share_one_reference_pass(pref, learned, cli_env, python, tmp_path):
+    """ZeRO-3 over 2 processes: each rank computes half the pairs, every rank gets them all, in pair order."""
+    import socket
+
+    import yaml
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = tmp_path / "dpo.yaml"
+    config.write_text(
+        yaml.safe_dump(dpo_config(pref, training__train_steps=2, checkpoint__save_every=0).to_dict())
+    )
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [python, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+         "-m", "llmtools.cli.train", str(config), "--deepspeed", str(ROOT / "configs/deepspeed/zero3.json"),
+         "-o", str(run_dir)],
+        capture_output=True, text=True, env={**cli_env, "OMP_NUM_THREADS": "1"}, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = records(run_dir)
+    # at step 1 the policy is its reference on every pair of every rank: rewards 0, loss log 2
+    assert rows[0]["loss"] == pytest.approx(np.log(2), abs=1e-5) and rows[0][
+        "rewards/margins"
+    ] == pytest.approx(0, abs=1e-5)
+    one_rank, _ = learned  # the same starting weights and data, one process, ZeRO-2
+    ours, theirs = (
+        json.loads((d / "reference" / "reference.json").read_text())["identity"] for d in (run_dir, one_rank)
+    )
+    assert ours == theirs  # the ZeRO-3 partitions hash as the whole weights do
+    np.testing.assert_allclose(
+        np.load(run_dir / "reference" / "logps.npy"), np.load(one_rank / "reference" / "logps.npy"), rtol=1e-5
+    )
