@@ -394,3 +394,48 @@ def test_two_ranks_share_one_reference_pass(pref, learned, cli_env, python, tmp_
     np.testing.assert_allclose(
         np.load(run_dir / "reference" / "logps.npy"), np.load(one_rank / "reference" / "logps.npy"), rtol=1e-5
     )
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"dpo__beta": 0}, "test-dpo.yaml: dpo.beta: must be a finite number > 0, got 0.0"),
+        ({"dpo__beta": float("inf")}, "dpo.beta: must be a finite number > 0, got inf"),
+        (
+            {"dpo__loss": "sigmoidd"},
+            "dpo.loss: 'sigmoidd' is not one of sigmoid, ipo, hinge (did you mean 'sigmoid'?)",
+        ),
+        ({"dpo__label_smoothing": 0.5}, "dpo.label_smoothing: must be in [0, 0.5), got 0.5"),
+        (
+            {"dpo__loss": "ipo", "dpo__label_smoothing": 0.1},
+            "dpo.label_smoothing: only with dpo.loss: sigmoid",
+        ),
+        ({"dpo__bet": 0.1}, "unknown key dpo.bet (did you mean 'dpo.beta'?)"),
+        ({"top__task": "sft"}, "test-dpo.yaml: dpo: only with task: dpo (this config has task: sft)"),
+    ],
+)
+def test_the_dpo_section_is_checked_with_clear_messages(overrides, message):
+    with pytest.raises(InputError) as error:
+        dpo_config("unused", **overrides)
+    assert message in str(error.value)
+
+
+def test_data_problems_fail_before_compute(pref, tmp_path):
+    from llmtools.train.plan import make_plan
+
+    with pytest.raises(InputError, match="task dpo reads one prefix written by llm-prep pref"):
+        make_plan(dpo_config(pref, data__prefixes=[pref, pref]), ds(2))
+    with pytest.raises(
+        InputError,
+        match=r"nothing_chosen_input_ids_document.bin/.idx: not found \(write it with llm-prep pref",
+    ):
+        make_plan(dpo_config(str(tmp_path / "nothing")), ds(2))
+    with pytest.raises(
+        InputError,
+        match=r"96 of 96 pairs .* have no answer token within data.seq_length=32: their prompt fills it",
+    ):
+        make_plan(dpo_config(pref, data__seq_length=32), ds(2))
+    plan = make_plan(
+        dpo_config(pref, training__train_tokens=8 * 2 * SEQ * 3, training__train_steps=None), ds(2)
+    )
+    assert plan.steps == 3 and plan.tokens_per_step == 8 * 2 * SEQ  # a pair's two sequences are counted
