@@ -283,9 +283,11 @@ def shared_prompt_length(
     """Tokens of the prompt both sequences start with (before each one's first masked token); raises
     ``prompt_mismatch`` when the two renderings do not share it token for token."""
     lengths = []
-    for ids, mask in (chosen, rejected):
+    for side, (_, mask) in zip(SIDES, (chosen, rejected), strict=True):
         hits = np.flatnonzero(mask)
-        lengths.append(int(hits[0]) if hits.size else int(ids.size))
+        if not hits.size:
+            raise BadSample("empty_completion", f"the template renders no token of the {side} answer")
+        lengths.append(int(hits[0]))
     p = lengths[0]
     if lengths[0] != lengths[1] or not np.array_equal(chosen[0][:p], rejected[0][:p]):
         first = int(np.argmax(chosen[0][: min(lengths)] != rejected[0][: min(lengths)]))

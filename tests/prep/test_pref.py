@@ -240,6 +240,13 @@ def test_a_prompt_rendered_differently_before_the_two_answers_is_a_bad_pair(tmp_
         _build(tmp_path / "bad", [same, differ], "byte", chat_template=str(template))
     _, result = _build(tmp_path / "skip", [same, differ], "byte", chat_template=str(template), skip_bad=True)
     assert result.pairs == 1 and result.skipped == {"prompt_mismatch": 1}
+    # a template that drops the answers leaves nothing to compare
+    silent = tmp_path / "silent.jinja"
+    silent.write_text(
+        "{% for m in messages %}{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    )
+    with pytest.raises(InputError, match=r"in\.jsonl:1: the template renders no token of the chosen answer"):
+        _build(tmp_path / "silent", [same], "byte", chat_template=str(silent))
 
 
 def test_hf_dataset_input_equals_jsonl(tmp_path, gpt2):
