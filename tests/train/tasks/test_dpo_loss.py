@@ -142,6 +142,7 @@ def world(tmp_path_factory):
         "reference": reference,
         "trainer": trainer,
         "prefix": prefix,
+        "folder": folder,
     }
 
 
@@ -154,6 +155,40 @@ def test_pairs_are_tokenized_as_trl_tokenizes_them(world):
             doc = side[j]
             assert doc["input_ids"].tolist() == row["prompt_ids"] + answer
             assert doc["loss_mask"].tolist() == [0] * len(row["prompt_ids"]) + [1] * len(answer)
+
+
+def test_max_length_truncates_and_drops_as_trl_does(world):
+    """--max-length against TRL's own rule: its collator keeps the first max_length tokens (keep_start) and
+    its dataset preparation drops a pair whose prompt alone has max_length tokens or more."""
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    from llmtools.data.pref_dataset import PrefDataset
+    from llmtools.prep.pref import PrefConfig, build_pref
+
+    rows = [world["trainer"].train_dataset[j] for j in range(len(PAIRS))]
+    limit = max(len(r["prompt_ids"]) for r in rows)  # the longest prompt fills it: that pair is dropped
+    assert any(
+        len(r["prompt_ids"]) + len(r["rejected_ids"]) > limit for r in rows if len(r["prompt_ids"]) < limit
+    )
+    kept = [r for r in rows if len(r["prompt_ids"]) < limit]
+    collated = DataCollatorForPreference(pad_token_id=0, max_length=limit)(kept)
+    prefix = str(world["folder"] / "cut")
+    result = build_pref(
+        PrefConfig(
+            inputs=[str(world["folder"] / "pairs.jsonl")], tokenizer=str(world["folder"] / "tok"),
+            output_prefix=prefix, max_length=limit,
+        )
+    )  # fmt: skip
+    assert (
+        result.pairs == len(kept) == len(PAIRS) - 1 and result.dropped_too_long == 1 and result.truncated >= 1
+    )
+    ours = PrefDataset(prefix)
+    n = len(kept)
+    for j in range(n):
+        for side, row in ((ours.chosen, j), (ours.rejected, n + j)):
+            length = int(collated["attention_mask"][row].sum())
+            assert side[j]["input_ids"].tolist() == collated["input_ids"][row, :length].tolist()
+            assert side[j]["loss_mask"].tolist() == collated["completion_mask"][row, :length].tolist()
 
 
 def test_the_reference_pass_gives_trls_precomputed_log_probs(world):
