@@ -309,7 +309,7 @@ class TrainConfig:
     lora: LoraSection | None = None
     """LoRA adapters on a frozen base; None trains every weight."""
     dpo: DpoSection | None = None
-    """Preference training's settings (task: dpo only); None: the defaults."""
+    """Preference training's settings (task: dpo only; its defaults when not given)."""
     source: str | None = field(default=None, metadata={"internal": True})
 
     # -- derived values --------------------------------------------------------------------------
@@ -526,9 +526,12 @@ def from_dict(raw: Any, where: str = "<config>") -> TrainConfig:
             f"{where}: missing section 'training' (training.train_steps or training.train_tokens)"
         )
     config = TrainConfig(**sections, source=where)
-    from llmtools.train.tasks import check_sections
+    from llmtools.train.tasks import TASKS, check_sections
 
     check_sections(config)
+    own = TASKS[config.task].section
+    if own is not None and getattr(config, own) is None:  # the task's own section, with its defaults
+        setattr(config, own, SECTION_TYPES[own]())
     if config.schedule.total_steps is not None and config.training.train_steps is not None:
         if config.training.train_steps > config.schedule.total_steps:
             raise InputError(

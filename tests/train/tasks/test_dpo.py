@@ -439,3 +439,17 @@ def test_data_problems_fail_before_compute(pref, tmp_path):
         dpo_config(pref, training__train_tokens=8 * 2 * SEQ * 3, training__train_steps=None), ds(2)
     )
     assert plan.steps == 3 and plan.tokens_per_step == 8 * 2 * SEQ  # a pair's two sequences are counted
+
+
+def test_a_resume_may_change_beta_and_says_so(pref, tmp_path):
+    run_dir = tmp_path / "run"
+    run(pref, run_dir, training__train_steps=1, checkpoint__save_every=1)
+    assert (
+        "dpo:\n  beta: 0.1\n  loss: sigmoid" in (run_dir / "config.yaml").read_text()
+    )  # the defaults, resolved
+    resumed = run(pref, run_dir, resume="auto", training__train_steps=2, dpo__beta=0.3)
+    assert resumed.steps == 2
+    changes = {
+        e["key"]: (e["old"], e["new"]) for e in records(run_dir, "event") if e["event"] == "config_change"
+    }
+    assert changes["dpo.beta"] == (0.1, 0.3)
