@@ -57,3 +57,26 @@ def any_rank(flag: bool) -> bool:
     tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return bool(tensor.item())
+
+
+def all_ranks(flag: bool) -> bool:
+    """True on every rank when it is true on all of them."""
+    if not _initialized() or world_size() == 1:
+        return flag
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return bool(tensor.item())
+
+
+def gather(value: Any) -> list[Any] | None:
+    """Every rank's ``value`` (picklable) as a list on rank 0; None on the others."""
+    if not _initialized() or world_size() == 1:
+        return [value]
+    import torch.distributed as dist
+
+    out: list[Any] | None = [None] * world_size() if rank() == 0 else None
+    dist.gather_object(value, out, dst=0)
+    return out

@@ -1,7 +1,7 @@
 """The seam between the loop and checkpoints: save every N steps, resume from a spec.
 
 Everything goes through :class:`llmtools.ckpt.manager.CheckpointManager` (crash-safe folders, meta.json
-written last, verification, pruning, RNG states). The loop only calls the three functions below.
+written last, verification, pruning, RNG states). The loop only calls the functions below (and the manager's ``poll``/``wait`` for background saves).
 """
 
 from __future__ import annotations
@@ -12,15 +12,18 @@ from typing import Any
 from llmtools.errors import InputError
 
 
-def make_manager(run_dir, keep_last: int | None = None, keep_every: int | None = None):
+def make_manager(
+    run_dir, keep_last: int | None = None, keep_every: int | None = None, async_save: bool = False
+):
     from llmtools.ckpt.manager import CheckpointManager
 
-    return CheckpointManager(run_dir, keep_last=keep_last, keep_every=keep_every)
+    return CheckpointManager(run_dir, keep_last=keep_last, keep_every=keep_every, async_save=async_save)
 
 
-def save(manager, engine, step: int, client_state: dict[str, Any]) -> Path:
-    """Save on ALL ranks; returns the committed checkpoint folder."""
-    return manager.save(engine, step, client_state)
+def save(manager, engine, step: int, client_state: dict[str, Any], blocking: bool | None = None) -> Path:
+    """Save on ALL ranks; returns the checkpoint folder (committed now, or by a later ``poll``/``wait``
+    when the manager writes in the background and ``blocking`` is not True)."""
+    return manager.save(engine, step, client_state, blocking=blocking)
 
 
 def resume(manager, engine, spec: str | None, *, model: dict | None = None, tokenizer: dict | None = None):

@@ -95,8 +95,13 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
     if not torch.cuda.is_available():
         prefer_torch_adam(plan.ds_config)
     # The process group outlives the run (DeepSpeed keeps its own handle on it); the CLI tears it down.
-    dist_info = init_distributed()
-    return _train(plan, options, dist_info)
+    from llmtools.train.peers import PeerWatch
+
+    watch = PeerWatch(config.distributed.timeout_s)
+    with watch:  # a rank that is gone is reported as such (one line, exit 1), never as an internal error
+        dist_info = init_distributed(config.distributed.timeout_s)
+        watch.gather()
+        return _train(plan, options, dist_info, watch)
 
 
 def _quiet_deepspeed() -> None:
@@ -165,7 +170,7 @@ def accumulate_and_update(engine, plan: TrainPlan, batches, gate: HealthGate, co
     return losses
 
 
-def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
+def _train(plan: TrainPlan, options: RunOptions, dist_info, watch) -> RunResult:
     import torch
 
     from llmtools.data.dataset import MicroBatchSampler
@@ -198,7 +203,9 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
     own_norm = engine.optimizer is engine.basic_optimizer  # ZeRO-0 fp32: DeepSpeed keeps no norm
     coalesce = coalesce_reductions(engine, plan.grad_accumulation, world)
 
-    manager = checkpointing.make_manager(run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
+    manager = checkpointing.make_manager(
+        run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, async_save=cfg.checkpoint.async_
+    )
     model_identity = plan.model_config.to_dict()
     start_step, consumed_samples, consumed_tokens = 0, 0, 0
     path, client_state = checkpointing.resume(
@@ -249,11 +256,19 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
             "lora": cfg.lora.to_dict() if cfg.lora is not None else None,
         }
 
-    def save(step: int) -> Path:
-        saved = checkpointing.save(manager, engine, step, client_state_at(step))
-        _event(metrics, step, "checkpoint", str(saved))
-        log0(f"checkpoint {saved}", rank, quiet)
+    def save(step: int, blocking: bool | None = None) -> Path:
+        if manager.in_flight is not None:  # at most one save in flight: the previous one commits first
+            committed(manager.wait())
+        saved = checkpointing.save(manager, engine, step, client_state_at(step), blocking=blocking)
+        if manager.in_flight == saved:
+            log0(f"checkpoint {saved}: writing in the background", rank, quiet)
+        else:
+            committed(saved)
         return saved
+
+    def committed(saved: Path) -> None:
+        _event(metrics, int(saved.name.split("_")[-1]), "checkpoint", str(saved))
+        log0(f"checkpoint {saved}", rank, quiet)
 
     micro, gas = cfg.training.micro_batch_size, plan.grad_accumulation
     sampler = MicroBatchSampler(
@@ -285,6 +300,7 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
     stop = StopRequested(announce=rank == 0).install()
     # --- end llm-ckpt ---
     for step in range(start_step + 1, plan.steps + 1):
+        watch.step = step
         started = time.perf_counter()
         gate.reset()
         lr = engine.get_lr()[0] if engine.get_lr() else cfg.optimizer.lr
@@ -341,7 +357,7 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
             reason = "health.nan_action=stop" if gate.reason == "nan" else "health.spike_action=stop"
             if not gate.stop:
                 reason = f"{gate.consecutive_skips} consecutive skipped steps (health.max_skips)"
-            saved = save(step)
+            saved = save(step, blocking=True)
             _event(metrics, step, "stop", f"stopped at step {step}: {reason}; checkpoint {saved}")
             metrics.close()
             stop.restore()
@@ -375,11 +391,17 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
             step == plan.steps and cfg.checkpoint.save_final
         ):
             last_saved = save(step)
+        elif manager.in_flight is not None and (done := manager.poll()) is not None:
+            committed(done)
 
         # --- llm-ckpt (issue 6) ---
+        # Every rank must agree to stop (one all-reduce): a rank whose peer is gone fails here, before any
+        # collective save is attempted, and is reported by the PeerWatch as a lost peer.
         if stop.should_stop():
+            if manager.in_flight is not None:  # the write in flight first
+                committed(manager.wait())
             if last_saved is None or last_saved.name != f"step_{step:08d}":
-                last_saved = save(step)
+                last_saved = save(step, blocking=True)
             result.stopped = stop.signal_name
             _event(
                 metrics,
@@ -391,6 +413,8 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
             break
     stop.restore()
     # --- end llm-ckpt ---
+    if manager.in_flight is not None:
+        committed(manager.wait())
 
     result.checkpoint = last_saved
     metrics.close()
