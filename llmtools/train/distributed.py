@@ -127,7 +127,22 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistInfo:
             raise RuntimeFailure(
                 f"could not initialise the {backend} process group (rank {rank}/{world}): {error}"
             ) from None
+        _default_group_timeout(timeout)
     return DistInfo(rank, world, local, backend, device, launcher)
+
+
+def _default_group_timeout(timeout: datetime.timedelta) -> None:
+    """Make ``timeout`` the default of every group created from now on.
+
+    DeepSpeed makes its own groups (data parallel, ZeRO partitions) with ``new_group(ranks)``, which takes
+    torch's built-in default (30 min for gloo, 10 for NCCL), not the default group's timeout: a ZeRO
+    all-reduce whose peer vanished would wait half an hour.
+    """
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = timeout
+    if hasattr(distributed_c10d, "default_pg_nccl_timeout"):
+        distributed_c10d.default_pg_nccl_timeout = timeout
 
 
 def _skip_ds_shm_op() -> None:

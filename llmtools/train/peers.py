@@ -58,9 +58,11 @@ class Peers:
     def describe(self, ranks: list[int]) -> str:
         if not ranks:
             return "a rank"
-        hosts = sorted({f"{self.hostnames[r]} {self.addresses[r]}" for r in ranks if r < len(self.addresses)})
+        hosts = sorted(
+            {f"{self.hostnames[r]} ({self.addresses[r]})" for r in ranks if r < len(self.addresses)}
+        )
         who = "rank" if len(ranks) == 1 else "ranks"
-        where = f" (host {', '.join(hosts)})" if hosts else ""
+        where = f" on {', '.join(hosts)}" if hosts else ""
         return f"{who} {', '.join(map(str, ranks))}{where}"
 
 
