@@ -292,7 +292,7 @@ def two_hosts(args) -> int:
 
 
 def _resumes(run: Path) -> list[tuple[int, bool]]:
-    """Each resume of the run: (the step it resumed from, whether a training step followed it yet)."""
+    """Each (re)start of the run: (the step it resumed from, whether a training step followed it yet)."""
     import json
 
     out: list[tuple[int, bool]] = []
@@ -302,7 +302,7 @@ def _resumes(run: Path) -> list[tuple[int, bool]]:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if record.get("kind") == "event" and record.get("event") == "resume":
+        if record.get("kind") == "event" and record.get("event") in ("resume", "start"):  # start: from step 0
             out.append((record["step"], False))
         elif record.get("kind") == "train" and out:
             out[-1] = (out[-1][0], True)

@@ -118,6 +118,9 @@ class Cluster:
 
     def __enter__(self) -> Cluster:
         atexit.register(self.close)
+        self._sigterm = None
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # a plain kill still runs the clean-up
+            self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             self._build()
         except BaseException:
@@ -181,6 +184,13 @@ class Cluster:
             _ip("netns", "del", name, check=False)
         self._made.clear()
         atexit.unregister(self.close)
+        if getattr(self, "_sigterm", None) is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
+
+
+def _exit_on_sigterm(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 # Reaching a closed port is enough: "connection refused" means the packet got there and back.
