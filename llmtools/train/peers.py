@@ -185,8 +185,13 @@ class PeerWatch:
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self.step: int | None = None
+        self.progress = None  # an object whose ``step`` is the last finished step, once training runs
         self.peers: Peers | None = None
+
+    @property
+    def step(self) -> int | None:
+        """The step in progress (None while starting)."""
+        return None if self.progress is None else self.progress.step + 1
 
     def gather(self) -> None:
         self.peers = gather_peers()
