@@ -11,7 +11,8 @@ in interleaved rounds (two, one, one, two, ...). Measured per step, over the ste
 * bytes on the wire: the byte counters of the interface the ranks talk over (``eth0`` of each host, or
   ``lo`` of the one host), read when step ``--warmup`` and the last step are logged;
 * bytes handed to collectives: every ``torch.distributed`` collective a rank issues (DeepSpeed's and
-  ours) is counted by a ``sitecustomize`` hook loaded only into the benchmark's workers, by operation.
+  ours) is counted (its input tensor) by a ``sitecustomize`` hook loaded only into the benchmark's
+  workers, by operation, between the end of the warm-up (a SIGUSR2 from the benchmark) and the exit.
 ``--rate 1gbit --delay 0.1ms`` shapes the link between the hosts (tc netem), to see a real network's cost;
 without it the link is a veth pair, as fast as memory.
 
@@ -53,20 +54,25 @@ if _dist is not None and os.environ.get("LLMTOOLS_BENCH_COLLECTIVES"):
         if isinstance(value, (list, tuple)):
             return sum(_size(v) for v in value)
         return 0
-    def _wrap(name):
+    # What each rank hands in: the tensor for in-place ops, the input (not the output) for gathers/scatters.
+    _INPUT = {"all_reduce": (0, "tensor"), "broadcast": (0, "tensor"), "reduce": (0, "tensor"),
+              "all_gather_into_tensor": (1, "input_tensor"), "reduce_scatter_tensor": (1, "input"),
+              "all_gather": (1, "tensor"), "reduce_scatter": (1, "input_list"), "all_to_all_single": (1, "input")}
+    def _wrap(name, position, keyword):
         original = getattr(_dist, name)
         def counted(*args, **kwargs):
-            first = args[0] if args else next(iter(kwargs.values()), None)
+            sent = args[position] if len(args) > position else kwargs.get(keyword)
             entry = _counts.setdefault(name, [0, 0])
             entry[0] += 1
-            entry[1] += _size(first)
+            entry[1] += _size(sent)
             return original(*args, **kwargs)
         setattr(_dist, name, counted)
-    for _name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduce_scatter",
-                  "all_gather", "broadcast", "reduce", "all_to_all_single"):
+    for _name, (_position, _keyword) in _INPUT.items():
         if hasattr(_dist, _name):
-            _wrap(_name)
+            _wrap(_name, _position, _keyword)
     def _dump(tag):
+        if not _counts:  # a helper process that inherited the environment, not a worker
+            return
         path = os.environ["LLMTOOLS_BENCH_COLLECTIVES"] + f".rank{os.environ.get('RANK', '0')}.{tag}.json"
         with open(path, "w") as out:
             json.dump(_counts, out)
@@ -237,7 +243,9 @@ def main() -> int:
         wire = statistics.median(r["wire_bytes_per_step"] for r in results[kind])
         per = results[kind][0]["collectives_per_rank_step"]
         ops = ", ".join(
-            f"{name} {size / 1e6:.2f} MB ({calls:.1f})" for name, (calls, size) in sorted(per.items()) if size
+            f"{name} {size / 1e6:.2f} MB ({calls:.1f})"
+            for name, (calls, size) in sorted(per.items())
+            if size > 0
         )
         print(f"| {kind} | {tps:,.0f} | {tps / base:.2f} | {wire / 1e6:.2f} MB | {ops} |")
     return 0
