@@ -322,7 +322,9 @@ class _Trainer:
             self._committed(self.manager.wait())
 
     def _committed(self, folder: Path) -> None:
-        _event(self.metrics, int(folder.name.split("_")[-1]), "checkpoint", str(folder))
+        from llmtools.ckpt import layout
+
+        _event(self.metrics, layout.parse_step(folder.name), "checkpoint", str(folder))
         self.log(f"checkpoint {folder}")
 
     def _checkpoint_due(self) -> bool:
