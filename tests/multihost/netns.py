@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -167,7 +168,7 @@ class Cluster:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # the bridge forwards once its ports leave the listening state
             reached = self.hosts[-1].run(
-                ["python3", "-c", _PROBE, self.hosts[0].address], capture_output=True, text=True
+                [sys.executable, "-c", _PROBE, self.hosts[0].address], capture_output=True, text=True
             )
             if reached.returncode == 0 or len(self.hosts) == 1:
                 return
