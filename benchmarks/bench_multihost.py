@@ -13,12 +13,13 @@ in interleaved rounds (two, one, one, two, ...). Measured per step, over the ste
 * bytes handed to collectives: every ``torch.distributed`` collective a rank issues (DeepSpeed's and
   ours) is counted (its input tensor) by a ``sitecustomize`` hook loaded only into the benchmark's
   workers, by operation, between the end of the warm-up (a SIGUSR2 from the benchmark) and the exit.
-``--rate 1gbit --delay 0.1ms`` shapes the link between the hosts (tc netem), to see a real network's cost;
-without it the link is a veth pair, as fast as memory.
+``--rate 1gbit`` shapes the link between the hosts (tc tbf), to see a real network's cost; ``--delay 0.1ms``
+adds latency instead (tc netem, which needs the kernel's sch_netem); without either the link is a veth
+pair, as fast as memory.
 
     python benchmarks/bench_multihost.py                      # 60 steps, 2 rounds
     python benchmarks/bench_multihost.py --quick              # 20 steps, 1 round
-    python benchmarks/bench_multihost.py --rate 1gbit --delay 0.2ms --rounds 3
+    python benchmarks/bench_multihost.py --rate 1gbit --rounds 3
 """
 
 from __future__ import annotations
@@ -180,8 +181,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--rate", default=None, help="shape the host link, e.g. 1gbit (tc netem)")
-    parser.add_argument("--delay", default=None, help="one-way delay on the host link, e.g. 0.1ms")
+    parser.add_argument("--rate", default=None, help="shape the host link, e.g. 1gbit (tc tbf)")
+    parser.add_argument("--delay", default=None, help="delay on the host link instead, e.g. 0.1ms (tc netem)")
     parser.add_argument("--quick", action="store_true", help="20 steps, 1 round")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
@@ -210,12 +211,15 @@ def main() -> int:
     results: dict[str, list[dict]] = {"two hosts": [], "one host": []}
     try:
         with netns.Cluster(2) as cluster:
-            if args.rate or args.delay:
-                for host in cluster.hosts:
-                    netem = ["tc", "qdisc", "add", "dev", "eth0", "root", "netem"]
-                    netem += ["rate", args.rate] if args.rate else []
-                    netem += ["delay", args.delay] if args.delay else []
-                    host.run(netem, check=True)
+            for host in cluster.hosts:
+                if args.delay:  # netem needs the kernel's sch_netem
+                    host.run(
+                        ["tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay", args.delay],
+                        check=True,
+                    )
+                elif args.rate:  # a token bucket: a link of that rate
+                    tbf = ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", args.rate]
+                    host.run([*tbf, "burst", "256kb", "latency", "100ms"], check=True)
             for round_ in range(args.rounds):
                 kinds = ["two hosts", "one host"] if round_ % 2 == 0 else ["one host", "two hosts"]
                 for kind in kinds:
