@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -21,6 +22,9 @@ def test_hosts_reach_each_other_and_are_removed_afterwards(cluster):
     for src, dst in ((a, b), (b, c), (c, a)):
         assert src.run([sys.executable, "-c", _PROBE, dst.address], timeout=30).returncode == 0
     sleeper = b.popen(["sleep", "300"])
+    deadline = time.monotonic() + 10
+    while b.pids() != [sleeper.pid] and time.monotonic() < deadline:  # `ip netns exec` enters, then execs
+        time.sleep(0.05)
     assert b.pids() == [sleeper.pid]
     c.vanish()
     assert a.run([sys.executable, "-c", _PROBE, c.address], timeout=30).returncode == 1
