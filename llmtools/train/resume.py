@@ -87,6 +87,7 @@ POLICY: dict[str, Rule] = {
     "logging.*": Rule(APPLY, "from the next step on"),
     "checkpoint.*": Rule(APPLY, "from the next step on"),
     "health.*": Rule(APPLY, "from the next step on"),
+    "distributed.*": Rule(APPLY, "the process groups of this run use it"),
     "task": Rule(NEVER, "another training task", OTHER_RUN),
     "lora": Rule(NEVER, "other adapters than the checkpoint holds", OTHER_RUN),
     "dpo": Rule(NEVER, "preference settings where the checkpoint had none (another task)", OTHER_RUN),
@@ -107,7 +108,8 @@ _FLAGS = {
     RESHARD: "pass --reshard to convert the optimizer state through a DeepSpeed universal checkpoint",
 }
 _SECTIONS = (
-    "model", "data", "training", "optimizer", "schedule", "eval", "logging", "checkpoint", "health", "dpo"
+    "model", "data", "training", "optimizer", "schedule", "eval", "logging", "checkpoint", "health", "distributed",
+    "dpo",
 )  # fmt: skip
 _TOKENIZER_IDENTITY = ("hash", "vocab_size", "eod_id")
 
