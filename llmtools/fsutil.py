@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import secrets
 import shutil
@@ -110,6 +111,15 @@ def make_parents(folder: str | os.PathLike) -> None:
         except OSError as error:
             _forget(path)
             raise disk_full_error(error, path) or error from None
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file's bytes, read in chunks (memory stays flat)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 # -- temporaries -----------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from typing import Any, Literal
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.mix import MIN_SEQ_LENGTH
 from llmtools.model.lora import LoraSection  # no torch at import: config validation stays instant
+from llmtools.train.tasks.dpo import DpoSection  # likewise
 
 PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("cosine", "linear", "constant", "wsd", "inverse_sqrt")
@@ -250,6 +251,10 @@ class CheckpointSection:
     """Keep only the newest N checkpoints."""
     keep_every: int | None = None
     """Also keep every checkpoint whose step is a multiple of this."""
+    async_: bool = field(default=False, metadata={"key": "async"})
+    """Write checkpoints in the background: the state is copied to host memory, then written, fsynced and
+    hashed while training goes on; the checkpoint is committed (meta.json, rename, latest) once every rank's
+    write is done. At most one save is in flight; the next save, the end of the run and SIGTERM wait for it."""
 
     def __post_init__(self) -> None:
         if self.save_every < 0:
@@ -258,6 +263,19 @@ class CheckpointSection:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise _bad(f"checkpoint.{name}", f"must be >= 1, got {value}")
+
+
+@dataclass
+class DistributedSection:
+    """How long a collective may wait for the other ranks."""
+
+    timeout_s: float = 600.0
+    """Seconds any collective (and the process-group set-up) waits before the rank gives up: a host that
+    vanished ends the surviving ranks within this time, with a message naming the missing ranks."""
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise _bad("distributed.timeout_s", f"must be > 0, got {self.timeout_s}")
 
 
 @dataclass
@@ -303,10 +321,13 @@ class TrainConfig:
     logging: LoggingSection = field(default_factory=LoggingSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     health: HealthSection = field(default_factory=HealthSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
     task: str = DEFAULT_TASK
     """What is trained: a name in the table of tasks (llmtools.train.tasks.TASKS)."""
     lora: LoraSection | None = None
     """LoRA adapters on a frozen base; None trains every weight."""
+    dpo: DpoSection | None = None
+    """Preference training's settings (task: dpo only; its defaults when not given)."""
     source: str | None = field(default=None, metadata={"internal": True})
 
     # -- derived values --------------------------------------------------------------------------
@@ -336,10 +357,11 @@ class TrainConfig:
             if f.metadata.get("internal"):
                 continue
             value = getattr(self, f.name)
-            if not dataclasses.is_dataclass(value):  # task (a string), lora when off (None)
+            if not dataclasses.is_dataclass(value):  # task (a string), lora / dpo when not given (None)
                 out[f.name] = value
                 continue
-            section = dataclasses.asdict(value)
+            plain = dataclasses.asdict(value)
+            section = {config_key(g): plain[g.name] for g in dataclasses.fields(value)}
             if f.name == "model":
                 section = {
                     "preset": section["preset"],
@@ -358,6 +380,8 @@ class TrainConfig:
         # Configs written before tasks and LoRA existed keep their hash: both enter it only when set.
         if self.task != DEFAULT_TASK or self.lora is not None:
             keep.update(task=d["task"], lora=d["lora"])
+        if self.dpo is not None:  # where a stored reference is read from does not change the weights
+            keep["dpo"] = {k: v for k, v in d["dpo"].items() if k != "reference"}
         return "sha256:" + hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
 
 
@@ -371,8 +395,23 @@ SECTION_TYPES = {
     "logging": LoggingSection,
     "checkpoint": CheckpointSection,
     "health": HealthSection,
+    "distributed": DistributedSection,
     "lora": LoraSection,
+    "dpo": DpoSection,
 }
+
+
+def config_key(f: dataclasses.Field) -> str:
+    """The YAML key of a section field: its name, unless that is a Python keyword (``async`` -> ``async_``)."""
+    return f.metadata.get("key", f.name)
+
+
+def field_name(cls: type, key: str) -> str | None:
+    """The dataclass field behind a YAML key of section ``cls``, or None when there is none."""
+    for f in dataclasses.fields(cls):
+        if config_key(f) == key:
+            return f.name
+    return None
 
 
 def all_keys() -> list[str]:
@@ -382,7 +421,7 @@ def all_keys() -> list[str]:
         for f in dataclasses.fields(cls):
             if name == "model" and f.name == "overrides":
                 continue
-            keys.append(f"{name}.{f.name}")
+            keys.append(f"{name}.{config_key(f)}")
     return keys
 
 
@@ -478,7 +517,6 @@ def _section_from_dict(name: str, cls: type, raw: Any, where: str):
     if not isinstance(raw, dict):
         raise InputError(f"{where}: {name}: expected a mapping, got {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
     kwargs: dict[str, Any] = {}
     if cls is ModelSection:
         overrides = {}
@@ -490,9 +528,10 @@ def _section_from_dict(name: str, cls: type, raw: Any, where: str):
         kwargs["overrides"] = overrides
     else:
         for key, value in raw.items():
-            if key not in names:
+            attr = field_name(cls, key)
+            if attr is None:
                 raise InputError(f"{where}: unknown key {name}.{key}" + suggest(f"{name}.{key}", all_keys()))
-            kwargs[key] = coerce(value, hints[key], f"{name}.{key}", where)
+            kwargs[attr] = coerce(value, hints[attr], f"{name}.{key}", where)
     try:
         return cls(**kwargs)
     except InputError as error:
@@ -510,7 +549,7 @@ def from_dict(raw: Any, where: str = "<config>") -> TrainConfig:
 
             sections["task"] = check_task(value, where)
             continue
-        if key == "lora" and value is None:  # `lora: null` (or `lora:`) is LoRA off
+        if key in ("lora", "dpo") and value is None:  # `lora: null` (or `lora:`): not given
             continue
         if key not in SECTION_TYPES:
             raise InputError(
@@ -524,6 +563,12 @@ def from_dict(raw: Any, where: str = "<config>") -> TrainConfig:
             f"{where}: missing section 'training' (training.train_steps or training.train_tokens)"
         )
     config = TrainConfig(**sections, source=where)
+    from llmtools.train.tasks import TASKS, check_sections
+
+    check_sections(config)
+    own = TASKS[config.task].section
+    if own is not None and getattr(config, own) is None:  # the task's own section, with its defaults
+        setattr(config, own, SECTION_TYPES[own]())
     if config.schedule.total_steps is not None and config.training.train_steps is not None:
         if config.training.train_steps > config.schedule.total_steps:
             raise InputError(
@@ -563,8 +608,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         if dotted not in known and section != "model":
             raise UsageError(f"--set {item!r}: unknown key {dotted}" + suggest(dotted, known))
         if section != "model":
+            attr = field_name(SECTION_TYPES[section], key)
             value = coerce(
-                value, typing.get_type_hints(SECTION_TYPES[section])[key], dotted, f"--set {item!r}"
+                value, typing.get_type_hints(SECTION_TYPES[section])[attr], dotted, f"--set {item!r}"
             )
         target = raw.setdefault(section, {})
         if target is None:
