@@ -37,7 +37,8 @@ Truncation, in tokens, the prompt first and then the response:
                           or the pair is dropped with --overflow drop
 Bad pairs (malformed JSON, missing key, unknown role, one answer a string and the other messages,
 no assistant answer after the prompt, a prompt rendered differently before the two answers, a
-template that fails) stop the run with FILE:LINE and exit 2, leaving no output; --skip-bad skips
+template that fails or exceeds its limits: 16M characters per conversation, --template-timeout)
+stop the run with FILE:LINE and exit 2, leaving no output; --skip-bad skips
 and counts them.
 
 \b
@@ -82,6 +83,9 @@ def pref_cmd(
     overflow: str = typer.Option("truncate", "--overflow", help="truncate | drop pairs over --max-length."),
     split: str = typer.Option(None, "--split", help="Split of an HF dataset input."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip bad pairs, counting them by kind."),
+    template_timeout: float = typer.Option(
+        10.0, "--template-timeout", help="Seconds a conversation may take to render (a bad pair beyond)."
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary on stderr."),
@@ -92,7 +96,7 @@ def pref_cmd(
                         prompt_key=prompt_key, chosen_key=chosen_key, rejected_key=rejected_key,
                         system_key=system_key, system_prompt=system_prompt, max_length=max_length,
                         max_prompt_length=max_prompt_length, overflow=overflow, split=split, skip_bad=skip_bad,
-                        force=force)  # fmt: skip
+                        force=force, template_timeout=template_timeout)  # fmt: skip
     result = build_pref(config)
     report("llm-prep pref", result, as_json, quiet)
 

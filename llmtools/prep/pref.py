@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llmtools.errors import InputError, UsageError
-from llmtools.prep.chat_template import ChatTemplate, load_chat_template
+from llmtools.prep.chat_template import MAX_RENDER_SECONDS, ChatTemplate, load_chat_template
 from llmtools.prep.sft import OVERFLOW, BadSample, SampleEncoder, check_messages, iter_records
 
 PREF_FORMAT = "llmtools.pref"
@@ -88,10 +88,15 @@ class PrefConfig:
     split: str | None = None
     skip_bad: bool = False
     force: bool = False
+    template_timeout: float = MAX_RENDER_SECONDS
 
     def __post_init__(self) -> None:
         if not self.inputs:
             raise UsageError("INPUT: give at least one input file or dataset")
+        if not (0 < self.template_timeout <= 86400):
+            raise UsageError(
+                f"--template-timeout: must be between 0 and 86400 seconds, got {self.template_timeout}"
+            )
         if self.overflow not in OVERFLOW:
             raise UsageError(
                 f"--overflow: unknown policy {self.overflow!r} (choose one of {', '.join(OVERFLOW)})"
@@ -333,15 +338,23 @@ def truncate_pair(
 # The whole pipeline
 # ---------------------------------------------------------------------------------------------------
 def build_pref(config: PrefConfig) -> PrefResult:
-    """Run the whole pipeline; outputs appear only if it succeeds."""
+    """Run the whole pipeline; outputs appear only if it succeeds (one writer per output prefix), all four
+    datasets and their sidecars committed as one step."""
+    from llmtools.locks import lock_output
+
+    with lock_output([config.prefix_for(k) for k in KEYS]):
+        return _build_pref(config)
+
+
+def _build_pref(config: PrefConfig) -> PrefResult:
     from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, dtype_for_vocab, idx_path
-    from llmtools.formats.sidecar import write_sidecar
+    from llmtools.formats.sidecar import commit_with_sidecars
     from llmtools.fsutil import check_writable
     from llmtools.tokenize import load_tokenizer
 
     check_writable(config.outputs(), config.force)
     tokenizer = load_tokenizer(config.tokenizer, backend="tokenizers", special_tokens="split")
-    template = load_chat_template(config.chat_template, config.tokenizer)
+    template = load_chat_template(config.chat_template, config.tokenizer, time_limit=config.template_timeout)
     encoder = SampleEncoder(tokenizer, template)
     ids_dtype = dtype_for_vocab(tokenizer.vocab_size)
     dtypes = {key: (ids_dtype if key.endswith("input_ids") else np.dtype(np.uint8)) for key in KEYS}
@@ -412,11 +425,16 @@ def build_pref(config: PrefConfig) -> PrefResult:
             raise InputError(
                 f"{', '.join(config.inputs)}: no usable pairs" + (f" ({detail})" if detail else "")
             )
-    # The datasets are in place; the sidecars say what they are (written last).
-    for key in KEYS:
-        prefix = config.prefix_for(key)
-        sidecar = build_pref_sidecar(key, config, tokenizer, template, dtypes[key], inputs, result)
-        result.paths += [str(bin_path(prefix)), str(idx_path(prefix)), str(write_sidecar(prefix, sidecar))]
+        # A signal cannot leave one side without the other, or a dataset without its sidecar.
+        sidecars = {
+            config.prefix_for(key): build_pref_sidecar(
+                key, config, tokenizer, template, dtypes[key], inputs, result
+            )
+            for key in KEYS
+        }
+        written = commit_with_sidecars(writers.values(), sidecars)
+    for prefix, sidecar in zip(sidecars, written, strict=True):
+        result.paths += [str(bin_path(prefix)), str(idx_path(prefix)), str(sidecar)]
     return result
 
 

@@ -184,6 +184,13 @@ def sft_args(template: str, *extra: str) -> list[str]:
 
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+PAIR = {"prompt": "hi", "chosen": "hello", "rejected": "go away"}
+
+
+def pref_args(template: str, *extra: str) -> list[str]:
+    return ["llm-prep", "pref", "in.jsonl", "-t", "byte", "--chat-template", template, "-o", "out/p", *extra]
+
+
 J2B = ["llm-prep", "json2bin", "in.jsonl", "-t", "{w.gpt2}", "-o", "out/x"]
 TRAIN = ["llm-train", "{w.tiny_yaml}", "--deepspeed", str(DS / "zero1.json"), "--dry-run"]
 TRAIN_WITH = ["llm-train", "{w.tiny_yaml}", "--deepspeed", "ds.json", "--dry-run"]
@@ -695,6 +702,110 @@ ROWS: list[Row] = [
         2,
         r"out/s_input_ids_document\.bin: already exists",
         {"in.jsonl": lines(CHAT), "out/s_input_ids_document.bin": b"earlier"},
+    ),
+    # ---- llm-prep pref: preference pairs, through the same bounded templates
+    Row(
+        "pref-malformed-json",
+        pref_args("chatml"),
+        2,
+        r"in\.jsonl:2: malformed JSON",
+        {"in.jsonl": lines(PAIR, b'{"prompt": "q", "chosen": "yes"', PAIR)},
+    ),
+    Row(
+        "pref-missing-rejected",
+        pref_args("chatml"),
+        2,
+        r"in\.jsonl:1: missing key 'rejected'",
+        {"in.jsonl": lines({"prompt": "hi", "chosen": "hello"})},
+    ),
+    Row(
+        "pref-string-and-messages",
+        pref_args("chatml"),
+        2,
+        r"in\.jsonl:1: \[chosen\] and \[rejected\]: one is a string, the other a list of messages",
+        {"in.jsonl": lines({**PAIR, "rejected": [{"role": "assistant", "content": "no"}]})},
+    ),
+    Row(
+        "pref-unknown-role",
+        pref_args("chatml"),
+        2,
+        r"in\.jsonl:1: chosen\[0\]: unknown role 'wizard'",
+        {
+            "in.jsonl": lines(
+                {
+                    "chosen": [{"role": "wizard", "content": "x"}, {"role": "assistant", "content": "a"}],
+                    "rejected": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "b"}],
+                }
+            )
+        },
+    ),
+    Row(
+        "pref-deeply-nested",
+        pref_args("chatml"),
+        2,
+        r"in\.jsonl:2: malformed JSON: nested too deeply",
+        {"in.jsonl": lines(PAIR) + DEEP + b"\n"},
+    ),
+    Row(
+        "pref-template-string-bomb",
+        pref_args("bomb.jinja"),
+        2,
+        r"in\.jsonl:1: chat template bomb\.jinja: a repeated sequence would be 10,000,000,000 long",
+        {"in.jsonl": lines(PAIR), "bomb.jinja": template_file("{{ 'A' * 10000000000 }}")},
+    ),
+    Row(
+        "pref-template-endless-loop",
+        pref_args("loop.jinja", "--template-timeout", "0.5"),
+        2,
+        r"in\.jsonl:1: chat template loop\.jinja: rendering took more than 0\.5 s",
+        {
+            "in.jsonl": lines(PAIR),
+            "loop.jinja": template_file(
+                "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+            ),
+        },
+    ),
+    Row(
+        "pref-all-too-long",
+        pref_args("chatml", "--max-length", "3", "--overflow", "drop"),
+        2,
+        r"in\.jsonl: no usable pairs \(dropped as too long 2\)",
+        {"in.jsonl": lines(PAIR, PAIR)},
+    ),
+    Row(
+        "pref-prompt-leaves-no-room",
+        pref_args("chatml", "--max-length", "10", "--max-prompt-length", "10"),
+        2,
+        r"--max-prompt-length: 10 leaves no room for the response within --max-length 10",
+        {"in.jsonl": lines(PAIR)},
+    ),
+    Row(
+        "pref-same-key-twice",
+        pref_args("chatml", "--chosen-key", "prompt"),
+        2,
+        r"--prompt-key, --chosen-key, --rejected-key: must be three different keys",
+        {"in.jsonl": lines(PAIR)},
+    ),
+    Row(
+        "pref-template-timeout-nan",
+        pref_args("chatml", "--template-timeout", "nan"),
+        2,
+        r"--template-timeout",
+        {"in.jsonl": lines(PAIR)},
+    ),
+    Row(
+        "pref-existing-output",
+        pref_args("chatml"),
+        2,
+        r"out/p_chosen_input_ids_document\.bin: already exists",
+        {"in.jsonl": lines(PAIR), "out/p_chosen_input_ids_document.bin": b"earlier"},
+    ),
+    Row(
+        "pref-one-side-of-an-earlier-output",
+        pref_args("chatml"),
+        2,
+        r"out/p_rejected_loss_mask_document\.json: already exists",
+        {"in.jsonl": lines(PAIR), "out/p_rejected_loss_mask_document.json": b"{}"},
     ),
     # ---- llm-prep hf2bin
     Row(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.contract.conftest import REPO, World, error_line, run_on_full_disk, small_filesystem_runner
-from tests.contract.test_bad_inputs import BIG, CHAT, lines
+from tests.contract.test_bad_inputs import BIG, CHAT, PAIR, lines
 
 
 @dataclass
@@ -45,6 +45,12 @@ CASES = [
         ["llm-prep", "sft", "chats.jsonl", "-t", "byte", "--chat-template", "chatml", "-o", "fs/s"],
         32,
         files={"chats.jsonl": lines(*[CHAT] * 2000)},
+    ),
+    Case(
+        "pref",
+        ["llm-prep", "pref", "pairs.jsonl", "-t", "byte", "--chat-template", "chatml", "-o", "fs/p"],
+        32,
+        files={"pairs.jsonl": lines(*[PAIR] * 1000)},
     ),
     Case("hf2bin", ["llm-prep", "hf2bin", "{w.hf}", "-o", "fs/h"], 64, leave_kib=8),
     Case(

@@ -7,7 +7,10 @@ what earlier ones wrote; the files they name but nobody writes (a corpus, a chat
 made tiny beforehand. The only changes to a command, all cheap and stated here:
 
 * ``llm-train`` runs with ``--dry-run`` (it checks everything before any compute and prints the plan);
-  the examples that need a trained run read one made by a short real training (``runs/tiny``).
+  the examples that need a trained run read one made by a short real training (``runs/tiny``). The first
+  preference (DPO) example trains for real for two steps of two pairs (the next ones read its reference
+  and its metrics); the fine-tuned model it starts from (``runs/tiny-sft``) is the tiny preset with
+  random weights.
 * fixed ``--master_port`` numbers become free ports (concurrent test runs must not collide).
 * ``ssh node1 tail -f train.log |`` becomes ``cat train.log |`` (the producer of the pipe, not the command).
 * ``llm-log tb --follow`` is stopped with Ctrl-C after a moment, as its comment says it stops.
@@ -46,6 +49,8 @@ NOT_HERE = {
     "export MASTER_PORT=$((20000 + SLURM_JOB_ID": "inside a Slurm batch script (SLURM_JOB_ID)",
     "source .venv/bin/activate": "inside a Slurm batch script (every example here runs with .venv/bin on PATH)",
     "srun llm-train": "needs Slurm (tests/train/test_slurm.py emulates two srun tasks)",
+    "torchrun --nnodes 2": "needs two hosts (tests/multihost runs it on hosts made of network namespaces)",
+    "sbatch ": "needs Slurm (tests/multihost/test_slurm_sbatch.py runs the script with a stand-in srun/scontrol)",
     "make pretrain": "run by test_makefile_examples",
     "make test": "this test suite itself",
 }
@@ -55,7 +60,7 @@ ORDER = [
     "llm-prep sample-corpus", "llm-prep tokenizer train", "llm-prep json2bin data/raw", "llm-prep json2bin 'shards",
     "zcat dump", "llm-prep inspect", "llm-prep cat", "SETUP", "llm-mix data/wiki", "llm-mix --data-path",
     "llm-mix --train-data-path", "llm-mix data/a", "llm-export", "llm-prep hf2bin", "llm-prep sft", "PYTHON",
-    "llm-train", "torchrun", "deepspeed", "llm-ckpt list", "llm-ckpt verify", "llm-ckpt inspect", "llm-ckpt convert",
+    "llm-prep pref", "llm-train configs/train/tiny-dpo.yaml", "llm-log summary runs/tiny-dpo", "llm-train", "torchrun", "deepspeed", "llm-ckpt list", "llm-ckpt verify", "llm-ckpt inspect", "llm-ckpt convert",
     "llm-ckpt import-hf", "llm-ckpt prune", "llm-log", "ssh node1",
 ]  # fmt: skip
 
@@ -96,11 +101,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The first preference example trains for real, briefly: the next ones reuse its reference and read its metrics.
+DPO_FOR_REAL = (
+    " --set training.micro_batch_size=2 --set training.global_batch_size=2 --set training.train_steps=2"
+    " --set logging.log_every=1 --set checkpoint.save_every=0"
+)
+
+
 def adapt(command: str) -> tuple[str, str | None]:
     """The command as run here, and how it is stopped (None: it ends by itself)."""
     command = re.sub(r"--master_port \d+", lambda _: f"--master_port {free_port()}", command)
     if command.startswith("ssh node1 tail -f train.log |"):
         command = command.replace("ssh node1 tail -f train.log |", "cat train.log |", 1)
+    if re.match(r"llm-train configs/train/tiny-dpo\.yaml .*-o runs/tiny-dpo$", command):
+        return command + DPO_FOR_REAL, None  # the next examples read its reference and metrics
     if re.search(r"(^|\s)(llm-train|-m llmtools\.cli\.train|--module llmtools\.cli\.train)\s", command):
         command += " --dry-run"
     if command.startswith("llm-log tb") and "--follow" in command and "|" not in command:
@@ -196,6 +210,27 @@ def setup_middle(d: Path) -> None:
     (d / "train.log").write_text((FIXTURES / "metrics.jsonl").read_text())
 
 
+def dpo_start(d: Path) -> None:
+    """What the preference examples read and no example writes: the pairs, an HF preference dataset, and
+    the fine-tuned model they start from (runs/tiny-sft: the tiny preset with random weights, an HF folder)."""
+    pairs = [
+        {"prompt": f"What is {i} + {i}?", "chosen": f"{2 * i}.", "rejected": "No idea."} for i in range(12)
+    ]
+    _jsonl(d / "prefs.jsonl", pairs)
+    import datasets
+
+    datasets.DatasetDict({"train_prefs": datasets.Dataset.from_list(pairs)}).save_to_disk(
+        str(d / "hf" / "ultrafeedback")
+    )
+    start = (
+        "import torch; from llmtools.model import LlamaForCausalLM, load_model_config; "
+        "from llmtools.model.hf import save_hf_folder; torch.manual_seed(0); c = load_model_config('tiny'); "
+        "save_hf_folder(LlamaForCausalLM(c), c, 'runs/tiny-sft')"
+    )
+    proc = subprocess.run([str(BIN / "python"), "-c", start], cwd=d, env=contract_env(), capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+
+
 def after_mix(d: Path) -> None:
     """tiny.yaml reads out/pretrain/mix.json (make pretrain's); the resume example a new mix."""
     for folder in ("out/pretrain", "out/new"):
@@ -244,7 +279,12 @@ def examples_run(tmp_path_factory):
         (c for c in readme_examples() if not any(c.startswith(p) for p in NOT_HERE)), key=_position
     )
     results: dict[str, tuple] = {}
-    stages = {"llm-mix data/wiki": setup_middle, "llm-export": after_mix, "llm-ckpt list": trained_run}
+    stages = {
+        "llm-mix data/wiki": setup_middle,
+        "llm-export": after_mix,
+        "llm-prep pref": dpo_start,
+        "llm-ckpt list": trained_run,
+    }
     for command in commands:
         for prefix, stage in list(stages.items()):
             if _position(command) >= _position(prefix):

@@ -35,7 +35,7 @@ from tests.contract.conftest import (
     temporaries,
     tree_state,
 )
-from tests.contract.test_bad_inputs import BIG, CHAT, lines
+from tests.contract.test_bad_inputs import BIG, CHAT, PAIR, lines
 
 DS = REPO / "configs" / "deepspeed"
 WRITER = "llmtools.formats.indexed:IndexedDatasetWriter"
@@ -99,6 +99,12 @@ CASES = [
         ["llm-prep", "sft", "-", "-t", "byte", "--chat-template", "chatml", "-o", "out/s"],
         None,
         signal.SIGINT,
+    ),
+    Case(
+        "pref",
+        ["llm-prep", "pref", "pairs.jsonl", "-t", "byte", "--chat-template", "chatml", "-o", "out/p"],
+        f"{WRITER}.add_document@6",  # the second pair half written: two of four datasets have it
+        files={"pairs.jsonl": lines(*[PAIR] * 50)},
     ),
     Case("hf2bin", ["llm-prep", "hf2bin", "{w.hf}", "-o", "out/h"], f"{WRITER}.add_documents"),
     Case(
