@@ -362,15 +362,46 @@ def _jsonl_records(spec: str, config, inputs: list[dict], skipped: dict[str, int
                 yield place, BadSample("invalid_utf8", f"invalid UTF-8 at byte {error.start}")
                 continue
             try:
-                yield place, jsonfile.loads(text)
+                record = jsonfile.loads(text)
             except json.JSONDecodeError as error:
                 yield (
                     place,
                     BadSample("malformed_json", f"malformed JSON: {error.msg} (column {error.colno})"),
                 )
+                continue
+            # json.loads accepts an escaped lone surrogate ("\ud800"), which no tokenizer can encode.
+            where = _lone_surrogate(record, "") if "\\u" in text else None
+            if where is not None:
+                yield (
+                    place,
+                    BadSample(
+                        "invalid_utf8",
+                        f"{where or 'the record'}: a lone surrogate escape (not valid Unicode)",
+                    ),
+                )
+                continue
+            yield place, record
     for kind, count in source.skipped.items():
         skipped[kind] = skipped.get(kind, 0) + count
     inputs.extend(source.inputs())
+
+
+def _lone_surrogate(value, path: str) -> str | None:
+    """The path (``[messages][0][content]``) of the first string in ``value`` holding a lone surrogate."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(item, dict):
+            stack.extend((v, f"{where}[{k}]") for k, v in reversed(list(item.items())))
+            stack.extend((k, f"{where}[{k!r} (a key)]") for k in item if isinstance(k, str))
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
+    return None
 
 
 def _hf_records(spec: str, config, inputs: list[dict]):

@@ -559,6 +559,15 @@ ROWS: list[Row] = [
         {"in.jsonl": lines({"messages": [{"role": "user", "content": "x"}, {"role": "assistant"}]})},
     ),
     Row(
+        "sft-lone-surrogate",
+        sft_args("chatml"),
+        2,
+        r"in\.jsonl:1: \[messages\]\[1\]\[content\]: a lone surrogate escape",
+        {
+            "in.jsonl": b'{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "\\ud800"}]}\n'
+        },
+    ),
+    Row(
         "sft-deeply-nested",
         sft_args("chatml"),
         2,
@@ -764,6 +773,13 @@ ROWS: list[Row] = [
                 "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
             ),
         },
+    ),
+    Row(
+        "pref-lone-surrogate",
+        pref_args("chatml"),
+        2,
+        r"in\.jsonl:2: \[chosen\]: a lone surrogate escape",
+        {"in.jsonl": lines(PAIR) + b'{"prompt": "hi", "chosen": "a\\udc00", "rejected": "b"}\n'},
     ),
     Row(
         "pref-all-too-long",
