@@ -189,9 +189,9 @@ BIN = Path(sys.executable).parent
 # rank under ZeRO-2/3 (DeepSpeed's model and optimizer files, then the RNG file), which of them, before or
 # after it). A random k in 1..3 lets the run move on.
 SAVE_POINTS = {
-    "ds-saved": ("llmtools.ckpt.writer:write_file", 3, 3, "<"),  # DeepSpeed's files written, the RNG file not
-    "written": ("llmtools.ckpt.manager:list_files", 1, 1, "<"),  # every file written, meta.json not yet
-    "meta": ("llmtools.ckpt.manager:atomic_file", 1, 1, ""),  # meta.json being written, the folder not renamed
+    "ds-saved": ("llmtools.ckpt.writer:write_file", 3, 3, "<"),  # DeepSpeed's files written, not the RNG file
+    "written": ("llmtools.ckpt.manager:list_files", 1, 1, "<"),  # every file written, no meta.json yet
+    "meta": ("llmtools.ckpt.manager:atomic_file", 1, 1, ""),  # meta.json being written, not renamed
     "renamed": ("llmtools.ckpt.manager:write_text_atomic", 1, 1, "<"),  # renamed to step_N, `latest` not yet
     "latest": ("llmtools.ckpt.manager:write_text_atomic", 1, 1, ""),  # `latest` updated, not pruned yet
 }
@@ -224,6 +224,12 @@ def _train_losses(metrics: Path) -> dict[int, float]:
         if isinstance(record, dict) and record.get("kind", "train") == "train" and "loss" in record:
             out[int(record["step"])] = record["loss"]
     return out
+
+
+def _logged(run: Path) -> int:
+    """Bytes of the run's metrics.jsonl so far (it grows by a record per step)."""
+    metrics = run / "metrics.jsonl"
+    return len(metrics.read_bytes()) if metrics.exists() else 0
 
 
 def _safetensors(run: Path, out: Path) -> dict:
@@ -286,14 +292,17 @@ def train_main(args) -> int:
             mark.unlink(missing_ok=True)
             env.update(PYTHONPATH=f"{HOOKS}{os.pathsep}{env['PYTHONPATH']}", LLMTOOLS_TEST_PAUSE_MARK=str(mark),
                        LLMTOOLS_TEST_PAUSE=f"{function}@{call}{when}")  # fmt: skip
-        before = len((run / "metrics.jsonl").read_bytes()) if (run / "metrics.jsonl").exists() else 0
+        before = _logged(run)
         proc = subprocess.Popen(base, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if kind == "timed":
-            while proc.poll() is None and (
-                not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_bytes()) <= before
-            ):
+            while proc.poll() is None and _logged(run) <= before:  # training has started
                 time.sleep(0.02)
-            time.sleep(rng.uniform(0.0, 2.0))
+            # One step's duration, measured now: the kill lands within the next three steps (during a step
+            # or a save), however fast this machine runs, so the run does not end before the last kill.
+            first, size = time.perf_counter(), _logged(run)
+            while proc.poll() is None and _logged(run) <= size and time.perf_counter() - first < 10:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 3 * (time.perf_counter() - first)))
         else:
             while proc.poll() is None and not mark.exists():
                 time.sleep(0.02)
