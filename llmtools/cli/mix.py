@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from llmtools.cli._common import emit, log, new_app, run
+from llmtools.cli._common import emit, expand_multi_value_flags, log, new_app, run
 
 HELP = """Blend tokenized .bin/.idx sources into a sample plan, exactly as Megatron-LM would.
 
@@ -206,37 +206,8 @@ def mix(
             emit(str(path))
 
 
-def expand_multi_value_flags(argv: list[str]) -> list[str]:
-    """``--data-path 0.7 A 0.3 B`` -> ``--data-path 0.7 --data-path A --data-path 0.3 --data-path B``."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg in MULTI_VALUE_FLAGS:
-            j = i + 1
-            # values run to the next option; a negative number (a bad weight) is still a value
-            while j < len(argv) and (not argv[j].startswith("-") or _looks_numeric(argv[j])):
-                out += [arg, argv[j]]
-                j += 1
-            if j == i + 1:
-                out.append(arg)  # let the parser report the missing value
-            i = j
-            continue
-        out.append(arg)
-        i += 1
-    return out
-
-
-def _looks_numeric(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
 def main(argv: list[str] | None = None) -> None:
-    sys.argv[1:] = expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv))
+    sys.argv[1:] = expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv), MULTI_VALUE_FLAGS)
     run(app, "llm-mix")
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from llmtools.errors import InputError, where
-from llmtools.fsutil import commit_file, fsync_dir, tmp_sibling
+from llmtools.fsutil import commit_file, copy_bytes, fsync_dir, tmp_sibling
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -326,6 +326,93 @@ class IndexedDatasetWriter:
                 raise ValueError("a sequence longer than 2**31-1 tokens cannot be indexed")
             self._lengths.write(nonempty_lengths.astype(np.int32).tobytes())
         self.num_tokens += int(tokens.size)
+
+    def add_index(self, reader: IndexedDatasetReader, chunk: int = 1 << 22) -> dict:
+        """Append a whole dataset, as Megatron's ``IndexedDatasetBuilder.add_index`` does (so a merge is
+        byte for byte Megatron's ``tools/merge_datasets.py``), in bounded memory: the sequence lengths and
+        document indices stream through in chunks of ``chunk`` entries, and the token bytes are copied
+        with large sequential I/O (``copy_file_range`` where the kernel has it).
+
+        The dataset is checked as it streams -- negative lengths, byte pointers that are not the running
+        sum of the lengths, document indices out of order, a ``.bin`` of the wrong size -- and an
+        :class:`InputError` names the file and the byte; nothing is committed then. Returns what was
+        added: ``{"sequences", "documents", "tokens", "empty_documents", "bin_bytes"}``.
+        """
+        if reader.dtype != self.dtype:
+            raise InputError(
+                f"{reader.idx_file}: token dtype {reader.dtype.name}, but the output is {self.dtype.name} "
+                "(datasets of different dtypes cannot be concatenated)"
+            )
+        if reader.sequence_modes is not None:
+            raise InputError(
+                f"{reader.idx_file}: has per-sequence modes (a multimodal dataset); only text datasets "
+                "can be appended"
+            )
+        s, itemsize = reader.num_sequences, self.dtype.itemsize
+        running = tokens = 0
+        pointers_at = HEADER_SIZE + 4 * s
+        for lo in range(0, s, chunk):
+            lengths = np.asarray(reader.sequence_lengths[lo : lo + chunk])
+            if int(lengths.min()) < 0:
+                bad = lo + int(np.argmax(lengths < 0))
+                raise InputError(
+                    f"{where(reader.idx_file, offset=HEADER_SIZE + 4 * bad)}: sequence {bad} has negative "
+                    f"length {int(reader.sequence_lengths[bad])} (corrupt index)"
+                )
+            wide = lengths.astype(np.int64)
+            expected = np.empty_like(wide)
+            expected[0] = running
+            np.cumsum(wide[:-1] * itemsize, out=expected[1:])
+            expected[1:] += running
+            mismatch = np.flatnonzero(expected != reader.sequence_pointers[lo : lo + chunk])
+            if mismatch.size:
+                bad = lo + int(mismatch[0])
+                raise InputError(
+                    f"{where(reader.idx_file, offset=pointers_at + 8 * bad)}: pointer of sequence {bad} is "
+                    f"{int(reader.sequence_pointers[bad])}, expected {int(expected[bad - lo])} (corrupt index)"
+                )
+            running = int(expected[-1] + wide[-1] * itemsize)
+            tokens += int(wide.sum())
+            self._lengths.write(lengths.astype(np.int32, copy=False).tobytes())
+        docs_at = HEADER_SIZE + 12 * s
+        previous, empty = 0, 0
+        for lo in range(1, reader.num_doc_indices, chunk):
+            docs = np.asarray(reader.document_indices[lo : lo + chunk])
+            steps = np.diff(docs, prepend=previous)
+            if int(steps.min()) < 0:
+                bad = lo + int(np.argmax(steps < 0))
+                raise InputError(
+                    f"{where(reader.idx_file, offset=docs_at + 8 * bad)}: document index {bad} "
+                    f"({int(reader.document_indices[bad])}) goes backwards (corrupt index)"
+                )
+            empty += int(np.count_nonzero(steps == 0))
+            previous = int(docs[-1])
+            self._docs.write((docs + self.num_sequences).tobytes())
+        have = reader.bin_file.stat().st_size
+        if have != running:
+            raise InputError(
+                f"{where(reader.bin_file, offset=min(have, running))}: .bin is {have} bytes but its index "
+                f"describes {running} ({'truncated' if have < running else 'trailing data'})"
+            )
+        self._bin.flush()
+        with open(reader.bin_file, "rb") as source:
+            copied = copy_bytes(source, self._bin, running)
+        if copied != running:
+            raise InputError(
+                f"{where(reader.bin_file, offset=copied)}: .bin ended after {copied} of {running} bytes "
+                "(truncated while being read?)"
+            )
+        added = {
+            "sequences": s,
+            "documents": reader.num_documents,
+            "tokens": tokens,
+            "empty_documents": empty,
+            "bin_bytes": running,
+        }
+        self.num_sequences += s
+        self.num_documents += reader.num_documents
+        self.num_tokens += tokens
+        return added
 
     # -- finishing -----------------------------------------------------------------------------
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -73,6 +73,9 @@ class Tokenizer:
     special_tokens: dict[str, int]
     parallel_in_process: bool = False
     """True when ``encode_flat`` uses all cores by itself (threads, GIL released); see json2bin."""
+    rebuild: tuple | None = None
+    """``(function, args)`` that builds this tokenizer again in another process, when its spec alone
+    (``load_tokenizer(source, backend, policy)``) would not (Megatron-style options, added tokens)."""
 
     # -- what the sidecar records --------------------------------------------------------------
     def identity(self) -> dict:
@@ -89,6 +92,8 @@ class Tokenizer:
     def __reduce__(self):
         # Worker processes started with "spawn" rebuild the tokenizer from its spec instead of
         # pickling Rust objects.
+        if self.rebuild is not None:
+            return self.rebuild
         from llmtools.tokenize.loader import load_tokenizer
 
         return (load_tokenizer, (self.source, "auto", self.policy))

@@ -98,6 +98,8 @@ class HFTokenizer(Tokenizer):
         return self._backend
 
     def __reduce__(self):
+        if self.rebuild is not None:
+            return self.rebuild
         from llmtools.tokenize.loader import load_tokenizer
 
         return (load_tokenizer, (self.source, self.requested_backend, self.policy))
