@@ -122,6 +122,13 @@ class MegatronTokenizerArgs:
                     "--tokenizer-special-tokens with --tokenizer-sentencepiece-legacy (special tokens added to a "
                     "SentencePiece model by Megatron's wrapper) is not supported"
                 )
+        if kind == "TikTokenizer":
+            if self.tiktoken_pattern is None and self.legacy:
+                raise UsageError(
+                    "--tiktoken-pattern v1|v2 is required with --legacy-tokenizer (as Megatron's is)"
+                )
+            if self.tiktoken_pattern not in (None, "v1", "v2"):
+                raise UsageError(f"--tiktoken-pattern: expected v1 or v2, got {self.tiktoken_pattern!r}")
         if self.special_tokens and self.legacy and kind in ("GPT2BPETokenizer", "HuggingFaceTokenizer"):
             self.notes.append("--tokenizer-special-tokens is ignored, as Megatron's legacy system ignores it")
         if self.hf_include_special_tokens and (kind != "HuggingFaceTokenizer" or self.legacy):
