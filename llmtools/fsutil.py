@@ -49,6 +49,30 @@ def fsync_dir(path: str | os.PathLike) -> None:
             os.close(fd)
 
 
+def sync_files(paths, folder: str | os.PathLike) -> None:
+    """Make many files just written (and renamed into ``folder``) durable at once: one ``syncfs`` of
+    their filesystem where the C library has it (Linux; thousands of small files in well under a
+    second, where one fsync each takes milliseconds apiece), else an fsync per file; then the folder."""
+    if not _syncfs(folder):
+        for path in paths:
+            fsync_file(path)
+    fsync_dir(folder)
+
+
+def _syncfs(folder: str | os.PathLike) -> bool:
+    try:
+        import ctypes
+
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return False
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        return syncfs(fd) == 0
+    finally:
+        os.close(fd)
+
+
 def commit_file(tmp: str | os.PathLike, final: str | os.PathLike, durable: bool = True) -> None:
     """Rename a finished temporary file into place (after flushing it to disk)."""
     if durable:

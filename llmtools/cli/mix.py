@@ -22,6 +22,12 @@ Written paths go to stdout, one per line (mix.json first); --explain prints a ta
 Megatron's spelling works too: --data-path 0.7 A 0.3 B (or prefixes only, weighed by size), and
 per-split blends with --train-data-path / --valid-data-path / --test-data-path.
 
+Many sources: a PREFIX may be a glob ('shards/web-*_text_document', 'shards/*.idx'; sorted) or
+@list.txt (one prefix or glob per line); --weights then needs one weight per dataset named. A
+--data-path value @FILE (or --data-args-path FILE, as Megatron spells it) reads the blend from FILE
+('0.7 A 0.3 B', whitespace or newlines; # comments); globs there are for unweighted lists. With
+more than 20 sources --explain groups them by folder.
+
 \b
 Examples:
   llm-mix data/wiki_text_document data/code_text_document --weights 0.7,0.3 \\
@@ -33,6 +39,8 @@ Examples:
       --seq-length 2048 --num-samples 50000 --valid-samples 500 -o mix.json
   llm-mix data/a data/b --weights 0.9,0.1 --seq-length 512 --num-samples 1000 \\
       -o mix.json --materialize out/train_samples      # also the blended samples as .bin/.idx
+  llm-mix 'shards/*_text_document' --seq-length 2048 --tokens 100B -o out/mix.json --explain
+  llm-mix --data-path @blend.txt --seq-length 4096 --num-samples 1M -o out/mix.json
 """
 
 app = new_app("llm-mix", "Blend tokenized sources into a Megatron-identical sample plan.")
@@ -103,6 +111,9 @@ def mix(
     test_data_path: list[str] = typer.Option(
         None, "--test-data-path", metavar="[W] PREFIX ...", help="Per-split blend for test."
     ),
+    data_args_path: str = typer.Option(
+        None, "--data-args-path", metavar="FILE", help="Megatron: the --data-path blend read from FILE."
+    ),
     explain: bool = typer.Option(
         False, "--explain", help="Print per source: requested vs realized share, epochs, tokens, warnings."
     ),
@@ -134,8 +145,12 @@ def mix(
         raise UsageError("--materialize needs -o/--output")
     if seq_length is None:
         raise UsageError("--seq-length is required")
+    if data_args_path is not None:
+        if data_path:
+            raise UsageError("give either --data-path or --data-args-path, not both")
+        data_path = [f"@{data_args_path}"]
     per_split = {
-        name: lib.parse_data_path(values, flag)
+        name: _data_path(values, flag)
         for name, values, flag in (
             ("train", train_data_path, "--train-data-path"),
             ("valid", valid_data_path, "--valid-data-path"),
@@ -147,9 +162,11 @@ def mix(
     if data_path:
         if prefixes or weights:
             raise UsageError("give either PREFIX... [--weights] or --data-path, not both")
-        blend = lib.parse_data_path(data_path)
+        blend = _data_path(data_path, "--data-path")
     elif prefixes:
-        blend = lib.Blend(list(prefixes), lib.parse_weights(weights))
+        from llmtools.formats.pathlists import expand_prefixes
+
+        blend = lib.Blend(expand_prefixes(prefixes), lib.parse_weights(weights))
     elif weights:
         raise UsageError("--weights given but no PREFIX")
     if blend is not None and per_split:
@@ -179,10 +196,12 @@ def mix(
         outputs += [Path(f"{materialize}.bin"), Path(f"{materialize}.idx")]
     check_writable(outputs, force)
 
+    from llmtools.cli import mix_explain
+
     plan = lib.build_plan(config)
-    for note in plan.notes:
+    for note in mix_explain.fold(plan.notes):
         log(f"llm-mix: note: {note}")
-    for warning in plan.warnings:
+    for warning in mix_explain.fold(plan.warnings):
         log(f"llm-mix: warning: {warning}")
     written: list[Path] = []
     if output is not None:
@@ -198,12 +217,41 @@ def mix(
         summary["written"] = [str(p) for p in written]
         emit(json.dumps(summary))
     elif explain:
-        emit(lib.explain(plan))
-        for path in written:
-            log(f"llm-mix: wrote {path}")
+        emit(mix_explain.explain(plan))
+        if len(written) > mix_explain.GROUP_OVER:
+            log(f"llm-mix: wrote {written[0]} and {len(written) - 1} index cache files beside it")
+        else:
+            for path in written:
+                log(f"llm-mix: wrote {path}")
     else:
         for path in written:
             emit(str(path))
+
+
+def _data_path(values: list[str], flag: str):
+    """Megatron's blend spelling, with ``@FILE`` values read from FILE and globs in unweighted lists."""
+    import glob
+
+    from llmtools.data import mix as lib
+    from llmtools.errors import UsageError
+    from llmtools.formats.pathlists import expand_prefixes, read_list_file
+
+    tokens = []
+    for value in values:
+        if value.startswith("@") and len(value) > 1:
+            tokens += [t for line in read_list_file(value[1:]) for t in line.split()]
+        else:
+            tokens.append(value)
+    blend = lib.parse_data_path(tokens, flag)
+    patterns = [p for p in blend.prefixes if glob.has_magic(p)]
+    if not patterns:
+        return blend
+    if blend.weights is not None:
+        raise UsageError(
+            f"{flag}: {patterns[0]!r} is a glob in a weighted blend; give one weight per dataset "
+            "(or list the prefixes without weights, to weigh them by size)"
+        )
+    return lib.Blend(expand_prefixes(blend.prefixes), None, flag)
 
 
 def main(argv: list[str] | None = None) -> None:

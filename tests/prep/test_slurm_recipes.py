@@ -21,10 +21,14 @@ def test_array_then_merge_equals_one_run(tmp_path, cli_env):
     corpus.mkdir()
     lines = shared("tinyshakespeare/input.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
     for k in range(9):  # files of very different sizes
-        (corpus / f"shard-{k}.jsonl").write_text("".join(lines[k * k * 40 : (k + 1) * (k + 1) * 40]), encoding="utf-8")
+        (corpus / f"shard-{k}.jsonl").write_text(
+            "".join(lines[k * k * 40 : (k + 1) * (k + 1) * 40]), encoding="utf-8"
+        )
     llm_prep = f"{shlex.quote(sys.executable)} -m llmtools.cli.prep"
     env = dict(cli_env, INPUTS=f"{corpus}/*.jsonl", OUT=str(tmp_path / "out" / "web"), TOKENIZER="byte")
-    env.update(LLM_PREP=llm_prep, JSON2BIN_ARGS="--append-eod --json-keys text", KEYS="text", REMOVE_SHARDS="1")
+    env.update(
+        LLM_PREP=llm_prep, JSON2BIN_ARGS="--append-eod --json-keys text", KEYS="text", REMOVE_SHARDS="1"
+    )
     env = {k: v for k, v in env.items() if not k.startswith("SLURM")}
     # --array=1-4: Slurm sets these for every task (and SLURM_CPUS_PER_TASK from --cpus-per-task)
     tasks = []
@@ -55,11 +59,26 @@ def test_array_then_merge_equals_one_run(tmp_path, cli_env):
     shards = sorted(p.name for p in (tmp_path / "out").glob("web-*.idx"))
     assert shards == [f"web-{i:05d}-of-00004_text_document.idx" for i in range(4)]
     merge = subprocess.run(
-        ["bash", SLURM / "json2bin-merge.sbatch"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+        ["bash", SLURM / "json2bin-merge.sbatch"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert merge.returncode == 0, merge.stderr
     one = subprocess.run(
-        [sys.executable, "-m", "llmtools.cli.prep", "json2bin", f"{corpus}/*.jsonl", "-t", "byte", "-o", tmp_path / "one"]
+        [
+            sys.executable,
+            "-m",
+            "llmtools.cli.prep",
+            "json2bin",
+            f"{corpus}/*.jsonl",
+            "-t",
+            "byte",
+            "-o",
+            tmp_path / "one",
+        ]
         + ["--append-eod", "-q"],
         env=env,
         capture_output=True,
@@ -89,11 +108,17 @@ def test_a_failed_task_stops_the_merge(tmp_path, cli_env):
     for task_id in (0, 1):
         task_env = dict(env, SLURM_ARRAY_TASK_ID=str(task_id), SLURM_ARRAY_TASK_COUNT="2")
         result = subprocess.run(
-            ["bash", SLURM / "json2bin-array.sbatch"], env=task_env, capture_output=True, text=True, timeout=300
+            ["bash", SLURM / "json2bin-array.sbatch"],
+            env=task_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         codes.append(result.returncode)
     assert codes == [0, 2]
-    merge = subprocess.run(["bash", SLURM / "json2bin-merge.sbatch"], env=env, capture_output=True, text=True, timeout=300)
+    merge = subprocess.run(
+        ["bash", SLURM / "json2bin-merge.sbatch"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert merge.returncode == 2 and "missing shard(s) 1 of 2" in merge.stderr
     assert not (tmp_path / "w_text_document.bin").exists()
 
@@ -106,18 +131,26 @@ def test_submit_script_chains_the_merge_after_the_array(tmp_path):
     fake.write_text(
         "#!/bin/bash\n"
         f'echo "$*" >> {shlex.quote(str(log))}\n'
-        'n=$(wc -l < ' + shlex.quote(str(log)) + ")\n"
+        "n=$(wc -l < " + shlex.quote(str(log)) + ")\n"
         'echo "$((1000 + n));cluster"\n'
     )
     fake.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     result = subprocess.run(
-        ["bash", SLURM / "json2bin-submit.sh", "16", "--account=proj"], env=env, capture_output=True, text=True, timeout=60
+        ["bash", SLURM / "json2bin-submit.sh", "16", "--account=proj"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     calls = log.read_text().splitlines()
     assert len(calls) == 2
-    assert "--array=0-15" in calls[0] and "--account=proj" in calls[0] and calls[0].endswith("json2bin-array.sbatch")
+    assert (
+        "--array=0-15" in calls[0]
+        and "--account=proj" in calls[0]
+        and calls[0].endswith("json2bin-array.sbatch")
+    )
     assert "--dependency=afterok:1001" in calls[1] and calls[1].endswith("json2bin-merge.sbatch")
     assert "1001 (16 tasks)" in result.stdout and "merge: 1002" in result.stdout
 
