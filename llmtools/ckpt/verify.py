@@ -109,7 +109,7 @@ def param_shapes_from_model_states(path: Path) -> dict[str, list[int]]:
         if name not in shapes and hasattr(tensor, "shape"):
             shapes[name] = list(tensor.shape)
     for name, info in (state.get("frozen_param_shapes") or {}).items():
-        shapes[name] = list(info)  # issue 8 (LoRA): true shapes of frozen params; ZeRO-3's module has [0]
+        shapes[name] = list(info)  # frozen params (LoRA's base): ZeRO-3's module holds [0] placeholders
     return shapes
 
 
@@ -172,7 +172,8 @@ def check(path: str | Path) -> dict[str, Any]:
 
 
 def _model_shape(model: dict[str, Any]) -> dict[str, Any]:
-    from llmtools.model.config import SHAPE_FIELDS, load_model_config
+    from llmtools.model.config import SHAPE_FIELDS
+    from llmtools.model.presets import load_model_config
 
     try:  # derived fields (head_dim, num_key_value_heads) filled in, so both sides compare alike
         model = load_model_config(dict(model)).to_dict(full=True)

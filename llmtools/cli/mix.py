@@ -135,6 +135,7 @@ def mix(
     force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
 ) -> None:
+    from llmtools.cli import mix_args
     from llmtools.data import mix as lib
     from llmtools.errors import UsageError
     from llmtools.fsutil import check_writable
@@ -150,7 +151,7 @@ def mix(
             raise UsageError("give either --data-path or --data-args-path, not both")
         data_path = [f"@{data_args_path}"]
     per_split = {
-        name: _data_path(values, flag)
+        name: mix_args.read_data_path(values, flag)
         for name, values, flag in (
             ("train", train_data_path, "--train-data-path"),
             ("valid", valid_data_path, "--valid-data-path"),
@@ -162,11 +163,11 @@ def mix(
     if data_path:
         if prefixes or weights:
             raise UsageError("give either PREFIX... [--weights] or --data-path, not both")
-        blend = _data_path(data_path, "--data-path")
+        blend = mix_args.read_data_path(data_path, "--data-path")
     elif prefixes:
         from llmtools.formats.pathlists import expand_prefixes
 
-        blend = lib.Blend(expand_prefixes(prefixes), lib.parse_weights(weights))
+        blend = lib.Blend(expand_prefixes(prefixes), mix_args.parse_weights(weights))
     elif weights:
         raise UsageError("--weights given but no PREFIX")
     if blend is not None and per_split:
@@ -180,12 +181,12 @@ def mix(
     config = lib.MixConfig(
         blend=blend,
         blend_per_split=per_split or None,
-        seq_length=lib.parse_count(seq_length, "--seq-length"),
-        num_samples=lib.parse_count(num_samples, "--num-samples"),
-        tokens=lib.parse_count(tokens, "--tokens"),
-        valid_samples=lib.parse_count(valid_samples, "--valid-samples", allow_zero=True),
-        test_samples=lib.parse_count(test_samples, "--test-samples", allow_zero=True),
-        seed=lib.parse_count(seed, "--seed", allow_zero=True),
+        seq_length=mix_args.parse_count(seq_length, "--seq-length"),
+        num_samples=mix_args.parse_count(num_samples, "--num-samples"),
+        tokens=mix_args.parse_count(tokens, "--tokens"),
+        valid_samples=mix_args.parse_count(valid_samples, "--valid-samples", allow_zero=True),
+        test_samples=mix_args.parse_count(test_samples, "--test-samples", allow_zero=True),
+        seed=mix_args.parse_count(seed, "--seed", allow_zero=True),
         split=split,
         surplus=surplus,
         allow_mixed_tokenizers=allow_mixed_tokenizers,
@@ -210,7 +211,9 @@ def mix(
         from llmtools.data.dataset import BlendedGPTDataset
 
         dataset = BlendedGPTDataset.from_plan(plan, "train", source=str(output))
-        written += lib.materialize(dataset, materialize, mix_path=output)
+        from llmtools.data.materialize import materialize as write_samples
+
+        written += write_samples(dataset, materialize, mix_path=output)
     if as_json:
         summary = lib.plan_to_json(plan)
         summary.pop("config", None)
@@ -226,32 +229,6 @@ def mix(
     else:
         for path in written:
             emit(str(path))
-
-
-def _data_path(values: list[str], flag: str):
-    """Megatron's blend spelling, with ``@FILE`` values read from FILE and globs in unweighted lists."""
-    import glob
-
-    from llmtools.data import mix as lib
-    from llmtools.errors import UsageError
-    from llmtools.formats.pathlists import expand_prefixes, read_list_file
-
-    tokens = []
-    for value in values:
-        if value.startswith("@") and len(value) > 1:
-            tokens += [t for line in read_list_file(value[1:]) for t in line.split()]
-        else:
-            tokens.append(value)
-    blend = lib.parse_data_path(tokens, flag)
-    patterns = [p for p in blend.prefixes if glob.has_magic(p)]
-    if not patterns:
-        return blend
-    if blend.weights is not None:
-        raise UsageError(
-            f"{flag}: {patterns[0]!r} is a glob in a weighted blend; give one weight per dataset "
-            "(or list the prefixes without weights, to weigh them by size)"
-        )
-    return lib.Blend(expand_prefixes(blend.prefixes), None, flag)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,7 +22,6 @@ part came from (``merged_from``; ``shards``: which shards of which run it covers
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import os
@@ -43,7 +42,6 @@ from llmtools.formats.indexed import (
 from llmtools.formats.pathlists import expand_prefixes
 from llmtools.formats.sidecar import read_sidecar, sidecar_path, write_sidecar
 
-SIDECAR_FORMAT = "llmtools.indexed-sidecar"
 MEGATRON_EQUIVALENT = "Megatron-LM tools/merge_datasets.py (IndexedDatasetBuilder.add_index + finalize)"
 
 
@@ -323,7 +321,7 @@ def _common(parts: list[_Part], key: str):
 
 
 def _merged_sidecar(parts, tokenizer, writer, empty, merged_from, coverage, dtype) -> dict:
-    from llmtools import __version__
+    from llmtools.formats.sidecar import build_sidecar
 
     inputs, skipped = [], {}
     for part in parts:
@@ -333,28 +331,24 @@ def _merged_sidecar(parts, tokenizer, writer, empty, merged_from, coverage, dtyp
         for kind, value in (counts.get("skipped") or {}).items():
             if isinstance(value, int):
                 skipped[kind] = skipped.get(kind, 0) + value
-    sidecar = {
-        "format": SIDECAR_FORMAT,
-        "version": 1,
-        "tool": f"llmtools {__version__}",
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "tokenizer": tokenizer,
-        "json_key": _common(parts, "json_key"),
-        "append_eod": _common(parts, "append_eod"),
-        "dtype": dtype,
-        "special_tokens": _common(parts, "special_tokens"),
-        "inputs": inputs,
-        "counts": {
-            "documents": writer.num_documents,
-            "sequences": writer.num_sequences,
-            "tokens": writer.num_tokens,
-            "empty_documents": empty,
-            "skipped": dict(sorted(skipped.items())),
-        },
-        "merged": {"equivalent": MEGATRON_EQUIVALENT, "from": merged_from},
-    }
+    blocks: dict = {"merged": {"equivalent": MEGATRON_EQUIVALENT, "from": merged_from}}
     if coverage:
-        sidecar["shards"] = coverage
+        blocks["shards"] = coverage
+    sidecar = build_sidecar(
+        tokenizer=tokenizer,
+        dtype=dtype,
+        inputs=inputs,
+        documents=writer.num_documents,
+        sequences=writer.num_sequences,
+        tokens=writer.num_tokens,
+        json_key=_common(parts, "json_key"),
+        append_eod=False,
+        empty_documents=empty,
+        skipped=skipped,
+        **blocks,
+    )
+    sidecar["append_eod"] = _common(parts, "append_eod")  # null when the parts disagree
+    sidecar["special_tokens"] = _common(parts, "special_tokens")
     return sidecar
 
 

@@ -97,13 +97,6 @@ class HFTokenizer(Tokenizer):
         self._settle()
         return self._backend
 
-    def __reduce__(self):
-        if self.rebuild is not None:
-            return self.rebuild
-        from llmtools.tokenize.loader import load_tokenizer
-
-        return (load_tokenizer, (self.source, self.requested_backend, self.policy))
-
     @property
     def parallel_in_process(self) -> bool:
         """gigatoken's batch encode runs on its own thread pool with the GIL released: json2bin then
