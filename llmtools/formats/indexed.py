@@ -435,6 +435,9 @@ class IndexedDatasetWriter:
                 fsync_dir(Path(self.prefix).parent)
 
     def _write_index(self, path: Path, chunk: int = 1 << 22) -> None:
+        # The bookkeeping is read back with plain sequential reads and kernel copies, not a memory map:
+        # a map of the whole file would count every page of it in this process's memory (RSS), which
+        # would then grow with the dataset (merges of thousands of shards, corpora of billions of docs).
         itemsize = self.dtype.itemsize
         with open(path, "wb") as out:
             out.write(MAGIC)
@@ -442,23 +445,23 @@ class IndexedDatasetWriter:
             out.write(struct.pack("<B", CODE_OF_DTYPE[self.dtype]))
             out.write(struct.pack("<Q", self.num_sequences))
             out.write(struct.pack("<Q", self.num_documents + 1))
-            lengths = (
-                np.memmap(self._len_tmp, dtype=np.int32, mode="r")
-                if self.num_sequences
-                else np.empty(0, np.int32)
-            )
-            for lo in range(0, self.num_sequences, chunk):
-                out.write(lengths[lo : lo + chunk].tobytes())
+            with open(self._len_tmp, "rb") as lengths:
+                self._copy_exactly(lengths, out, 4 * self.num_sequences)
             running = 0
-            for lo in range(0, self.num_sequences, chunk):  # byte pointers, streamed in chunks
-                part = lengths[lo : lo + chunk].astype(np.int64) * itemsize
-                pointers = np.empty_like(part)
-                pointers[0] = running
-                np.cumsum(part[:-1], out=pointers[1:])
-                pointers[1:] += running
-                running = int(pointers[-1] + part[-1])
-                out.write(pointers.tobytes())
-            docs = np.memmap(self._doc_tmp, dtype=np.int64, mode="r")
-            for lo in range(0, docs.size, chunk):
-                out.write(docs[lo : lo + chunk].tobytes())
-            del lengths, docs
+            with open(self._len_tmp, "rb") as lengths:
+                for _ in range(0, self.num_sequences, chunk):  # byte pointers, streamed in chunks
+                    part = np.fromfile(lengths, dtype=np.int32, count=chunk).astype(np.int64) * itemsize
+                    pointers = np.empty_like(part)
+                    pointers[0] = running
+                    np.cumsum(part[:-1], out=pointers[1:])
+                    pointers[1:] += running
+                    running = int(pointers[-1] + part[-1])
+                    out.write(pointers.tobytes())
+            with open(self._doc_tmp, "rb") as docs:
+                self._copy_exactly(docs, out, 8 * (self.num_documents + 1))
+
+    @staticmethod
+    def _copy_exactly(source, target, count: int) -> None:
+        copied = copy_bytes(source, target, count)
+        if copied != count:
+            raise OSError(f"{source.name}: {copied} bytes where {count} were written (changed on disk?)")

@@ -94,6 +94,11 @@ class Json2BinConfig:
             raise UsageError(f"--partitions: must be at least 1, got {self.partitions}")
         if self.log_interval is not None and self.log_interval < 1:
             raise UsageError(f"--log-interval: must be at least 1, got {self.log_interval}")
+        if self.partitions > 1 and self.shard is not None and not self.keep_sequential_samples:
+            raise UsageError(
+                "--partitions with --shard: Megatron's partition order runs over all the inputs, which one "
+                "shard does not see; shard without --partitions (merged shards keep the input order)"
+            )
         if self.megatron is not None and self.special_tokens != "auto":
             raise UsageError(
                 "--special-tokens with --tokenizer-type: Megatron's flags decide what special-token strings "

@@ -106,7 +106,7 @@ def test_parse_shard_and_names():
 # -- the bytes -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    """Seven JSONL files of different sizes (one empty of documents? no: every file has some), real text."""
+    """Seven JSONL files of real text, of very different sizes (one starts with an empty document)."""
     folder = tmp_path_factory.mktemp("shards-in")
     lines = shared("lambada/lambada_test.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:700]
     cuts = [0, 30, 200, 210, 380, 500, 520, 700]
@@ -226,7 +226,40 @@ def test_more_shards_than_inputs_and_list_files(tmp_path, corpus):
     assert files(tmp_path / "all") == files(one.prefixes[0])
 
 
-def test_stdin_cannot_be_sharded(tmp_path, cli_env):
+def test_refusals(tmp_path, cli_env):
+    """stdin cannot be sharded, a list naming nothing and --partitions with --shard are refused (exit 2,
+    nothing written); --shard none opts out of a Slurm array's variables."""
+    (tmp_path / "empty.txt").write_text("# no inputs yet\n")
+    (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
+    for args, words in (
+        ([f"@{tmp_path}/empty.txt", "--shard", "0/2"], "the list file names nothing"),
+        ([tmp_path / "a.jsonl", "--shard", "0/2", "--partitions", "2"], "--partitions with --shard"),
+        ([tmp_path / "a.jsonl", "--shard", "2/2"], "outside 0..1"),
+    ):
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "llmtools.cli.prep",
+                "json2bin",
+                *map(str, args),
+                "-t",
+                "byte",
+                "-o",
+                tmp_path / "o",
+            ],
+            env=cli_env,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
+        assert result.returncode == 2 and words in result.stderr, result.stderr
+        assert not list(tmp_path.glob("o*"))
+    _stdin_and_opting_out(tmp_path, cli_env)
+
+
+def _stdin_and_opting_out(tmp_path, cli_env):
     result = subprocess.run(
         [
             sys.executable,
@@ -248,7 +281,7 @@ def test_stdin_cannot_be_sharded(tmp_path, cli_env):
         timeout=120,
     )
     assert result.returncode == 2 and b"stdin ('-') cannot be sharded" in result.stderr
-    assert list(tmp_path.iterdir()) == []
+    assert not list(tmp_path.glob("x*"))
     env = dict(os.environ, SLURM_ARRAY_TASK_ID="0", SLURM_ARRAY_TASK_COUNT="2")
     env.update(cli_env | {k: v for k, v in env.items() if k.startswith("SLURM")})
     opted_out = subprocess.run(
