@@ -25,6 +25,11 @@ policy ``auto``, see :mod:`llmtools.tokenize.base`); ``append_eod`` appends EOD 
 documents only; an empty document (no tokens) still gets a document index but no sequence; uint16
 tokens when the vocabulary is below 65500, else int32.
 
+At scale: ``shard=ShardSpec(i, n)`` tokenizes only shard i of the inputs (:mod:`llmtools.prep.shards`;
+``llm-prep merge`` joins the shards back, :mod:`llmtools.prep.merge`), and ``partitions=n`` writes
+Megatron's ``--partitions`` document order (:mod:`llmtools.prep.partitions`). With ``megatron=`` (Megatron's
+``--tokenizer-type`` flags, :mod:`llmtools.tokenize.megatron`) the tokenizer is the one Megatron builds.
+
 Plain API::
 
     from llmtools.prep.json2bin import json2bin

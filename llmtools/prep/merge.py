@@ -121,9 +121,9 @@ def merge(
     prefixes = expand_prefixes(inputs)
     if not prefixes:
         raise UsageError("merge: give at least one dataset PREFIX (or a glob, or @list.txt)")
-    out_abs = os.path.abspath(output_prefix)
+    out_real = os.path.realpath(bin_path(output_prefix))  # --force never replaces an input, links included
     for prefix in prefixes:
-        if os.path.abspath(prefix) == out_abs:
+        if os.path.realpath(bin_path(prefix)) == out_real:
             raise UsageError(f"{prefix}: is both an input and the output; choose another -o")
     outputs = [bin_path(output_prefix), idx_path(output_prefix), sidecar_path(output_prefix)]
     check_writable(outputs, force)
