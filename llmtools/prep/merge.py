@@ -111,13 +111,21 @@ def merge(
 ) -> MergeResult:
     """Concatenate the datasets named by ``inputs`` (prefixes, globs, ``@list`` files), in that order,
     into ``output_prefix.{bin,idx,json}``. Raises InputError (bad or incompatible inputs) and
-    UsageError (no inputs, existing outputs without ``force``)."""
-    from llmtools.fsutil import check_writable
-    from llmtools.prep.json2bin import _remove_stale_temporaries
+    UsageError (no inputs, existing outputs without ``force``, another writer at work on them)."""
+    from llmtools.locks import lock_output
 
     output_prefix = strip_suffix(output_prefix)
     if not output_prefix:
         raise UsageError("-o/--output: an output prefix is required")
+    # One writer per output prefix, from before the existence check to the last rename.
+    with lock_output(output_prefix):
+        return _merge(inputs, output_prefix, force, partial, durable, progress)
+
+
+def _merge(inputs, output_prefix: str, force: bool, partial: bool, durable: bool, progress) -> MergeResult:
+    from llmtools.fsutil import check_writable
+    from llmtools.prep.json2bin import _remove_stale_temporaries
+
     prefixes = expand_prefixes(inputs)
     if not prefixes:
         raise UsageError("merge: give at least one dataset PREFIX (or a glob, or @list.txt)")
