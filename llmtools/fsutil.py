@@ -247,6 +247,30 @@ def fsync_dir(path: str | os.PathLike) -> None:
             os.close(fd)
 
 
+def sync_files(paths, folder: str | os.PathLike) -> None:
+    """Make many files just written (and renamed into ``folder``) durable at once: one ``syncfs`` of
+    their filesystem where the C library has it (Linux; thousands of small files in well under a
+    second, where one fsync each takes milliseconds apiece), else an fsync per file; then the folder."""
+    if not _syncfs(folder):
+        for path in paths:
+            fsync_file(path)
+    fsync_dir(folder)
+
+
+def _syncfs(folder: str | os.PathLike) -> bool:
+    try:
+        import ctypes
+
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return False
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        return syncfs(fd) == 0
+    finally:
+        os.close(fd)
+
+
 def commit_file(tmp: str | os.PathLike, final: str | os.PathLike, durable: bool = True) -> None:
     """Rename a finished temporary file into place (after flushing it to disk)."""
     tmp, final = Path(tmp), Path(final)
@@ -288,10 +312,13 @@ class AtomicGroup:
         return tmp
 
     def commit(self) -> list[Path]:
-        if self.durable:
-            for tmp, final in self.pending:
-                with disk_full_guard(final):
-                    fsync_file(tmp)
+        if self.durable:  # one syncfs per filesystem where there is one (thousands of files at once)
+            for folder in {final.parent for _, final in self.pending}:
+                if not _syncfs(folder):
+                    for tmp, final in self.pending:
+                        if final.parent == folder:
+                            with disk_full_guard(final):
+                                fsync_file(tmp)
         with critical():
             for tmp, final in self.pending:
                 commit_file(tmp, final, durable=False)
@@ -324,6 +351,42 @@ def atomic_group(durable: bool = True) -> Iterator[AtomicGroup]:
     except BaseException:
         group.discard()
         raise
+
+
+COPY_BLOCK = 1 << 24
+# copy_file_range refuses some pairs of files (another filesystem on older kernels, special files):
+# those errors mean "copy it yourself", any other is a real I/O failure.
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF}
+
+
+def copy_bytes(source, target, count: int) -> int:
+    """Copy ``count`` bytes from the current position of binary file ``source`` to binary file ``target``
+    (flushed first), in the kernel with ``copy_file_range`` where it can, else in 16 MiB blocks. Returns
+    the bytes copied: fewer than ``count`` only when ``source`` ends early."""
+    target.flush()
+    src, dst = source.fileno(), target.fileno()
+    done = 0
+    if hasattr(os, "copy_file_range"):
+        try:
+            while done < count:
+                step = os.copy_file_range(src, dst, min(count - done, 1 << 30))
+                if step == 0:
+                    return done
+                done += step
+            return done
+        except OSError as error:
+            if error.errno not in _NO_KERNEL_COPY:
+                raise
+    block = memoryview(bytearray(min(COPY_BLOCK, max(1, count - done))))
+    while done < count:
+        got = os.readv(src, [block[: min(len(block), count - done)]])
+        if got == 0:
+            break
+        sent = 0
+        while sent < got:
+            sent += os.write(dst, block[sent:got])
+        done += got
+    return done
 
 
 @contextlib.contextmanager

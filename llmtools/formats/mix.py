@@ -17,7 +17,7 @@ import numpy as np
 from llmtools.errors import InputError, where
 from llmtools.formats.fingerprint import sha256_file
 from llmtools.formats.jsonfile import read_json_object
-from llmtools.fsutil import atomic_file, make_parents, write_text_atomic
+from llmtools.fsutil import atomic_file, make_parents, sync_files, write_text_atomic
 
 FORMAT = "llmtools.mix"
 VERSION = 1
@@ -122,9 +122,11 @@ def write_arrays(
             with open(group.path(path), "wb") as handle:
                 np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
         else:
-            with atomic_file(path, "wb", durable=durable) as handle:
+            with atomic_file(path, "wb", durable=False) as handle:  # made durable together below
                 np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
         written.append(path)
+    if durable and group is None:  # one filesystem sync, not an fsync per file (the group syncs its own)
+        sync_files(written, folder)
     return written
 
 
