@@ -91,6 +91,12 @@ def copy_prefix(dest: str) -> Callable[[Path, World], None]:
     return setup
 
 
+def copy_world_prefix(names, d: Path, w: World) -> None:
+    """Copies of the world's byte-tokenized dataset in ``d``, one per name (distinct inputs of one kind)."""
+    for name in names:
+        copy_prefix(name)(d, w)
+
+
 def damaged_prefix(dest: str, damage: Callable[[Path], None]) -> Callable[[Path, World], None]:
     def setup(d: Path, w: World) -> None:
         copy_prefix(dest)(d, w)
@@ -822,6 +828,69 @@ ROWS: list[Row] = [
         2,
         r"out/p_rejected_loss_mask_document\.json: already exists",
         {"in.jsonl": lines(PAIR), "out/p_rejected_loss_mask_document.json": b"{}"},
+    ),
+    # ---- llm-prep merge, and json2bin's shards
+    Row(
+        "merge-missing-input",
+        ["llm-prep", "merge", "{w.prefix}", "nope_text_document", "-o", "out/m"],
+        2,
+        r"nope_text_document\.idx: no such file",
+    ),
+    Row(
+        "merge-truncated-bin",
+        ["llm-prep", "merge", "{w.prefix}", "t", "-o", "out/m"],
+        2,
+        r"t\.bin@byte 100: \.bin is 100 bytes but the index describes \d+ bytes \(truncated\)",
+        setup=damaged_prefix("t", truncate(".bin", 100)),
+    ),
+    Row(
+        "merge-corrupt-index",
+        ["llm-prep", "merge", "u", "{w.prefix}", "-o", "out/m"],
+        2,
+        r"u\.idx@byte \d+: .*\(corrupt index\)",
+        setup=damaged_prefix("u", overwrite(".idx", 40, b"\xff" * 8)),
+    ),
+    Row(
+        "merge-broken-sidecar",
+        ["llm-prep", "merge", "s", "{w.prefix}", "-o", "out/m"],
+        2,
+        r"s\.json: not a valid sidecar JSON file",
+        setup=damaged_prefix("s", sidecar(b'{"format": "x"')),
+    ),
+    Row(
+        "merge-different-tokenizers",
+        ["llm-prep", "merge", "{w.prefix}", "{w.prefix_gpt2}", "-o", "out/m"],
+        2,
+        r"tokenized with gpt2 .*datasets of different tokenizers cannot be merged",
+    ),
+    Row(
+        "merge-output-is-an-input",
+        ["llm-prep", "merge", "a", "{w.prefix}", "-o", "a", "--force"],
+        2,
+        r"a: is both an input and the output",
+        setup=copy_prefix("a"),
+    ),
+    Row("merge-no-match", ["llm-prep", "merge", "zz*", "-o", "out/m"], 2, r"zz\*: no dataset matches"),
+    Row(
+        "merge-existing-output",
+        ["llm-prep", "merge", "{w.prefix}", "-o", "out/m"],
+        2,
+        r"out/m\.bin: already exists",
+        {"out/m.bin": b"earlier"},
+    ),
+    Row(
+        "j2b-shard-outside",
+        ["llm-prep", "json2bin", "in.jsonl", "-t", "byte", "-o", "out/x", "--shard", "3/2"],
+        2,
+        r"--shard: shard index 3 is outside 0\.\.1",
+        {"in.jsonl": lines(GOOD)},
+    ),
+    Row(
+        "j2b-shard-garbled",
+        ["llm-prep", "json2bin", "in.jsonl", "-t", "byte", "-o", "out/x", "--shard", "-1/2"],
+        2,
+        r"--shard: expected I/N",
+        {"in.jsonl": lines(GOOD)},
     ),
     # ---- llm-prep hf2bin
     Row(

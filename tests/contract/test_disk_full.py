@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.contract.conftest import REPO, World, error_line, run_on_full_disk, small_filesystem_runner
-from tests.contract.test_bad_inputs import BIG, CHAT, PAIR, lines
+from tests.contract.test_bad_inputs import BIG, CHAT, PAIR, copy_world_prefix, lines
 
 
 @dataclass
@@ -25,6 +25,7 @@ class Case:
     size_kib: int
     leave_kib: int | None = None  # fill the filesystem first, leaving this much free
     files: dict[str, bytes] | None = None
+    copies: tuple[str, ...] = ()  # copies of the world's dataset (prefixes in the folder)
 
 
 CASES = [
@@ -52,6 +53,7 @@ CASES = [
         32,
         files={"pairs.jsonl": lines(*[PAIR] * 1000)},
     ),
+    Case("merge", ["llm-prep", "merge", "p*", "-o", "fs/m"], 32, copies=tuple(f"p{i}" for i in range(8))),
     Case("hf2bin", ["llm-prep", "hf2bin", "{w.hf}", "-o", "fs/h"], 64, leave_kib=8),
     Case(
         "tokenizer-train",
@@ -143,6 +145,7 @@ def test_full_disk_is_one_named_error_and_leaves_nothing(case: Case, outcomes):
 
 def run_case(case: Case, world: World, tmp_path):
     files = dict(case.files or {})
+    copy_world_prefix(case.copies, tmp_path, world)
     if case.name == "log-tb":
         files["many.jsonl"] = _many_metrics()
     for relative, content in files.items():

@@ -35,7 +35,7 @@ from tests.contract.conftest import (
     temporaries,
     tree_state,
 )
-from tests.contract.test_bad_inputs import BIG, CHAT, PAIR, lines
+from tests.contract.test_bad_inputs import BIG, CHAT, PAIR, copy_world_prefix, lines
 
 DS = REPO / "configs" / "deepspeed"
 WRITER = "llmtools.formats.indexed:IndexedDatasetWriter"
@@ -48,6 +48,7 @@ class Case:
     pause: str | None  # module:Qualified.name[@N], or None: the case blocks on stdin
     signum: int = signal.SIGTERM
     files: dict[str, bytes] = field(default_factory=dict)
+    copies: tuple[str, ...] = ()  # copies of the world's dataset (prefixes in the folder)
 
     @property
     def code(self) -> int:
@@ -105,6 +106,12 @@ CASES = [
         ["llm-prep", "pref", "pairs.jsonl", "-t", "byte", "--chat-template", "chatml", "-o", "out/p"],
         f"{WRITER}.add_document@6",  # the second pair half written: two of four datasets have it
         files={"pairs.jsonl": lines(*[PAIR] * 50)},
+    ),
+    Case(
+        "merge",
+        ["llm-prep", "merge", "a", "b", "c", "-o", "out/m"],
+        f"{WRITER}.add_index@2",  # two of three inputs copied into the temporaries
+        copies=("a", "b", "c"),
     ),
     Case("hf2bin", ["llm-prep", "hf2bin", "{w.hf}", "-o", "out/h"], f"{WRITER}.add_documents"),
     Case(
@@ -188,6 +195,7 @@ def _feed(stdin) -> None:
 
 
 def run_case(case: Case, d: Path, w: World, mark: Path):
+    copy_world_prefix(case.copies, d, w)
     for relative, content in case.files.items():
         (d / relative).parent.mkdir(parents=True, exist_ok=True)
         (d / relative).write_bytes(content)

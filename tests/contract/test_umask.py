@@ -18,6 +18,7 @@ COMMANDS = {
     "json2bin": ["llm-prep", "json2bin", "{w.corpus}", "-t", "{w.gpt2}", "-o", "out/data/x"],
     "sft": ["llm-prep", "sft", "chats.jsonl", "-t", "byte", "--chat-template", "chatml", "-o", "out/sft/s"],
     "pref": ["llm-prep", "pref", "pairs.jsonl", "-t", "byte", "--chat-template", "chatml", "-o", "out/pref/p"],
+    "merge": ["llm-prep", "merge", "{w.prefix}", "-o", "out/merge/m"],
     "hf2bin": ["llm-prep", "hf2bin", "{w.hf}", "-o", "out/h/h"],
     "tokenizer": ["llm-prep", "tokenizer", "train", "{w.corpus}", "--vocab-size", "300", "-o", "out/tok/tokenizer.json"],
     "sample-corpus": ["llm-prep", "sample-corpus", "-o", "out/raw", "--docs", "20"],
@@ -56,7 +57,8 @@ def run_under_umask(umask: int, names: list[str], world: World, base: Path) -> d
 # Under 022 every command's outputs are checked by tests/contract/test_examples.py (all README examples);
 # 077 shows that the umask is honoured, not replaced by a fixed 0644.
 @pytest.mark.parametrize(
-    ("umask", "names"), [(0o077, ["json2bin", "sft", "pref", "mix", "export", "convert", "tb", "plot"])]
+    ("umask", "names"),
+    [(0o077, ["json2bin", "sft", "pref", "merge", "mix", "export", "convert", "tb", "plot"])],
 )
 def test_outputs_honour_the_umask(umask, names, world, tmp_path):
     results = run_under_umask(umask, names, world, tmp_path)
