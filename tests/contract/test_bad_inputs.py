@@ -467,7 +467,7 @@ ROWS: list[Row] = [
         "j2b-missing-tokenizer-option",
         ["llm-prep", "json2bin", "in.jsonl", "-o", "out/x"],
         2,
-        r"Missing option '-t' / '--tokenizer'",
+        r"give -t/--tokenizer",
         {"in.jsonl": lines(GOOD)},
     ),
     Row(
@@ -1047,6 +1047,7 @@ ROWS: list[Row] = [
         [
             "llm-mix",
             "{w.prefix}",
+            "{w.prefix_gpt2}",
             "{w.prefix}.bin",
             "--seq-length",
             "16",
@@ -1056,7 +1057,7 @@ ROWS: list[Row] = [
             "m.json",
         ],
         2,
-        r"source .* is given twice \(positions 1 and 2\)",
+        r"text_document: the same dataset is named twice",
     ),
     Row(
         "mix-absurd-num-samples",

@@ -51,6 +51,7 @@ NOT_HERE = {
     "srun llm-train": "needs Slurm (tests/train/test_slurm.py emulates two srun tasks)",
     "torchrun --nnodes 2": "needs two hosts (tests/multihost runs it on hosts made of network namespaces)",
     "sbatch ": "needs Slurm (tests/multihost/test_slurm_sbatch.py runs the script with a stand-in srun/scontrol)",
+    "INPUTS=": "submits a Slurm job array (tests/prep/test_slurm_recipes.py runs its tasks as processes)",
     "make pretrain": "run by test_makefile_examples",
     "make test": "this test suite itself",
 }
@@ -59,7 +60,8 @@ NOT_HERE = {
 ORDER = [
     "llm-prep sample-corpus", "llm-prep tokenizer train", "llm-prep json2bin data/raw", "llm-prep json2bin 'shards",
     "zcat dump", "llm-prep inspect", "llm-prep cat", "SETUP", "llm-mix data/wiki", "llm-mix --data-path",
-    "llm-mix --train-data-path", "llm-mix data/a", "llm-export", "llm-prep hf2bin", "llm-prep sft", "PYTHON",
+    "llm-mix --train-data-path", "llm-mix data/a", "llm-prep json2bin @files.txt", "llm-prep merge 'data/web-",
+    "llm-prep json2bin --input", "llm-export", "llm-mix 'shards", "llm-prep hf2bin", "llm-prep sft", "PYTHON",
     "llm-prep pref", "llm-train configs/train/tiny-dpo.yaml", "llm-log summary runs/tiny-dpo", "llm-train", "torchrun", "deepspeed", "llm-ckpt list", "llm-ckpt verify", "llm-ckpt inspect", "llm-ckpt convert",
     "llm-ckpt import-hf", "llm-ckpt prune", "llm-log", "ssh node1",
 ]  # fmt: skip
@@ -69,6 +71,8 @@ ORDER = [
 # refused as existing, which is the documented behaviour, not what the snippet shows).
 CLEAN_BEFORE = {
     "llm-mix data/a": ["mix.json"],
+    "llm-prep merge 'data/web-": [f"data/web_text_document{s}" for s in (".bin", ".idx", ".json")],
+    "llm-mix 'shards": ["out/mix.json"],
     "llm-prep hf2bin 'pq": [
         "data/web_text_document.bin",
         "data/web_text_document.idx",
@@ -210,6 +214,44 @@ def setup_middle(d: Path) -> None:
     (d / "train.log").write_text((FIXTURES / "metrics.jsonl").read_text())
 
 
+def web_shards(d: Path) -> None:
+    """The shard example writes shard 3 of 64 over @files.txt; the merge example needs all 64: the other 63
+    are made here by the library (one process; with a few inputs most shards are empty, as allowed)."""
+    (d / "files.txt").write_text(
+        "".join(f"data/raw/{p.name}\n" for p in sorted((d / "data" / "raw").glob("*.jsonl")))
+    )
+    others = (
+        "from llmtools.formats.pathlists import expand_lists; from llmtools.prep.json2bin import json2bin; "
+        "from llmtools.prep.shards import parse_shard\n"
+        "for i in range(64):\n"
+        "    if i != 3:\n"
+        "        json2bin(expand_lists(['@files.txt']), 'tok/', 'data/web', append_eod=True, progress=False,"
+        " shard=parse_shard(f'{i}/64'))\n"
+    )
+    proc = subprocess.run([str(BIN / "python"), "-c", others], cwd=d, env=contract_env(), capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+
+
+def megatron_inputs(d: Path) -> None:
+    """What Megatron's pasted command lines read: a corpus with text and title, GPT-2's files under
+    Megatron's names."""
+    _jsonl(d / "owt.jsonl", [{"text": f"open web text {i}", "title": f"page {i}"} for i in range(40)])
+    _jsonl(d / "c4.jsonl", [{"text": f"c4 document {i}: " + "words " * (i % 9)} for i in range(40)])
+    gpt2 = SHARED_DATA / "tokenizers" / "gpt2"
+    shutil.copy(gpt2 / "vocab.json", d / "gpt2-vocab.json")
+    shutil.copy(gpt2 / "merges.txt", d / "gpt2-merges.txt")
+
+
+def many_shards(d: Path) -> None:
+    """llm-mix over a glob of shard datasets."""
+    (d / "shards").mkdir(exist_ok=True)
+    for name in ("wiki", "code"):
+        for suffix in (".bin", ".idx", ".json"):
+            shutil.copy(
+                d / "data" / f"{name}_text_document{suffix}", d / "shards" / f"{name}_text_document{suffix}"
+            )
+
+
 def dpo_start(d: Path) -> None:
     """What the preference examples read and no example writes: the pairs, an HF preference dataset, and
     the fine-tuned model they start from (runs/tiny-sft: the tiny preset with random weights, an HF folder)."""
@@ -281,7 +323,10 @@ def examples_run(tmp_path_factory):
     results: dict[str, tuple] = {}
     stages = {
         "llm-mix data/wiki": setup_middle,
+        "llm-prep json2bin @files.txt": web_shards,
+        "llm-prep json2bin --input": megatron_inputs,
         "llm-export": after_mix,
+        "llm-mix 'shards": many_shards,
         "llm-prep pref": dpo_start,
         "llm-ckpt list": trained_run,
     }
