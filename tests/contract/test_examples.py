@@ -238,8 +238,8 @@ def megatron_inputs(d: Path) -> None:
     _jsonl(d / "owt.jsonl", [{"text": f"open web text {i}", "title": f"page {i}"} for i in range(40)])
     _jsonl(d / "c4.jsonl", [{"text": f"c4 document {i}: " + "words " * (i % 9)} for i in range(40)])
     gpt2 = SHARED_DATA / "tokenizers" / "gpt2"
-    shutil.copy(gpt2 / "vocab.json", d / "gpt2-vocab.json")
-    shutil.copy(gpt2 / "merges.txt", d / "gpt2-merges.txt")
+    shutil.copyfile(gpt2 / "vocab.json", d / "gpt2-vocab.json")  # not the read-only mode of the shared copy
+    shutil.copyfile(gpt2 / "merges.txt", d / "gpt2-merges.txt")
 
 
 def many_shards(d: Path) -> None:
