@@ -204,12 +204,13 @@ def convert_(
     world_size: int = typer.Option(
         None, "--world-size", help="With --to universal: the world size you will resume with (any works)."
     ),
-    force: bool = typer.Option(False, "--force", help="Replace the output if it exists."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier output of llmtools."),
     adapter_only: bool = typer.Option(
         False, "--adapter-only", help="LoRA runs, --to hf: write only the adapter, in peft's format."
     ),
 ) -> None:
     from llmtools.ckpt.convert import ConvertConfig, convert
+    from llmtools.cli.outputs import claim, input_paths
 
     config = ConvertConfig(
         checkpoint=checkpoint,
@@ -223,6 +224,7 @@ def convert_(
         force=force,
         adapter_only=adapter_only,
     )
+    claim([output], inputs=input_paths([checkpoint, tokenizer]), force=force)
     emit(str(convert(config)))
 
 
@@ -243,12 +245,14 @@ Examples:
 def import_hf_(
     hf_dir: Path = typer.Argument(..., help="A Hugging Face model folder (config.json + safetensors)."),
     output: Path = typer.Option(..., "-o", "--output", help="The checkpoint folder to write."),
-    force: bool = typer.Option(False, "--force", help="Replace the output if it exists."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier output of llmtools."),
 ) -> None:
     from llmtools.ckpt.convert import import_hf
+    from llmtools.cli.outputs import claim
 
     if not hf_dir.is_dir():
         raise InputError(f"{hf_dir}: not a folder")
+    claim([output], inputs=[hf_dir], force=force)
     emit(str(import_hf(hf_dir, output, force=force)))
 
 

@@ -121,12 +121,14 @@ def mix(
     surplus: float = typer.Option(
         0.005, "--surplus", metavar="S", help="Megatron's mid_level_dataset_surplus."
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
+    force: bool = typer.Option(False, "--force", help="Replace earlier outputs of llmtools."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
 ) -> None:
+    from llmtools.cli.outputs import claim
     from llmtools.data import mix as lib
     from llmtools.errors import UsageError
-    from llmtools.fsutil import check_writable
+    from llmtools.formats.indexed import strip_suffix
+    from llmtools.formats.outputs import marker_path
 
     if output is None and not explain:
         raise UsageError("-o/--output mix.json is required (or --explain for a dry run)")
@@ -176,8 +178,13 @@ def mix(
     )
     outputs = [output] if output else []
     if materialize:
-        outputs += [Path(f"{materialize}.bin"), Path(f"{materialize}.idx")]
-    check_writable(outputs, force)
+        written_prefix = [Path(f"{materialize}{suffix}") for suffix in (".bin", ".idx", ".json")]
+        outputs += [*written_prefix, *map(marker_path, written_prefix[:2])]
+    blends = [blend, *per_split.values()]
+    sources = [strip_suffix(p) for b in blends if b is not None for p in b.prefixes]
+    claim(
+        outputs, inputs=[f"{p}{suffix}" for p in sources for suffix in (".bin", ".idx", ".json")], force=force
+    )
 
     plan = lib.build_plan(config)
     for note in plan.notes:

@@ -82,11 +82,14 @@ def json2bin_cmd(
         False, "--skip-bad", help="Skip bad lines and files, counting them by kind, instead of stopping."
     ),
     force: bool = typer.Option(
-        False, "--force", help="Overwrite existing outputs (and remove a killed run's .tmp-* leftovers)."
+        False,
+        "--force",
+        help="Replace earlier outputs of llmtools (and remove a killed run's .tmp-* leftovers).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary on stderr."),
 ) -> None:
+    from llmtools.cli.outputs import claim, input_paths
     from llmtools.prep.json2bin import Json2BinConfig, json2bin
 
     keys = _keys(json_keys)
@@ -103,6 +106,7 @@ def json2bin_cmd(
         force=force,
         progress=False if quiet else None,
     )
+    claim(config.outputs(), inputs=input_paths([*inputs, tokenizer]), force=force)
     result = json2bin(config=config)
     report("llm-prep json2bin", result, as_json, quiet)
 
@@ -205,10 +209,11 @@ def tokenizer_train_cmd(
     special_token: list[str] = typer.Option([], "--special-token", help="More special tokens (repeatable)."),
     min_frequency: int = typer.Option(2, "--min-frequency", help="Minimum pair frequency for a merge."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip bad lines instead of stopping."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier tokenizer written by llmtools."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of the path."),
 ) -> None:
-    from llmtools.prep.tokenizer_train import TrainConfig, train_tokenizer
+    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.prep.tokenizer_train import TrainConfig, outputs, train_tokenizer
 
     keys = _keys(json_keys)
     config = TrainConfig(
@@ -218,6 +223,7 @@ def tokenizer_train_cmd(
         min_frequency=min_frequency,
         json_keys=keys,
     )
+    claim(outputs(output), inputs=input_paths(inputs), force=force)
     summary = train_tokenizer(inputs, output, config, force=force, skip_bad=skip_bad)
     log(
         f"llm-prep tokenizer train: vocab {summary['vocab_size']}, EOD {summary['eod_token']!r} = {summary['eod_id']}"
@@ -245,10 +251,15 @@ def sample_corpus_cmd(
     style: list[str] = typer.Option(
         ["stories", "arith"], "--style", help="stories and/or arith (repeatable)."
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
+    force: bool = typer.Option(
+        False, "--force", help="Replace an earlier sample corpus written by llmtools."
+    ),
 ) -> None:
-    from llmtools.prep.sample_corpus import write_sample_corpus
+    from llmtools.cli.outputs import claim
+    from llmtools.formats.outputs import marker_path
+    from llmtools.prep.sample_corpus import corpus_paths, write_sample_corpus
 
+    claim([p for path in corpus_paths(output, style) for p in (path, marker_path(path))], force=force)
     for path in write_sample_corpus(output, docs=docs, seed=seed, styles=style, force=force):
         emit(str(path))
 

@@ -77,6 +77,12 @@ def train(
         help="Start from these weights (a Hugging Face folder, or one of our checkpoints or run folders): "
         "the same as --set model.init_from=DIR.",
     ),
+    rollback: bool = typer.Option(
+        False,
+        "--rollback",
+        help="With --resume STEP|PATH|latest older than the run's newest checkpoint: move the newer "
+        "checkpoints into RUN/checkpoints/abandoned-<time>/ (never deleted) and continue from STEP.",
+    ),
     reset_data: bool = typer.Option(
         False,
         "--reset-data",
@@ -85,7 +91,12 @@ def train(
     tensorboard: bool = typer.Option(
         False, "--tensorboard", help="Also write TensorBoard events to RUN/tensorboard/."
     ),
-    force: bool = typer.Option(False, "--force", help="Start over in a run folder that already holds a run."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Start over in a run folder that already holds a run of llmtools (its metrics, config and "
+        "checkpoints are removed; nothing else).",
+    ),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Check everything, print the resolved DeepSpeed config, train nothing."
     ),
@@ -105,11 +116,17 @@ def train(
         from llmtools.errors import UsageError
 
         raise UsageError("--reset-data: only with --resume (it restarts the data of a resumed run)")
+    if rollback and (resume is None or resume.strip() == "auto"):
+        from llmtools.errors import UsageError
+
+        raise UsageError("--rollback: only with --resume STEP, PATH or latest (auto always takes the newest)")
     if init_from is not None:  # a spelled-out flag for the most common override
         set_ = [*set_, f"model.init_from={init_from}"]
     cfg = load_train_config(config, set_)
     ds_raw = load_ds_config(deepspeed)
     run_dir = output or Path("runs") / config.stem
+    if resume is None and not dry_run:
+        _claim_run_dir(run_dir, [config, deepspeed], cfg, force)
     if dry_run:
         from llmtools.train.distributed import detect_environment
         from llmtools.train.plan import make_plan
@@ -148,6 +165,7 @@ def train(
                 resume=resume,
                 force=force,
                 reset_data=reset_data,
+                rollback=rollback,
             ),
         )
     finally:
@@ -171,6 +189,24 @@ def train(
         emit(str(result.run_dir / "metrics.jsonl"))
         if result.checkpoint:
             emit(str(result.checkpoint))
+
+
+def _claim_run_dir(run_dir: Path, given: list[Path], cfg, force: bool) -> None:
+    """A new run writes (and --force first removes) a run folder's metrics, config and checkpoints: only
+    over an earlier run of ours, never over an input. Without --force an earlier run of ours is left to
+    prepare_run_dir, whose refusal says how to continue it."""
+    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.formats.indexed import strip_suffix
+    from llmtools.formats.outputs import RUN_FOLDER_ENTRIES, not_ours
+
+    data = cfg.data
+    prefixes = [strip_suffix(p) for p in (data.prefixes or [])]
+    inputs = [*given, data.mix, cfg.model.init_from]
+    inputs += [f"{p}{suffix}" for p in prefixes for suffix in (".bin", ".idx", ".json")]
+    entries = [run_dir / name for name in RUN_FOLDER_ENTRIES]
+    if not force:
+        entries = [path for path in entries if not_ours(path)]
+    claim(entries, inputs=input_paths(inputs), force=force)
 
 
 def main() -> None:

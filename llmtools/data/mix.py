@@ -808,4 +808,9 @@ def materialize(
     written = [bin_path(prefix), idx_path(prefix)]
     if tok is not None:  # without a known tokenizer the file is like one Megatron wrote: no sidecar
         written.append(write_sidecar(prefix, sidecar))
+    else:  # ...but markers say llmtools wrote it (--force may replace it)
+        from llmtools.formats.outputs import write_marker
+
+        for path in written[:2]:
+            write_marker(path, "llm-mix --materialize", mix=str(mix_path) if mix_path else None)
     return written

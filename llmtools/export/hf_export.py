@@ -544,6 +544,24 @@ class _Detokenizer:
         return pa.array(texts, type=pa.string())
 
 
+def input_files(config: ExportConfig) -> list[Path]:
+    """What an export reads: the prefix's files, or the mix.json, its cache and its sources' files."""
+    from llmtools.formats.mix import read_mix
+
+    if not config.is_mix:
+        prefix = strip_suffix(config.source)
+        return [Path(f"{prefix}{suffix}") for suffix in (".bin", ".idx", ".json")]
+    mix_path = Path(config.source)
+    mix = read_mix(mix_path)
+    found = [mix_path]
+    for names in (mix["cache"].get("files") or {}).values():
+        found += [mix_path.parent / str(name) for name in (names.values() if isinstance(names, dict) else [])]
+    for source in mix["sources"]:
+        prefix = strip_suffix(source["prefix"])
+        found += [Path(f"{prefix}{suffix}") for suffix in (".bin", ".idx", ".json")]
+    return found
+
+
 def open_source(config: ExportConfig):
     """The row source for ``config`` and the source's provenance (sidecar / mix.json)."""
     if config.is_mix:

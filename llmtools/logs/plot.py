@@ -13,6 +13,7 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmtools import __version__
 from llmtools.errors import InputError, UsageError
 from llmtools.fsutil import check_writable, commit_file, tmp_sibling
 from llmtools.logs.analysis import SpikeDetector
@@ -181,7 +182,8 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
     fig.tight_layout()
     tmp = tmp_sibling(config.output, suffix=".png")
     try:
-        fig.savefig(tmp, format="png")
+        # The Software text chunk marks the PNG as ours: what `llm-log plot --force` may replace.
+        fig.savefig(tmp, format="png", metadata={"Software": f"llmtools {__version__} (llm-log plot)"})
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; a plot is for sharing

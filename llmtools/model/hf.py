@@ -300,7 +300,8 @@ def write_safetensors(path: Path, shard: list[tuple]) -> None:
 
     Header from the planned shapes, then each tensor's bytes as it is loaded (the safetensors
     layout: u64 little-endian header length, JSON header padded to 8 bytes, contiguous data)."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    # "producer" lets llmtools recognise its own files (what --force may replace); loaders ignore it.
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", "producer": "llmtools"}}
     offset = 0
     for name, shape, dtype, nbytes, _ in shard:
         header[name] = {

@@ -97,6 +97,14 @@ class Json2BinConfig:
     def prefix_for(self, key: str) -> str:
         return f"{self.output_prefix}_{key}_document"
 
+    def outputs(self) -> list:
+        """Every file this run writes: ``.bin``, ``.idx`` and sidecar per key."""
+        from llmtools.formats.indexed import bin_path, idx_path
+        from llmtools.formats.sidecar import sidecar_path
+
+        prefixes = [self.prefix_for(key) for key in self.json_keys]
+        return [f(p) for p in prefixes for f in (bin_path, idx_path, sidecar_path)]
+
 
 def _remove_stale_temporaries(outputs) -> None:
     """With --force: the ``NAME.tmp-*`` leftovers of an earlier killed run for these outputs go too."""
@@ -369,13 +377,9 @@ def json2bin(
             inputs=tuple(inputs or ()), tokenizer=str(tokenizer), output_prefix=str(output_prefix), **options
         )
     from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, dtype_for_vocab, idx_path
-    from llmtools.formats.sidecar import sidecar_path
     from llmtools.fsutil import check_writable
 
-    outputs = []
-    for key in config.json_keys:
-        prefix = config.prefix_for(key)
-        outputs += [bin_path(prefix), idx_path(prefix), sidecar_path(prefix)]
+    outputs = config.outputs()
     check_writable(outputs, config.force)
     if config.force:
         _remove_stale_temporaries(outputs)

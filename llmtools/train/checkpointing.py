@@ -23,15 +23,24 @@ def save(manager, engine, step: int, client_state: dict[str, Any]) -> Path:
     return manager.save(engine, step, client_state)
 
 
-def resume(manager, engine, spec: str | None, *, model: dict | None = None, tokenizer: dict | None = None):
+def resume(
+    manager,
+    engine,
+    spec: str | None,
+    *,
+    model: dict | None = None,
+    tokenizer: dict | None = None,
+    rollback: bool = False,
+):
     """Load the checkpoint ``spec`` names (auto|latest|STEP|PATH) into ``engine``.
 
     Returns ``(path, client_state)``, or ``(None, None)`` when there is nothing to resume (``auto`` on a
-    fresh run folder). A checkpoint whose model shape or tokenizer differ from this run is refused.
+    fresh run folder). A checkpoint whose model shape or tokenizer differ from this run is refused; one
+    older than the run's newest complete checkpoint needs ``rollback`` (the newer ones are moved aside).
     """
     if spec is None:
         return None, None
-    path = manager.resolve(spec)
+    path = manager.resolve(spec, rollback=rollback)
     if path is None:
         if spec == "auto":
             return None, None

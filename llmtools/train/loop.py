@@ -50,6 +50,7 @@ class RunOptions:
     on_step: Callable[[int, float], None] | None = None
     """Called on every rank after each step with (step, loss); for benchmarks and embedding programs."""
     reset_data: bool = False  # llm-ckpt (issue 6): continue step count and schedule, restart the data
+    rollback: bool = False  # resuming from an older checkpoint moves the newer ones aside
 
 
 @dataclass
@@ -89,7 +90,7 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
     # Every check before any compute, before torch is even imported (a bad config fails in about a second)
     # and before the process group exists (so it fails on every rank alike).
     plan = make_plan(config, ds_raw, world_size=world, cpu=False, ds_source=options.ds_source)
-    prepare_run_dir(options.run_dir, options.resume, options.force, rank)
+    prepare_run_dir(options.run_dir, options.resume, options.force, rank, rollback=options.rollback)
     import torch
 
     if not torch.cuda.is_available():
@@ -202,7 +203,7 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
     model_identity = plan.model_config.to_dict()
     start_step, consumed_samples, consumed_tokens = 0, 0, 0
     path, client_state = checkpointing.resume(
-        manager, engine, options.resume, model=model_identity, tokenizer=plan.tokenizer
+        manager, engine, options.resume, model=model_identity, tokenizer=plan.tokenizer, rollback=options.rollback
     )
     metrics = build_metrics_logger(run_dir, rank, tensorboard=options.tensorboard or cfg.logging.tensorboard)
     if client_state:

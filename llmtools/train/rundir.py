@@ -6,15 +6,24 @@ import json
 from pathlib import Path
 
 from llmtools.errors import UsageError
+from llmtools.formats.outputs import RUN_CONFIG_HEADER, RUN_FOLDER_ENTRIES
 from llmtools.fsutil import write_text_atomic
 from llmtools.train.plan import TrainPlan
 
 
-def prepare_run_dir(run_dir: Path, resume: str | None, force: bool, rank: int = 0) -> None:
-    """Refuse to train over an existing run unless resuming (or --force, which starts over: rank 0 clears).
+def prepare_run_dir(
+    run_dir: Path, resume: str | None, force: bool, rank: int = 0, rollback: bool = False
+) -> None:
+    """Refuse to train over an existing run unless resuming (or --force, which starts over: rank 0 clears
+    :data:`RUN_FOLDER_ENTRIES`); refuse to resume from a checkpoint older than the run's newest one without
+    ``rollback``.
 
     Every rank checks, so a refusal stops every rank alike (no rank is left waiting for the others).
     """
+    if resume is not None:
+        from llmtools.ckpt.manager import CheckpointManager
+
+        CheckpointManager(run_dir).check_rollback(resume, rollback)
     if force and rank != 0:
         return
     existing = [run_dir / name for name in ("metrics.jsonl", "checkpoints") if (run_dir / name).exists()]
@@ -26,10 +35,12 @@ def prepare_run_dir(run_dir: Path, resume: str | None, force: bool, rank: int = 
             )
         import shutil
 
-        for name in ("metrics.jsonl", "config.yaml", "ds_config.json"):
-            (run_dir / name).unlink(missing_ok=True)
-        for name in ("checkpoints", "tensorboard"):
-            shutil.rmtree(run_dir / name, ignore_errors=True)
+        for name in RUN_FOLDER_ENTRIES:
+            path = run_dir / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
 
 def write_resolved(plan: TrainPlan, run_dir: Path) -> None:
@@ -54,6 +65,6 @@ def write_resolved(plan: TrainPlan, run_dir: Path) -> None:
         "tokenizer": plan.tokenizer,
         "config_hash": plan.config.fingerprint(),
     }
-    header = f"# written by llm-train from {plan.config.source}; every default filled in\n"
+    header = f"{RUN_CONFIG_HEADER} from {plan.config.source}; every default filled in\n"
     write_text_atomic(run_dir / "config.yaml", header + yaml.safe_dump(resolved, sort_keys=False))
     write_text_atomic(run_dir / "ds_config.json", json.dumps(plan.ds_config, indent=2) + "\n")

@@ -1,0 +1,96 @@
+"""The one decision on what a command may write, and what ``--force`` may replace.
+
+Every command that writes calls :func:`claim` with its outputs and its inputs before doing any work::
+
+    claim([prefix + ".bin", prefix + ".idx", prefix + ".json"], inputs=input_files, force=force)
+
+It refuses (:class:`~llmtools.errors.UsageError`, exit 2, nothing touched, the message naming the path and
+why) an output that
+
+* is an input, contains an input, or lies inside an input folder (whatever ``--force`` says);
+* exists and is not an earlier output of ours, even with ``--force`` (a file without our mark, a
+  non-empty folder we did not write: :func:`llmtools.formats.outputs.not_ours`);
+* exists, without ``--force``.
+
+An empty folder may be written into without ``--force``: it holds nothing to lose.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from llmtools.errors import UsageError
+from llmtools.formats.outputs import not_ours
+
+PathLike = str | os.PathLike
+
+
+def _real(path: PathLike) -> Path:
+    return Path(os.path.realpath(os.path.abspath(path)))
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def overlap(output: PathLike, inputs: Iterable[PathLike]) -> str | None:
+    """Why ``output`` may not be written given ``inputs`` (None when they are apart)."""
+    out = _real(output)
+    for given in inputs:
+        if str(given) in ("", "-"):
+            continue
+        source = _real(given)
+        if out == source:
+            return f"it is the input {given}"
+        if _within(source, out):
+            return f"it contains the input {given}"
+        if _within(out, source):
+            return f"it lies inside the input {given}"
+    return None
+
+
+def claim(
+    outputs: Iterable[PathLike], inputs: Iterable[PathLike] = (), force: bool = False, adds: bool = False
+) -> None:
+    """Refuse (UsageError naming the path and why) any output this command may not write; see the module.
+
+    ``adds``: the command adds to an existing output and replaces only files of its own in it
+    (``llm-log tb``'s log folder): only the overlap with the inputs is checked.
+    """
+    inputs = [p for p in inputs if p is not None]
+    for output in outputs:
+        output = Path(output)
+        why = overlap(output, inputs)
+        if why:
+            raise UsageError(f"{output}: refusing to write there: {why} (pick another output)")
+        if adds or not os.path.lexists(output) or (output.is_dir() and not output.is_symlink() and _empty(output)):
+            continue
+        why = not_ours(output)
+        if why:
+            raise UsageError(
+                f"{output}: already exists and is {why}; --force replaces only earlier llmtools outputs: "
+                "remove it yourself or pick another output"
+            )
+        if not force:
+            raise UsageError(f"{output}: already exists (use --force to replace it)")
+
+
+def input_paths(specs: Iterable[PathLike | None]) -> list[str]:
+    """The paths a command's input arguments name (globs expanded; ``-`` and None dropped), for
+    :func:`claim`'s overlap check. Missing paths stay as given: the command reports them itself."""
+    import glob
+
+    found: list[str] = []
+    for spec in specs:
+        if spec is None or str(spec) in ("", "-"):
+            continue
+        text = str(spec)
+        matches = glob.glob(text, recursive=True) if glob.has_magic(text) and not os.path.exists(text) else []
+        found += matches or [text]
+    return found
+
+
+def _empty(folder: Path) -> bool:
+    return not any(folder.iterdir())
