@@ -35,8 +35,9 @@ def _within(inner: Path, outer: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
-def overlap(output: PathLike, inputs: Iterable[PathLike]) -> str | None:
-    """Why ``output`` may not be written given ``inputs`` (None when they are apart)."""
+def overlap(output: PathLike, inputs: Iterable[PathLike], adds: bool = False) -> str | None:
+    """Why ``output`` may not be written given ``inputs`` (None when they are apart). An output that is
+    only added to (``adds``) may contain inputs: nothing of theirs is replaced."""
     out = _real(output)
     for given in inputs:
         if str(given) in ("", "-"):
@@ -44,7 +45,7 @@ def overlap(output: PathLike, inputs: Iterable[PathLike]) -> str | None:
         source = _real(given)
         if out == source:
             return f"it is the input {given}"
-        if _within(source, out):
+        if _within(source, out) and not adds:
             return f"it contains the input {given}"
         if _within(out, source):
             return f"it lies inside the input {given}"
@@ -62,7 +63,7 @@ def claim(
     inputs = [p for p in inputs if p is not None]
     for output in outputs:
         output = Path(output)
-        why = overlap(output, inputs)
+        why = overlap(output, inputs, adds)
         if why:
             raise UsageError(f"{output}: refusing to write there: {why} (pick another output)")
         if adds or not os.path.lexists(output) or (output.is_dir() and not output.is_symlink() and _empty(output)):
@@ -74,7 +75,7 @@ def claim(
                 "remove it yourself or pick another output"
             )
         if not force:
-            raise UsageError(f"{output}: already exists (use --force to replace it)")
+            raise UsageError(f"{output}: already exists (use --force to overwrite)")
 
 
 def input_paths(specs: Iterable[PathLike | None]) -> list[str]:

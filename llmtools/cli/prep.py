@@ -114,7 +114,8 @@ def json2bin_cmd(
 INSPECT_HELP = """Summarize and validate a .bin/.idx pair: counts, dtype, tokens, document-length statistics.
 
 The index is checked against itself and against the .bin (bad magic, truncated files, inconsistent
-pointers, token ids outside the sidecar's vocabulary): a problem exits 2 naming the file and byte.
+pointers: on open, as every command does), then every token id against the sidecar's vocabulary: a
+problem exits 2 naming the file and byte.
 
 \b
 Examples:
@@ -127,7 +128,9 @@ Examples:
 def inspect_cmd(
     prefix: str = typer.Argument(..., help="Dataset prefix (foo, foo.bin or foo.idx)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
-    no_validate: bool = typer.Option(False, "--no-validate", help="Skip the full O(n) consistency check."),
+    no_validate: bool = typer.Option(
+        False, "--no-validate", help="Skip the O(tokens) checks (the index itself is always checked)."
+    ),
 ) -> None:
     from llmtools.prep.inspect import format_report, inspect_prefix
 

@@ -208,9 +208,7 @@ def open_source(prefix: str, base: Path | None = None) -> Source:
     )
     if not Path(f"{chosen}.idx").exists() and not Path(f"{chosen}.bin").exists():
         raise InputError(f"{given}: no such dataset (expected {given}.bin and {given}.idx)")
-    reader = IndexedDatasetReader(chosen)
-    if reader.num_sequences and int(reader.sequence_lengths.min()) < 0:
-        reader.validate()  # names the bad place
+    reader = IndexedDatasetReader(chosen)  # validated on open
     if reader.num_tokens == 0:
         raise InputError(
             f"{reader.idx_file}: the dataset is empty (0 tokens in {reader.num_documents} documents)"
