@@ -290,15 +290,13 @@ class CheckpointManager:
         return later
 
     def check_rollback(self, spec: str | None, rollback: bool) -> None:
-        """Refuse (UsageError, before any compute) to resume from an older checkpoint without ``rollback``."""
-        if spec is None or spec.strip() == "auto" or rollback:
+        """Before any compute: refuse a ``--resume`` that names no checkpoint (a ``latest`` pointing out of
+        the run, a missing step), or an older checkpoint without ``rollback`` (UsageError)."""
+        if spec is None or spec.strip() == "auto":
             return
-        try:
-            path = self.target(spec)
-        except InputError:
-            return  # reported, with the same words, when the checkpoint is resolved
+        path = self.target(spec)
         later = self.later_than(path)
-        if later:
+        if later and not rollback:
             raise self._rollback_refusal(path, later)
 
     def _rollback_refusal(self, path: Path, later: list[tuple[int, Path]]) -> UsageError:

@@ -45,7 +45,7 @@ from llmtools.errors import InputError, RuntimeFailure, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
 from llmtools.formats.mix import FORMAT, VERSION, read_mix, write_mix
 from llmtools.formats.sidecar import read_sidecar
-from llmtools.fsutil import atomic_file
+from llmtools.fsutil import atomic_file, inside
 
 MEGATRON_SEMANTICS = (
     "megatron-core 0.16 (core_v0.16.1): per-dataset samples ceil(ceil(size*w)*(1+surplus)), "
@@ -658,12 +658,12 @@ def save_plan(plan: MixPlan, output: str | os.PathLike) -> list[Path]:
 
 def load_split_arrays(mix: dict, path: Path, split: str) -> dict[str, np.ndarray] | None:
     """Memory-map one split's cached arrays; None when any file is missing or unreadable."""
-    files = mix["cache"].get("files", {}).get(split)
+    files = (mix["cache"].get("files") or {}).get(split)
     if not isinstance(files, dict):
         return None
     arrays = {}
     for key, name in files.items():
-        file = path.parent / name
+        file = inside(path.parent, name, f"{path}[cache.files.{split}.{key}]")  # never outside the folder
         if not file.exists():
             return None
         try:
