@@ -59,9 +59,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("deepspeed.utils.tensor_fragment", "fragment_address"): "ZeRO 1-2 optimizer states: (numel, start)",
 }
 
-# Globals pickle protocol 2 spells with Python 2 names; pickle's own find_class maps them the same way.
-_PY2_NAMES = {("__builtin__", "set"): ("builtins", "set")}
-
 
 class UnsafeFileError(InputError):
     """A ``.pt`` file names a global outside :data:`ALLOWED`; nothing it names was looked up."""
@@ -75,11 +72,17 @@ class UnsafeFileError(InputError):
 
 
 def allowed_name(path: str | os.PathLike, module: str, name: str) -> tuple[str, str]:
-    """``(module, name)`` normalised, or :class:`UnsafeFileError` when it is not in :data:`ALLOWED`."""
-    key = _PY2_NAMES.get((module, name), (module, name))
-    if key not in ALLOWED:
+    """``(module, name)`` with Python 2 names mapped as pickle maps them (protocol 2 writes
+    ``__builtin__``), or :class:`UnsafeFileError` when it is not in :data:`ALLOWED`."""
+    import _compat_pickle
+
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+    elif module in _compat_pickle.IMPORT_MAPPING:
+        module = _compat_pickle.IMPORT_MAPPING[module]
+    if (module, name) not in ALLOWED:
         raise UnsafeFileError(path, module, name)
-    return key
+    return module, name
 
 
 def latin1_encode(text: str, encoding: str = "latin1") -> bytes:
