@@ -23,7 +23,7 @@ def list_run(run: str | Path, checksums: bool = True) -> list[dict[str, Any]]:
     latest = layout.read_latest(ckpt_dir)
     rows = []
     for step, path in layout.list_checkpoints(ckpt_dir):
-        report = verify(path, checksums=checksums, shapes=False)
+        report = verify(path, checksums=checksums, shapes=False, found_in=ckpt_dir)
         meta = report.meta or {}
         created = meta.get("time")
         rows.append(

@@ -191,11 +191,7 @@ class CheckpointManager:
         (:class:`~llmtools.ckpt.safeload.UnsafeFileError`), since someone put it there on purpose.
         """
         for _step, path in reversed(self.checkpoints()):
-            if not layout.stays_inside(self.ckpt_dir, path):
-                if warn:
-                    self.warn(f"skipping checkpoint {path}: a symlink out of {self.ckpt_dir}")
-                continue
-            report = verify(path)
+            report = verify(path, found_in=self.ckpt_dir)
             if report.unsafe is not None:
                 raise report.unsafe
             if report.ok:

@@ -185,11 +185,14 @@ def param_shapes_from_model_states(path: Path, state: dict | None = None) -> dic
     return shapes
 
 
-def verify(path: str | Path, checksums: bool = True, shapes: bool = True) -> Report:
+def verify(
+    path: str | Path, checksums: bool = True, shapes: bool = True, found_in: Path | None = None
+) -> Report:
     """Check a checkpoint folder. ``checksums=False`` checks sizes only (fast for listing).
 
     The pickles of every ``.pt`` file are checked against the allowlist in every mode (it reads only
-    their small ``data.pkl``, never tensor data).
+    their small ``data.pkl``, never tensor data). ``found_in``: the checkpoints folder ``path`` was found
+    in by listing it; a symlink from there to a folder elsewhere is a problem.
     """
     from llmtools.ckpt.safeload import UnsafeFileError, check_file
 
@@ -197,6 +200,9 @@ def verify(path: str | Path, checksums: bool = True, shapes: bool = True) -> Rep
     report = Report(path)
     if not path.is_dir():
         report.problems.append(f"{path}: not a folder")
+        return report
+    if found_in is not None and not layout.stays_inside(found_in, path):
+        report.problems.append(f"{path}: a symlink out of {found_in} (to {path.resolve()}); refused")
         return report
     try:
         report.meta = read_meta(path)

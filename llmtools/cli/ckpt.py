@@ -48,8 +48,12 @@ def list_(
         log(f"{run_dir}: no checkpoints yet")
 
 
-VERIFY_HELP = """Verify a checkpoint: meta.json, file sizes and sha256 checksums, parameter shapes.
+VERIFY_HELP = """Verify a checkpoint: meta.json, file sizes and sha256 checksums, parameter shapes,
+and that it is safe to load.
 
+The files meta.json lists must be exactly those in the folder (none outside it, no symlink out,
+none unlisted), and every .pt file may name only the types llmtools checkpoints hold (checked without
+loading it): a checkpoint that verifies is safe to resume from, convert or inspect.
 Exit 0 and print the path when it is intact; exit 2 naming what is wrong otherwise. Given a run
 folder, every checkpoint in it is verified (exit 2 if any fails).
 
@@ -77,12 +81,13 @@ def verify_(
         or layout.is_checkpoint(path)
         or layout.model_states_file(path).is_file()
     ):
-        targets = [path]
+        reports = [verify(path)]
     else:
-        targets = [p for _, p in layout.list_checkpoints(layout.ckpt_dir_of(path))]
+        ckpt_dir = layout.ckpt_dir_of(path)
+        targets = [p for _, p in layout.list_checkpoints(ckpt_dir)]
         if not targets:
             raise InputError(f"{path}: neither a checkpoint nor a run folder with checkpoints")
-    reports = [verify(target) for target in targets]
+        reports = [verify(target, found_in=ckpt_dir) for target in targets]
     for report in reports:
         if as_json:
             emit(json.dumps({"path": str(report.path), "ok": report.ok, "problems": report.problems}))

@@ -34,7 +34,9 @@ def _bf16_engine(zero: int):
 
 def _bf16_step(engine) -> None:
     for micro in range(worker.GLOBAL_BATCH // worker.MICRO_BATCH):
-        xs, ys = zip(*(worker.sample(micro * worker.MICRO_BATCH + j) for j in range(worker.MICRO_BATCH)))
+        xs, ys = zip(
+            *(worker.sample(micro * worker.MICRO_BATCH + j) for j in range(worker.MICRO_BATCH)), strict=True
+        )
         out = engine(torch.stack(xs).bfloat16())
         loss = torch.nn.functional.mse_loss(out.float(), torch.stack(ys))
         engine.backward(loss)
