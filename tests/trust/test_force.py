@@ -1,0 +1,155 @@
+"""``--force`` replaces an earlier output of ours and nothing else, in every command that writes.
+
+The cases the issue names run as real processes; the same rule in each of the other commands runs through
+their real ``main`` in this process (arguments, the helper and the error mapping included), which is
+enough to show each command asks the one helper (:func:`llmtools.cli.outputs.claim`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.conftest import run_cli_inproc
+from tests.trust.conftest import cli, error_line, snapshot
+
+STEP4 = "checkpoints/step_00000004"
+
+
+def inproc(capsys, monkeypatch, command, *args):
+    return run_cli_inproc(capsys, monkeypatch, command, *args)
+
+
+def refused(proc, *needles) -> str:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = error_line(proc)
+    for needle in needles:
+        assert needle in line, line
+    return line
+
+
+# -------------------------------------------------------------------------- the issue's cases, as processes
+def test_convert_into_the_run_or_its_checkpoints_is_refused(run, env):
+    before = snapshot(run)
+    refused(cli("ckpt", "convert", run, "--to", "hf", "-o", run, "--force", env=env), "it is the input")
+    proc = cli("ckpt", "convert", run, "--to", "hf", "-o", run / "checkpoints", "--force", env=env)
+    refused(proc, "lies inside the input")
+    assert snapshot(run) == before
+
+
+def test_export_into_the_folder_holding_its_input_is_refused(trust_data, env, tmp_path):
+    folder = tmp_path / "data"
+    shutil.copytree(trust_data["folder"], folder)
+    before = snapshot(folder)
+    proc = cli("export", "hf", folder / "shk_text_document", "-o", folder, "--force", env=env)
+    refused(proc, "contains the input", "shk_text_document")
+    assert snapshot(folder) == before
+
+
+def test_import_hf_into_a_folder_of_someone_elses_files_is_refused(run, env, tmp_path):
+    hf = tmp_path / "hf"
+    assert cli("ckpt", "convert", run / STEP4, "--to", "hf", "-o", hf, env=env).returncode == 0
+    theirs = tmp_path / "project"
+    theirs.mkdir()
+    (theirs / "notes.md").write_text("mine")
+    proc = cli("ckpt", "import-hf", hf, "-o", theirs, "--force", env=env)
+    refused(proc, "non-empty folder llmtools did not write")
+    assert [p.name for p in theirs.iterdir()] == ["notes.md"]
+    # ...while an earlier import (ours) is replaced
+    assert cli("ckpt", "import-hf", hf, "-o", tmp_path / "ckpt", env=env).returncode == 0
+    assert cli("ckpt", "import-hf", hf, "-o", tmp_path / "ckpt", "--force", env=env).returncode == 0
+
+
+def test_json2bin_never_overwrites_its_own_input(env, tmp_path):
+    corpus = tmp_path / "c_text_document.json"  # a JSONL file named like the sidecar it would write
+    corpus.write_text('{"text": "hello"}\n{"text": "world"}\n')
+    before = corpus.read_bytes()
+    proc = cli("prep", "json2bin", corpus, "-t", "byte", "-o", tmp_path / "c", "--force", env=env)
+    refused(proc, "it is the input", "c_text_document.json")
+    assert corpus.read_bytes() == before and not (tmp_path / "c_text_document.bin").exists()
+
+
+# -------------------------------------------------------------------------- every other writer, in process
+def test_json2bin_force_replaces_only_its_own_output(capsys, monkeypatch, tmp_path):
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text('{"text": "abc"}\n')
+    args = ("json2bin", corpus, "-t", "byte", "-o", tmp_path / "o", "-q")
+    assert inproc(capsys, monkeypatch, "prep", *args).returncode == 0
+    refused(inproc(capsys, monkeypatch, "prep", *args), "already exists (use --force")
+    assert inproc(capsys, monkeypatch, "prep", *args, "--force").returncode == 0
+    (tmp_path / "o_text_document.json").unlink()  # now a pair like one Megatron wrote: not ours
+    refused(inproc(capsys, monkeypatch, "prep", *args, "--force"), "without an llmtools sidecar")
+
+
+def test_tokenizer_train_and_sample_corpus(capsys, monkeypatch, tmp_path):
+    corpus = tmp_path / "raw"
+    assert inproc(capsys, monkeypatch, "prep", "sample-corpus", "-o", corpus, "--docs", "20").returncode == 0
+    args = ("sample-corpus", "-o", corpus, "--docs", "20")
+    assert inproc(capsys, monkeypatch, "prep", *args, "--force").returncode == 0  # ours: replaced
+    (corpus / "arith.jsonl").write_text('{"text": "edited by hand"}\n')  # no longer what we wrote
+    refused(inproc(capsys, monkeypatch, "prep", *args, "--force"), "changed since llmtools wrote it")
+
+    tok = tmp_path / "tok.json"
+    train = ("tokenizer", "train", corpus / "stories.jsonl", "--vocab-size", "300", "-o", tok)
+    assert inproc(capsys, monkeypatch, "prep", *train).returncode == 0
+    assert inproc(capsys, monkeypatch, "prep", *train, "--force").returncode == 0
+    tok.write_text(tok.read_text().replace('"version"', '"version" ', 1))  # someone else's file now
+    refused(inproc(capsys, monkeypatch, "prep", *train, "--force"), "changed since llmtools wrote it")
+    into_input = ("tokenizer", "train", corpus / "stories.jsonl", "--vocab-size", "300", "-o")
+    refused(
+        inproc(capsys, monkeypatch, "prep", *into_input, corpus / "stories.jsonl", "--force"), "is the input"
+    )
+
+
+def test_hf2bin_sft_and_mix(capsys, monkeypatch, trust_data, tmp_path):
+    pq = tmp_path / "pq"
+    prefix = trust_data["prefix"]
+    assert (
+        inproc(capsys, monkeypatch, "export", "hf", prefix, "-o", pq, "--format", "parquet", "-q").returncode
+        == 0
+    )
+    refused(inproc(capsys, monkeypatch, "prep", "hf2bin", pq, "-o", pq / "x", "-q"), "lies inside the input")
+
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    foreign = tmp_path / "s_input_ids_document.bin"
+    foreign.write_bytes(b"megatron made me")
+    sft = ("sft", chat, "-t", "byte", "--chat-template", "chatml", "-o", tmp_path / "s", "--force")
+    refused(inproc(capsys, monkeypatch, "prep", *sft), "without an llmtools sidecar")
+    assert foreign.read_bytes() == b"megatron made me"
+
+    sidecar = f"{prefix}.json"
+    mix = ("mix", prefix, "--seq-length", "32", "--num-samples", "10", "-o", sidecar, "--force")
+    refused(inproc(capsys, monkeypatch, *mix), "it is the input")
+
+
+def test_log_plot_and_tb(capsys, monkeypatch, run, tmp_path):
+    metrics = run / "metrics.jsonl"
+    refused(inproc(capsys, monkeypatch, "log", "plot", metrics, "-o", metrics, "--force"), "it is the input")
+    png = tmp_path / "curves.png"
+    assert inproc(capsys, monkeypatch, "log", "plot", metrics, "-o", png, "-q").returncode == 0
+    assert inproc(capsys, monkeypatch, "log", "plot", metrics, "-o", png, "--force", "-q").returncode == 0
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 32)
+    refused(inproc(capsys, monkeypatch, "log", "plot", metrics, "-o", photo, "--force"), "did not write")
+    refused(inproc(capsys, monkeypatch, "log", "tb", metrics, "--logdir", metrics), "it is the input")
+
+
+@pytest.mark.parametrize("case", ["ds-config-in-run", "foreign-config"])
+def test_train_force_removes_only_an_earlier_run_of_ours(run, env, train_files, tmp_path, case):
+    config, ds = train_files
+    if case == "ds-config-in-run":  # --force would delete the DeepSpeed config it was given
+        before = snapshot(run)
+        proc = cli("train", config, "--deepspeed", run / "ds_config.json", "-o", run, "--force", env=env)
+        refused(proc, "ds_config.json", "it is the input")
+        assert snapshot(run) == before
+    else:  # a folder of someone else's files that happens to hold a config.yaml
+        theirs = tmp_path / "project"
+        theirs.mkdir()
+        (theirs / "config.yaml").write_text("name: my project\n")
+        for extra in ([], ["--force"]):
+            proc = cli("train", config, "--deepspeed", ds, "-o", theirs, *extra, env=env)
+            refused(proc, "config.yaml", "did not write")
+        assert (theirs / "config.yaml").read_text() == "name: my project\n"
