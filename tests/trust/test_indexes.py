@@ -9,7 +9,6 @@ import json
 import shutil
 import struct
 
-import numpy as np
 import pytest
 
 from llmtools.formats.indexed import HEADER_SIZE, IndexedDatasetReader
