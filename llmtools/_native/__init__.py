@@ -26,7 +26,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 SOURCES = [Path(__file__).with_name(name) for name in ("mixhelpers.c", "jsonl.c")]
 # No -march=native and no contraction: the greedy blend must evaluate w*x - c exactly as Megatron's build does.
 CFLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math"]
@@ -90,6 +90,16 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     ]
     lib.llm_count_newlines.restype = ctypes.c_int64
     lib.llm_count_newlines.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.llm_check_index.restype = ctypes.c_int64
+    lib.llm_check_index.argtypes = [
+        _i32p,
+        _i64p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        _i64p,
+        ctypes.c_int64,
+    ]
     return lib
 
 

@@ -10,6 +10,7 @@
  * so that its file can be found; the functions are called through ctypes either way.
  */
 #include <stdint.h>
+#include <string.h>
 
 #if defined(_WIN32)
 #define LLM_EXPORT __declspec(dllexport)
@@ -17,7 +18,7 @@
 #define LLM_EXPORT __attribute__((visibility("default")))
 #endif
 
-LLM_EXPORT int32_t llm_abi_version(void) { return 4; }
+LLM_EXPORT int32_t llm_abi_version(void) { return 5; }
 
 /* Greedy blend: sample t goes to the source i with the largest w[i]*max(t,1) - counts[i];
  * strict '>' so ties go to the lowest index. `counts` (n entries) must be zeroed by the caller and
@@ -142,6 +143,34 @@ LLM_EXPORT int64_t llm_gather_samples(const uint8_t *bin, int32_t dtype_kind, co
             pos += len;
         }
         if (pos != width) return r;
+    }
+    return -1;
+}
+
+/* An MMIDIDX index against itself and its .bin, in one pass: every length >= 0, every pointer the running
+ * byte offset of the lengths before it (from 0), the last sequence ending exactly at bin_size, document
+ * indices never going back (their first and last values are checked by the caller). Returns -1 when all
+ * holds, else the position of the first problem (the caller's numpy check then says what it is).
+ * The arrays lie in the .idx at offsets that are not multiples of their width: read through memcpy. */
+LLM_EXPORT int64_t llm_check_index(const int32_t *lengths, const int64_t *pointers, int64_t s, int64_t itemsize,
+                                   int64_t bin_size, const int64_t *docs, int64_t d) {
+    const char *lp = (const char *)lengths, *pp = (const char *)pointers, *dp = (const char *)docs;
+    int64_t running = 0;
+    for (int64_t i = 0; i < s; ++i) {
+        int32_t len;
+        int64_t pointer;
+        memcpy(&len, lp + 4 * i, 4);
+        memcpy(&pointer, pp + 8 * i, 8);
+        if (len < 0 || pointer != running) return i;
+        running += (int64_t)len * itemsize; /* no overflow: running <= bin_size before, len * itemsize < 2**34 */
+        if (running > bin_size) return i;
+    }
+    if (running != bin_size) return s;
+    int64_t previous = 0, doc;
+    for (int64_t j = 0; j < d; ++j) {
+        memcpy(&doc, dp + 8 * j, 8);
+        if (j > 0 && doc < previous) return s + j;
+        previous = doc;
     }
     return -1;
 }

@@ -49,11 +49,33 @@ def dataset_bytes(tmp_path_factory):
     return Path(f"{prefix}.idx").read_bytes(), Path(f"{prefix}.bin").read_bytes()
 
 
+class _Unchecked(IndexedDatasetReader):
+    def validate(self) -> None:
+        pass
+
+
+def _same_verdict(prefix: Path) -> None:
+    """The compiled check and the numpy check accept and refuse the same indexes, with the same words."""
+    try:
+        reader = _Unchecked(prefix)
+    except LlmtoolsError:
+        return  # the header: checked by one piece of code before either
+    verdicts = []
+    for check in (IndexedDatasetReader.validate, IndexedDatasetReader.validate_numpy):
+        try:
+            check(reader)
+            verdicts.append(None)
+        except LlmtoolsError as error:
+            verdicts.append(str(error))
+    assert verdicts[0] == verdicts[1]
+
+
 def _read_everything(prefix: Path) -> None:
     """What downstream readers do: every sequence, document and token; a blend of samples through the
     compiled gather."""
     from llmtools.data.dataset import BlendedGPTDataset
 
+    _same_verdict(prefix)
     reader = IndexedDatasetReader(prefix)
     for i in range(len(reader)):
         reader[i]
