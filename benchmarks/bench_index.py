@@ -5,26 +5,29 @@ The dataset is synthetic: a sparse 2 GB ``.bin`` (validation reads only its size
 document lengths are drawn from a log-normal distribution, written directly. Two shapes:
 ``web`` (mean ~1,000 tokens a document: ~1M sequences) and ``short`` (mean ~200: ~5M sequences).
 
-Measured in interleaved rounds (warm page cache; the median of each is reported):
+"Opening" is what a consumer does before it reads a token; each is timed with the validation and without
+it (``IndexedDatasetReader.validate`` replaced by a no-op), in interleaved pairs, and the medians compared:
 
-* ``validate``       ``IndexedDatasetReader.validate()`` alone: the cost this benchmark is about;
-* ``bare open``      the reader without validation: header, two memory maps (what opening cost before);
-* ``open (llm-mix)`` what every consumer does to open a source: ``llmtools.data.mix.open_source``
-                     (the validated reader, the sha256 of the ``.idx`` that names the plan, the sidecar);
-* ``open (train)``   ``BlendedGPTDataset.from_prefixes`` for one epoch at sequence length 2048: the source
-                     opened and its GPT document / sample / shuffle indices built;
-* ``cold``           ``validate`` right after the ``.idx`` pages were dropped from the page cache
-                     (``posix_fadvise(DONTNEED)``: the index read from disk), and the bare open plus a
-                     first full pass over the index (``document_lengths``), equally cold.
+* ``reader + first pass``  the reader, then one pass over the index (``document_lengths``, as the GPT
+                           index builder makes): the least any consumer does;
+* ``same, cold``           the same with the ``.idx`` dropped from the page cache first
+                           (``posix_fadvise(DONTNEED)``): read from disk, as a fresh job on a new node would;
+* ``llm-mix source``       ``llmtools.data.mix.open_source``: the reader, the sha256 of the ``.idx`` that
+                           names the plan, the sidecar;
+* ``training``             ``BlendedGPTDataset.from_prefixes`` for one epoch at sequence length 2048: the
+                           source opened and its GPT document / sample / shuffle indices built.
 
-    python benchmarks/bench_index.py                 # both shapes, 5 rounds
-    python benchmarks/bench_index.py --quick         # 100M tokens, 2 rounds: a smoke run
+The validation alone (compiled pass, on an index already in memory) is given per sequence too.
+
+    python benchmarks/bench_index.py                 # both shapes, 7 pairs each
+    python benchmarks/bench_index.py --quick         # 100M tokens, 3 pairs: a smoke run
     python benchmarks/bench_index.py --workdir /tmp/bench_index --keep
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import statistics
@@ -68,14 +71,8 @@ def make_dataset(prefix: Path, tokens: int, mean: float, seed: int = 0) -> int:
     return s
 
 
-class _Unchecked(IndexedDatasetReader):
-    """The reader as it opened before: header and memory maps, no O(sequences) checks."""
-
-    def validate(self) -> None:
-        pass
-
-
 def _drop_cache(path: str) -> None:
+    gc.collect()  # no map of the file may stay alive, or its pages stay in the cache
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -83,62 +80,83 @@ def _drop_cache(path: str) -> None:
         os.close(fd)
 
 
-def _time(fn) -> float:
+def _timed(fn, before=None) -> float:
+    if before is not None:
+        before()
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
 
 
-def measure(prefix: Path, rounds: int, seq_length: int) -> dict[str, list[float]]:
+def measure(prefix: Path, pairs: int, seq_length: int) -> dict[str, tuple[float, float]]:
+    """{consumer: (median seconds with validation, median without)}."""
     from llmtools.data.dataset import BlendedGPTDataset
     from llmtools.data.mix import open_source
 
     tokens = IndexedDatasetReader(prefix).num_tokens
-    epoch_samples = (tokens - 1) // seq_length
     idx = f"{prefix}.idx"
-    reader = IndexedDatasetReader(prefix)
-    steps = {
-        "validate": lambda: reader.validate(),
-        "bare open": lambda: _Unchecked(prefix),
-        "open (llm-mix)": lambda: open_source(str(prefix)),
-        "open (train)": lambda: BlendedGPTDataset.from_prefixes(
-            [str(prefix)], None, seq_length=seq_length, num_samples=epoch_samples, split="100,0,0"
+    consumers = {
+        "reader + first pass": (lambda: IndexedDatasetReader(prefix).document_lengths(), None),
+        "same, cold": (lambda: IndexedDatasetReader(prefix).document_lengths(), lambda: _drop_cache(idx)),
+        "llm-mix source": (lambda: open_source(str(prefix)), None),
+        "training": (
+            lambda: BlendedGPTDataset.from_prefixes(
+                [str(prefix)],
+                None,
+                seq_length=seq_length,
+                num_samples=(tokens - 1) // seq_length,
+                split="100,0,0",
+            ),
+            None,
         ),
     }
-    cold = {
-        "cold validate": lambda: reader.validate(),
-        "cold bare open + first pass": lambda: _Unchecked(prefix).document_lengths(),
-    }
-    times: dict[str, list[float]] = {name: [] for name in [*steps, *cold]}
-    for round_ in range(rounds):
-        order = list(steps) if round_ % 2 == 0 else list(reversed(steps))
-        for name in order:
-            times[name].append(_time(steps[name]))
-        for name, fn in cold.items():
-            _drop_cache(idx)
-            times[name].append(_time(fn))
-    return times
+    checked = IndexedDatasetReader.validate
+    results = {}
+    for name, (fn, before) in consumers.items():
+        arms: dict[bool, list[float]] = {True: [], False: []}
+        for pair in range(pairs):
+            for validating in (True, False) if pair % 2 == 0 else (False, True):
+                IndexedDatasetReader.validate = checked if validating else (lambda self: None)
+                try:
+                    arms[validating].append(_timed(fn, before))
+                finally:
+                    IndexedDatasetReader.validate = checked
+        results[name] = (statistics.median(arms[True]), statistics.median(arms[False]))
+    return results
+
+
+def check_alone(prefix: Path, rounds: int) -> float:
+    """Seconds of ``validate()`` on a reader whose index is already mapped and touched."""
+    reader = IndexedDatasetReader(prefix)
+    return statistics.median(_timed(reader.validate) for _ in range(rounds))
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="100M tokens, 2 rounds")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="100M tokens, 3 pairs")
     parser.add_argument("--tokens", type=float, default=1e9)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pairs", type=int, default=7)
     parser.add_argument("--seq-length", type=int, default=2048)
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
     tokens = int(1e8 if args.quick else args.tokens)
-    rounds = 2 if args.quick else args.rounds
+    pairs = 3 if args.quick else args.pairs
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_index_"))
     workdir.mkdir(parents=True, exist_ok=True)
+    from llmtools import _native
+
+    native = "compiled" if _native.load() is not None else "numpy (no compiled helpers)"
     try:
-        print(f"\n## Index validation on open: {tokens / 1e9:g}B tokens, median of {rounds} rounds\n")
-        print("| shape | sequences | .idx MB | validate ms | ns/seq | bare open ms | open (llm-mix) ms | "
-              "open (train) ms | validate / open (llm-mix) | validate / open (train) | cold validate ms | "
-              "cold bare open + first pass ms |")  # fmt: skip
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print(
+            f"\n## Index validation on open: {tokens / 1e9:g}B tokens, {native} check, medians of {pairs} pairs\n"
+        )
+        print(
+            "| shape | sequences | .idx MB | check alone ms (ns/seq) | opening | with check ms | without ms | cost |"
+        )
+        print("|---|---:|---:|---:|---|---:|---:|---:|")
         for shape, mean in (("web", 1000.0), ("short", 200.0)):
             prefix = workdir / f"{shape}_text_document"
             if not Path(f"{prefix}.idx").exists():
@@ -146,14 +164,19 @@ def main() -> int:
             reader = IndexedDatasetReader(prefix)
             s, idx_mb = reader.num_sequences, reader.idx_file.stat().st_size / 1e6
             del reader
-            t = {k: statistics.median(v) * 1e3 for k, v in measure(prefix, rounds, args.seq_length).items()}
-            print(
-                f"| {shape} | {s:,} | {idx_mb:.0f} | {t['validate']:.1f} | {t['validate'] * 1e6 / s:.1f} | "
-                f"{t['bare open']:.2f} | {t['open (llm-mix)']:.1f} | {t['open (train)']:.1f} | "
-                f"{t['validate'] / t['open (llm-mix)']:.1%} | {t['validate'] / t['open (train)']:.1%} | "
-                f"{t['cold validate']:.1f} | {t['cold bare open + first pass']:.1f} |",
-                flush=True,
-            )
+            alone = check_alone(prefix, 2 * pairs + 1)
+            first = True
+            for name, (with_, without) in measure(prefix, pairs, args.seq_length).items():
+                head = (
+                    f"| {shape} | {s:,} | {idx_mb:.0f} | {alone * 1e3:.2f} ({alone * 1e9 / s:.1f})"
+                    if first
+                    else "| | | |"
+                )
+                first = False
+                cost = (with_ - without) / without
+                print(
+                    f"{head} | {name} | {with_ * 1e3:.1f} | {without * 1e3:.1f} | {cost:+.1%} |", flush=True
+                )
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
