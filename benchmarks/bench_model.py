@@ -37,9 +37,9 @@ def step_times(preset: str, batch: int, seq: int, rounds: int, steps: int) -> di
     import torch
     import transformers
 
-    from llmtools.model.config import load_model_config
     from llmtools.model.hf import to_hf_config
     from llmtools.model.llama import LlamaForCausalLM
+    from llmtools.model.presets import load_model_config
 
     config = load_model_config(preset)
     torch.manual_seed(0)
@@ -71,9 +71,9 @@ def step_times(preset: str, batch: int, seq: int, rounds: int, steps: int) -> di
 def export_times(preset: str) -> dict[str, tuple[float, float]]:
     from safetensors.torch import save_file
 
-    from llmtools.model.config import load_model_config
     from llmtools.model.hf import save_hf_folder
     from llmtools.model.llama import LlamaForCausalLM
+    from llmtools.model.presets import load_model_config
 
     config = load_model_config(preset)
     model = LlamaForCausalLM(config)

@@ -48,7 +48,7 @@ class ConvertConfig:
     model: str | None = None
     world_size: int | None = None
     force: bool = False
-    adapter_only: bool = False  # issue 8: LoRA adapter alone, in peft's format
+    adapter_only: bool = False  # the LoRA adapter alone, in peft's format (not the merged model)
 
     def __post_init__(self) -> None:
         self.checkpoint = Path(self.checkpoint)
@@ -122,8 +122,8 @@ def _dtype(name: str):
 def convert(config: ConvertConfig) -> Path:
     if config.to == "universal":
         return to_universal_dir(config.checkpoint, config.output, force=config.force)
-    if config.adapter_only:  # --- lora (issue 8) ---
-        from llmtools.train.lora import write_adapter
+    if config.adapter_only:
+        from llmtools.ckpt.lora import write_adapter
 
         return write_adapter(resolve_checkpoint(config.checkpoint), config.output, force=config.force)
     if config.to == "safetensors":
@@ -168,7 +168,7 @@ def to_safetensors(
 
 
 def _model_config(meta: dict[str, Any] | None, model: str | None, checkpoint: Path):
-    from llmtools.model.config import load_model_config
+    from llmtools.model.presets import load_model_config
 
     if model is not None:
         return load_model_config(model)
@@ -254,14 +254,14 @@ def to_hf(
                 force=force,
             )
 
-        # --- lora (issue 8): a LoRA checkpoint is exported with W + (alpha / r) B A merged in ---
-        from llmtools.train.lora import checkpoint_lora, merge_state
+        # A LoRA checkpoint is exported as the model it stands for: W + (alpha / r) B A merged in.
+        from llmtools.ckpt.lora import checkpoint_lora
+        from llmtools.model.lora import merge_state
 
         found = checkpoint_lora(checkpoint)
         if found is not None:
             write(merge_state(found[1], found[0]))
             return output
-        # --- end lora ---
         with CheckpointReader(checkpoint) as reader:
             sources = reader.sources(include_buffers=False)
             expected = set(expected_parameter_names(config, include_tied=True))

@@ -296,7 +296,8 @@ def check(path: str | Path, checksums: bool = True) -> dict[str, Any]:
 
 
 def _model_shape(model: dict[str, Any]) -> dict[str, Any]:
-    from llmtools.model.config import SHAPE_FIELDS, load_model_config
+    from llmtools.model.config import SHAPE_FIELDS
+    from llmtools.model.presets import load_model_config
 
     try:  # derived fields (head_dim, num_key_value_heads) filled in, so both sides compare alike
         model = load_model_config(dict(model)).to_dict(full=True)

@@ -124,6 +124,7 @@ def mix(
     force: bool = typer.Option(False, "--force", help="Replace earlier outputs of llmtools."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
 ) -> None:
+    from llmtools.cli import mix_args
     from llmtools.cli.outputs import claim
     from llmtools.data import mix as lib
     from llmtools.errors import UsageError
@@ -137,7 +138,7 @@ def mix(
     if seq_length is None:
         raise UsageError("--seq-length is required")
     per_split = {
-        name: lib.parse_data_path(values, flag)
+        name: mix_args.parse_data_path(values, flag)
         for name, values, flag in (
             ("train", train_data_path, "--train-data-path"),
             ("valid", valid_data_path, "--valid-data-path"),
@@ -149,9 +150,9 @@ def mix(
     if data_path:
         if prefixes or weights:
             raise UsageError("give either PREFIX... [--weights] or --data-path, not both")
-        blend = lib.parse_data_path(data_path)
+        blend = mix_args.parse_data_path(data_path)
     elif prefixes:
-        blend = lib.Blend(list(prefixes), lib.parse_weights(weights))
+        blend = lib.Blend(list(prefixes), mix_args.parse_weights(weights))
     elif weights:
         raise UsageError("--weights given but no PREFIX")
     if blend is not None and per_split:
@@ -165,12 +166,12 @@ def mix(
     config = lib.MixConfig(
         blend=blend,
         blend_per_split=per_split or None,
-        seq_length=lib.parse_count(seq_length, "--seq-length"),
-        num_samples=lib.parse_count(num_samples, "--num-samples"),
-        tokens=lib.parse_count(tokens, "--tokens"),
-        valid_samples=lib.parse_count(valid_samples, "--valid-samples", allow_zero=True),
-        test_samples=lib.parse_count(test_samples, "--test-samples", allow_zero=True),
-        seed=lib.parse_count(seed, "--seed", allow_zero=True),
+        seq_length=mix_args.parse_count(seq_length, "--seq-length"),
+        num_samples=mix_args.parse_count(num_samples, "--num-samples"),
+        tokens=mix_args.parse_count(tokens, "--tokens"),
+        valid_samples=mix_args.parse_count(valid_samples, "--valid-samples", allow_zero=True),
+        test_samples=mix_args.parse_count(test_samples, "--test-samples", allow_zero=True),
+        seed=mix_args.parse_count(seed, "--seed", allow_zero=True),
         split=split,
         surplus=surplus,
         allow_mixed_tokenizers=allow_mixed_tokenizers,
@@ -198,7 +199,9 @@ def mix(
         from llmtools.data.dataset import BlendedGPTDataset
 
         dataset = BlendedGPTDataset.from_plan(plan, "train", source=str(output))
-        written += lib.materialize(dataset, materialize, mix_path=output)
+        from llmtools.data.materialize import materialize as write_samples
+
+        written += write_samples(dataset, materialize, mix_path=output)
     if as_json:
         summary = lib.plan_to_json(plan)
         summary.pop("config", None)

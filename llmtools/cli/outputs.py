@@ -66,7 +66,11 @@ def claim(
         why = overlap(output, inputs, adds)
         if why:
             raise UsageError(f"{output}: refusing to write there: {why} (pick another output)")
-        if adds or not os.path.lexists(output) or (output.is_dir() and not output.is_symlink() and _empty(output)):
+        if (
+            adds
+            or not os.path.lexists(output)
+            or (output.is_dir() and not output.is_symlink() and _empty(output))
+        ):
             continue
         why = not_ours(output)
         if why:

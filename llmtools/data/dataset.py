@@ -94,8 +94,7 @@ class BlendedGPTDataset:
     @classmethod
     def from_mix(cls, mix_json_path: str | os.PathLike, split: str = "train") -> BlendedGPTDataset:
         """Open one split of a ``mix.json`` (its cached indices; rebuilt in memory when missing)."""
-        from llmtools.data import mix as mixlib
-        from llmtools.formats.mix import read_mix
+        from llmtools.formats.mix import load_split_arrays, read_mix
 
         path = Path(mix_json_path)
         if split not in SPLITS:
@@ -105,8 +104,10 @@ class BlendedGPTDataset:
             raise InputError(
                 f"{path}: the plan has no {split} split (it has {', '.join(mix['splits']) or 'none'})"
             )
-        arrays = mixlib.load_split_arrays(mix, path, split)
+        arrays = load_split_arrays(mix, path, split)
         if arrays is None:  # the cache was deleted or never copied: rebuild it, identically
+            from llmtools.data import mix as mixlib
+
             _, plan = mixlib.reopen_plan(path)
             arrays = mixlib.split_arrays(plan.splits[split])
             try:

@@ -24,7 +24,6 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,9 +42,16 @@ from llmtools.data.gpt_index import GPTIndices, build_gpt_indices
 from llmtools.data.splits import DEFAULT_SPLIT, SPLITS, parse_split, split_matrix, split_range
 from llmtools.errors import InputError, RuntimeFailure, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
-from llmtools.formats.mix import FORMAT, VERSION, read_mix, write_mix
+from llmtools.formats.mix import (
+    FORMAT,
+    MIN_SEQ_LENGTH,
+    VERSION,
+    cache_names,
+    read_mix,
+    write_arrays,
+    write_mix,
+)
 from llmtools.formats.sidecar import read_sidecar
-from llmtools.fsutil import atomic_file, inside
 
 MEGATRON_SEMANTICS = (
     "megatron-core 0.16 (core_v0.16.1): per-dataset samples ceil(ceil(size*w)*(1+surplus)), "
@@ -95,8 +101,8 @@ class MixConfig:
 
     def __post_init__(self) -> None:
         _positive_int(self.seq_length, "--seq-length")
-        if self.seq_length < 2:
-            raise UsageError("--seq-length must be at least 2")
+        if self.seq_length < MIN_SEQ_LENGTH:
+            raise UsageError(f"--seq-length must be at least {MIN_SEQ_LENGTH}")
         if (self.num_samples is None) == (self.tokens is None):
             raise UsageError("give exactly one of --num-samples N or --tokens T")
         if self.tokens is not None:
@@ -133,32 +139,6 @@ def _positive_int(value, flag: str) -> None:
         raise UsageError(f"{flag} must be a positive integer, not {value!r}")
 
 
-# -- Megatron's --data-path spelling ------------------------------------------------------------------
-_NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$|^[-+]?(nan|inf|infinity)$", re.IGNORECASE)
-
-
-def parse_data_path(tokens: list[str], flag: str = "--data-path") -> Blend:
-    """``["0.7", "A", "0.3", "B"]`` -> Blend([A, B], [0.7, 0.3]); ``["A", "B"]`` -> weights by size.
-
-    As Megatron's ``get_blend_from_list``: an odd count, or weights that are not numbers, means a list
-    of prefixes only. A mixture (some numbers, some not, in weight places) is refused. A list may also
-    be given as one string with spaces.
-    """
-    items = [part for token in tokens for part in str(token).split()]
-    if not items:
-        raise UsageError(f"{flag}: no datasets given")
-    if len(items) % 2 == 1:
-        return Blend(items, None, flag)
-    weights, prefixes = items[0::2], items[1::2]
-    numeric = [bool(_NUMBER.match(w)) for w in weights]
-    if not any(numeric):
-        return Blend(items, None, flag)
-    if not all(numeric):
-        bad = weights[numeric.index(False)]
-        raise UsageError(f"{flag}: expected 'WEIGHT PREFIX' pairs, but {bad!r} is not a number")
-    return Blend(prefixes, [float(w) for w in weights], flag)
-
-
 # -- sources ----------------------------------------------------------------------------------------
 @dataclass
 class Source:
@@ -189,7 +169,7 @@ class Source:
         }
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 22), b""):
@@ -214,7 +194,7 @@ def open_source(prefix: str, base: Path | None = None) -> Source:
             f"{reader.idx_file}: the dataset is empty (0 tokens in {reader.num_documents} documents)"
         )
     sidecar = read_sidecar(chosen)
-    return Source(given, os.path.abspath(str(chosen)), reader, sidecar, _sha256(reader.idx_file))
+    return Source(given, os.path.abspath(str(chosen)), reader, sidecar, file_sha256(reader.idx_file))
 
 
 def check_tokenizers(sources: list[Source], allow_mixed: bool) -> tuple[dict | None, list[str]]:
@@ -485,27 +465,13 @@ def epochs_drawn(c: Component, seq_length: int) -> float:
 
 
 # -- mix.json and the cache --------------------------------------------------------------------------
-ARRAYS = ("document_index", "sample_index", "shuffle_index")
-
-
-def cache_names(plan_hash: str, split: SplitPlan) -> dict[str, str]:
-    names = {
-        "dataset_index": f"{plan_hash}-{split.name}-dataset_index.npy",
-        "dataset_sample_index": f"{plan_hash}-{split.name}-dataset_sample_index.npy",
-    }
-    for k, _ in enumerate(split.components):
-        for what in ARRAYS:
-            names[f"{k}.{what}"] = f"{plan_hash}-{split.name}-{k}-{what}.npy"
-    return names
-
-
 def plan_to_json(plan: MixPlan) -> dict:
     config = plan.config
     seq = config.seq_length
     splits = {}
     files: dict[str, dict[str, str]] = {}
     for name, split in plan.splits.items():
-        files[name] = cache_names(plan.hash, split)
+        files[name] = cache_names(plan.hash, split.name, len(split.components))
         comps = []
         for c in split.components:
             src = plan.sources[c.source]
@@ -637,14 +603,9 @@ def split_arrays(split: SplitPlan) -> dict[str, np.ndarray]:
 def write_cache(plan: MixPlan, folder: Path, durable: bool = True) -> list[Path]:
     """Write every split's arrays as ``.npy`` files named by the hash (each atomically); their paths."""
     written = []
-    folder.mkdir(parents=True, exist_ok=True)
     for split in plan.splits.values():
-        names = cache_names(plan.hash, split)
-        for key, array in split_arrays(split).items():
-            path = folder / names[key]
-            with atomic_file(path, "wb", durable=durable) as handle:
-                np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
-            written.append(path)
+        names = cache_names(plan.hash, split.name, len(split.components))
+        written += write_arrays(folder, names, split_arrays(split), durable=durable)
     return written
 
 
@@ -654,23 +615,6 @@ def save_plan(plan: MixPlan, output: str | os.PathLike) -> list[Path]:
     written = write_cache(plan, output.parent if str(output.parent) else Path("."))
     write_mix(output, plan_to_json(plan))
     return [output, *written]
-
-
-def load_split_arrays(mix: dict, path: Path, split: str) -> dict[str, np.ndarray] | None:
-    """Memory-map one split's cached arrays; None when any file is missing or unreadable."""
-    files = (mix["cache"].get("files") or {}).get(split)
-    if not isinstance(files, dict):
-        return None
-    arrays = {}
-    for key, name in files.items():
-        file = inside(path.parent, name, f"{path}[cache.files.{split}.{key}]")  # never outside the folder
-        if not file.exists():
-            return None
-        try:
-            arrays[key] = np.load(file, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError):
-            return None
-    return arrays
 
 
 def reopen_plan(path: str | os.PathLike, with_arrays: bool = True) -> tuple[dict, MixPlan]:
@@ -711,104 +655,3 @@ def explain(plan: MixPlan) -> str:
     for warning in plan.warnings:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
-
-
-# -- parsing what the command line gives ------------------------------------------------------------
-_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
-
-
-def parse_count(text: str | int | None, flag: str, allow_zero: bool = False) -> int | None:
-    """``"2048"``, ``"10_000"``, ``"10M"``, ``"1.5B"`` -> int; a one-line :class:`UsageError` otherwise."""
-    if text is None:
-        return None
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        match = re.fullmatch(r"\s*(\d[\d_]*(?:\.\d+)?)\s*([kKmMbBgGtT]?)\s*", str(text))
-        if not match:
-            raise UsageError(
-                f"{flag}: {text!r} is not a {'non-negative' if allow_zero else 'positive'} integer"
-            )
-        number, suffix = match.groups()
-        scaled = float(number.replace("_", "")) * _SUFFIX[suffix.lower()]
-        if scaled != int(scaled) or (not suffix and "." in number):
-            raise UsageError(f"{flag}: {text!r} is not a whole number")
-        value = int(scaled)
-    if value < 0 or (value == 0 and not allow_zero):
-        raise UsageError(
-            f"{flag}: must be a {'non-negative' if allow_zero else 'positive'} integer, not {text!r}"
-        )
-    return value
-
-
-def parse_weights(text: str | None) -> list[float] | None:
-    """``"0.7,0.3"`` -> [0.7, 0.3] (checked by :class:`Blend`); None when not given."""
-    if text is None:
-        return None
-    parts = [p.strip() for p in str(text).replace(" ", ",").split(",") if p.strip()]
-    if not parts:
-        raise UsageError("--weights: empty; give one number per PREFIX, like 0.7,0.3")
-    out = []
-    for i, part in enumerate(parts):
-        try:
-            out.append(float(part))
-        except ValueError:
-            raise UsageError(f"--weights: weight {i + 1} ({part!r}) is not a number") from None
-    return out
-
-
-# -- materialize ------------------------------------------------------------------------------------
-def materialize(
-    dataset, prefix: str | os.PathLike, mix_path: str | os.PathLike | None = None, chunk: int = 4096
-) -> list[Path]:
-    """Write the dataset's samples in plan order, one ``seq_length + 1``-token document each, as PREFIX.bin/.idx.
-
-    A sidecar ``PREFIX.json`` records the tokenizer identity (when the plan has one) so that
-    llm-prep inspect / cat and llm-export can decode it.
-    """
-    from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, idx_path
-    from llmtools.formats.sidecar import write_sidecar
-
-    prefix = strip_suffix(prefix)
-    dtypes = {p.tokens.dtype for p in dataset.parts}
-    dtype = dtypes.pop() if len(dtypes) == 1 else np.dtype(np.int32)
-    width = dataset.seq_length + 1
-    n = len(dataset)
-    with IndexedDatasetWriter(prefix, dtype) as writer:
-        for lo in range(0, n, chunk):
-            block = dataset.batch(np.arange(lo, min(n, lo + chunk), dtype=np.int64))
-            writer.add_documents(
-                block.reshape(-1).astype(dtype), np.full(block.shape[0], width, dtype=np.int64)
-            )
-    inputs = []
-    if mix_path is not None:
-        mp = Path(mix_path)
-        inputs.append({"path": str(mp), "size": mp.stat().st_size, "sha256": _sha256(mp)})
-    tok = dataset.tokenizer
-    sidecar = {
-        "format": "llmtools.indexed-sidecar",
-        "version": 1,
-        "tool": f"llmtools {__version__}",
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "tokenizer": tok,
-        "json_key": None,
-        "append_eod": False,
-        "dtype": str(np.dtype(dtype)),
-        "inputs": inputs,
-        "counts": {"documents": n, "sequences": n, "tokens": n * width, "empty_documents": 0, "skipped": {}},
-        "materialized": {
-            "mix": str(mix_path) if mix_path else None,
-            "split": dataset.split,
-            "fingerprint": dataset.fingerprint,
-            "seq_length": dataset.seq_length,
-        },
-    }
-    written = [bin_path(prefix), idx_path(prefix)]
-    if tok is not None:  # without a known tokenizer the file is like one Megatron wrote: no sidecar
-        written.append(write_sidecar(prefix, sidecar))
-    else:  # ...but markers say llmtools wrote it (--force may replace it)
-        from llmtools.formats.outputs import write_marker
-
-        for path in written[:2]:
-            write_marker(path, "llm-mix --materialize", mix=str(mix_path) if mix_path else None)
-    return written

@@ -1,8 +1,9 @@
 """``mix.json``: the sample plan llm-mix writes and the training dataset reads (no torch here).
 
 Schema: ``schemas/mix.schema.json``. The index cache (``.npy`` files named by the plan's hash) sits
-in the same folder; ``cache.files`` lists them relative to that folder. Only structure is checked
-here; :mod:`llmtools.data.mix` gives the fields their meaning.
+in the same folder; ``cache.files`` lists them relative to that folder. Here: the file's structure,
+the cache's file names, and reading / writing the arrays, so a training run reopens a plan without
+the planner. :mod:`llmtools.data.mix` gives the fields their meaning and rebuilds a missing cache.
 """
 
 from __future__ import annotations
@@ -11,13 +12,18 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+
 from llmtools.errors import InputError, where
 from llmtools.formats.jsonfile import read_json_object
-from llmtools.fsutil import write_text_atomic
+from llmtools.fsutil import atomic_file, inside, write_text_atomic
 
 FORMAT = "llmtools.mix"
 VERSION = 1
 SPLIT_NAMES = ("train", "valid", "test")
+MIN_SEQ_LENGTH = 2
+"""The shortest sample (in model inputs) llm-mix plans, llm-train trains on and a mix.json may record:
+with one input token per sample the model never attends to a context, it learns token bigrams."""
 
 _REQUIRED = {
     "format": str,
@@ -49,6 +55,10 @@ def read_mix(path: str | os.PathLike) -> dict:
         raise InputError(
             f"{where(path, key='version')}: unsupported version {data['version']} (this is {VERSION})"
         )
+    if data["seq_length"] < MIN_SEQ_LENGTH:
+        raise InputError(
+            f"{where(path, key='seq_length')}: must be >= {MIN_SEQ_LENGTH}, found {data['seq_length']}"
+        )
     for i, source in enumerate(data["sources"]):
         if not isinstance(source, dict) or not isinstance(source.get("prefix"), str):
             raise InputError(f"{where(path, key=f'sources[{i}].prefix')}: missing or not a string")
@@ -72,3 +82,53 @@ def write_mix(path: str | os.PathLike, data: dict) -> Path:
     path = Path(path)
     write_text_atomic(path, json.dumps(data, indent=2) + "\n")
     return path
+
+
+# -- the index cache ----------------------------------------------------------------------------------
+ARRAYS = ("document_index", "sample_index", "shuffle_index")
+"""Each source's GPT index arrays in a split, beside the blend's ``dataset_index`` and
+``dataset_sample_index``."""
+
+
+def cache_names(plan_hash: str, split: str, components: int) -> dict[str, str]:
+    """Array key (``dataset_index``, ``{k}.sample_index``, ...) -> ``.npy`` file name, for one split whose
+    blend has ``components`` sources."""
+    names = {
+        "dataset_index": f"{plan_hash}-{split}-dataset_index.npy",
+        "dataset_sample_index": f"{plan_hash}-{split}-dataset_sample_index.npy",
+    }
+    for k in range(components):
+        for what in ARRAYS:
+            names[f"{k}.{what}"] = f"{plan_hash}-{split}-{k}-{what}.npy"
+    return names
+
+
+def write_arrays(
+    folder: Path, names: dict[str, str], arrays: dict[str, np.ndarray], durable: bool = True
+) -> list[Path]:
+    """Write ``arrays[key]`` to ``folder / names[key]`` (each atomically, no pickles); their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key, array in arrays.items():
+        path = folder / names[key]
+        with atomic_file(path, "wb", durable=durable) as handle:
+            np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
+        written.append(path)
+    return written
+
+
+def load_split_arrays(mix: dict, path: Path, split: str) -> dict[str, np.ndarray] | None:
+    """Memory-map one split's cached arrays; None when any file is missing or unreadable."""
+    files = (mix["cache"].get("files") or {}).get(split)
+    if not isinstance(files, dict):
+        return None
+    arrays = {}
+    for key, name in files.items():
+        file = inside(path.parent, name, f"{path}[cache.files.{split}.{key}]")  # never outside the folder
+        if not file.exists():
+            return None
+        try:
+            arrays[key] = np.load(file, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError):
+            return None
+    return arrays

@@ -1,20 +1,73 @@
 """The sidecar ``PREFIX.json`` next to a ``.bin/.idx`` pair: what the Megatron format cannot record.
 
 Schema: ``schemas/sidecar.schema.json``. Files that Megatron wrote have no sidecar; readers treat
-that as "unknown provenance", never as an error.
+that as "unknown provenance", never as an error. Every writer of ours builds the record with
+:func:`build_sidecar`, so the fields, their order and their meaning are defined once.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import os
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+
+from llmtools import __version__
 from llmtools.formats.indexed import strip_suffix
 from llmtools.formats.jsonfile import read_json_object
 from llmtools.fsutil import write_text_atomic
 
 SCHEMA_VERSION = 1
+FORMAT = "llmtools.indexed-sidecar"
+
+
+def build_sidecar(
+    *,
+    tokenizer: dict | None,
+    dtype,
+    inputs: list[dict],
+    documents: int,
+    sequences: int,
+    tokens: int,
+    json_key: str | None,
+    append_eod: bool,
+    special_tokens: str | None = None,
+    empty_documents: int = 0,
+    skipped: dict[str, int] | None = None,
+    **blocks: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The sidecar record of one ``.bin/.idx`` pair just written.
+
+    ``tokenizer`` is the tokenizer's identity (``Tokenizer.identity()``), ``inputs`` the files read
+    (path, size, sha256), the counts those of the writer. ``special_tokens`` is left out when the writer
+    had no text to apply a policy to. ``blocks`` are a writer's own sections after the common ones
+    (``sft``, ``materialized``).
+    """
+    record: dict[str, Any] = {
+        "format": FORMAT,
+        "version": SCHEMA_VERSION,
+        "tool": f"llmtools {__version__}",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "tokenizer": tokenizer,
+        "json_key": json_key,
+        "append_eod": bool(append_eod),
+        "dtype": np.dtype(dtype).name,
+    }
+    if special_tokens is not None:
+        record["special_tokens"] = special_tokens
+    record["inputs"] = inputs
+    record["counts"] = {
+        "documents": int(documents),
+        "sequences": int(sequences),
+        "tokens": int(tokens),
+        "empty_documents": int(empty_documents),
+        "skipped": dict(sorted((skipped or {}).items())),
+    }
+    record.update(blocks)
+    return record
 
 
 def sidecar_path(prefix: str | os.PathLike) -> Path:

@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from llmtools.model.config import ModelConfig, list_presets, load_model_config
+from llmtools.model.config import ModelConfig
+from llmtools.model.presets import list_presets, load_model_config
 
 __all__ = ["ModelConfig", "load_model_config", "list_presets", "LlamaForCausalLM", "flops_per_token"]
 

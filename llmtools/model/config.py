@@ -1,4 +1,4 @@
-"""The shape of a LLaMA-family decoder, and the presets in ``configs/models/``.
+"""The shape of a LLaMA-family decoder (the presets in ``configs/models/`` are read by :mod:`.presets`).
 
 Field names are Hugging Face's (``LlamaConfig`` / ``Qwen3Config``), so a ``config.json`` maps onto
 this class by name and a preset reads like the model card it came from. The class checks itself:
@@ -9,20 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from llmtools.errors import InputError
-
-# configs/ lives at the repository root, beside the package (the layout of an editable install).
-PRESET_DIR = Path(
-    os.environ.get("LLMTOOLS_MODEL_PRESETS", Path(__file__).resolve().parents[2] / "configs" / "models")
-)
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -210,84 +202,4 @@ def _check_rope_scaling(scaling: Any) -> dict | None:
     return scaling
 
 
-# ---- presets and loading -------------------------------------------------------------------------------
-
-
-def list_presets() -> list[str]:
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-
-
-def _read_mapping(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise InputError(f"{path}: cannot read ({error.strerror})") from None
-    try:
-        if path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text)
-    except Exception as error:  # yaml.YAMLError / JSONDecodeError: both are bad input
-        raise InputError(
-            f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({error})"
-        ) from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a mapping of model fields")
-    return data
-
-
-def load_model_config(spec: str | os.PathLike | Mapping[str, Any] | ModelConfig) -> ModelConfig:
-    """A ModelConfig from a preset name (``tiny``, ``llama3-8b``), a YAML/JSON file, a Hugging Face
-    model folder or ``config.json``, or a mapping of fields.
-
-    YAML presets may wrap the fields in a ``model:`` key and carry a ``published:`` block (reference
-    figures that tests compare against); both are unwrapped/ignored here.
-    """
-    if isinstance(spec, ModelConfig):
-        return spec
-    if isinstance(spec, Mapping):
-        return _from_mapping(dict(spec), "model")
-    text = os.fspath(spec)
-    path = Path(text)
-    if path.is_dir():
-        path = path / "config.json"
-        if not path.exists():
-            raise InputError(f"{path}: no config.json in this model folder")
-    if path.is_file():
-        return _from_mapping(_read_mapping(path), str(path))
-    preset = PRESET_DIR / f"{text}.yaml"
-    if "/" not in text and preset.is_file():
-        return _from_mapping(_read_mapping(preset), str(preset))
-    names = list_presets()
-    hint = difflib.get_close_matches(text, names, n=1)
-    suggestion = f"did you mean {hint[0]!r}? " if hint else ""
-    raise InputError(
-        f"model: {text!r} is neither a file nor a preset ({suggestion}presets: {', '.join(names)})"
-    )
-
-
-def _from_mapping(data: dict, source: str) -> ModelConfig:
-    if "model_type" in data or "architectures" in data:  # a Hugging Face config.json
-        from llmtools.model.hf_config import from_hf_config
-
-        return from_hf_config(data, source=source)
-    data.pop("published", None)
-    if set(data) == {"model"} or ("model" in data and isinstance(data["model"], Mapping)):
-        extra = sorted(set(data) - {"model", "published", "name", "description"})
-        if extra:
-            raise InputError(f"{source}: unexpected top-level key {extra[0]!r} beside 'model'")
-        data = dict(data["model"])
-    data.pop("name", None)
-    data.pop("description", None)
-    return ModelConfig.from_dict(data, source)
-
-
-def preset_metadata(name: str) -> dict:
-    """The ``published:`` block of a preset (reference parameter counts and their source)."""
-    data = _read_mapping(PRESET_DIR / f"{name}.yaml")
-    return dict(data.get("published") or {})
-
-
-__all__ = ["ModelConfig", "load_model_config", "list_presets", "preset_metadata", "PRESET_DIR"]
+__all__ = ["ModelConfig", "SHAPE_FIELDS"]

@@ -145,7 +145,7 @@ class Attention(nn.Module):
         gqa = self.num_kv_heads != self.num_heads
         if attn_mask is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else:  # packed samples (issue 8): a block-diagonal causal mask, True = may attend
+        else:  # packed samples: a block-diagonal causal mask (no sample sees another), True = may attend
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 

@@ -28,14 +28,13 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from llmtools.prep.sources import BadRecord, DocBatch
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.indexed import IndexedDatasetWriter, dtype_for_vocab
+from llmtools.prep.sources import BadRecord, DocBatch
 
 MANIFEST_NAME = "llmtools.json"  # written by llm-export hf; carries the original sidecar
 BATCH_ROWS = 1000
@@ -518,22 +517,20 @@ def import_token_ids(config: TokenImportConfig) -> TokenImportResult:
         raise InputError(f"{table.name}: corrupt data near row {row} ({error})") from None
     finally:
         bar.close()
-    from llmtools import __version__
+    from llmtools.formats.sidecar import build_sidecar
 
-    sidecar = {
-        "format": "llmtools.indexed-sidecar",
-        "version": 1,
-        "tool": f"llmtools {__version__}",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "tokenizer": identity,
-        "json_key": config.column,
-        "append_eod": bool(config.append_eod or original.get("append_eod", False)),
-        "dtype": np.dtype(dtype).name,
-        "special_tokens": original.get("special_tokens", "auto"),
-        "inputs": file_inputs(table.files),
-        "counts": {"documents": result.documents, "sequences": writer.num_sequences, "tokens": result.tokens,
-                   "empty_documents": empty, "skipped": {}},
-    }  # fmt: skip
+    sidecar = build_sidecar(
+        tokenizer=identity,
+        dtype=dtype,
+        inputs=file_inputs(table.files),
+        documents=result.documents,
+        sequences=writer.num_sequences,
+        tokens=result.tokens,
+        json_key=config.column,
+        append_eod=config.append_eod or original.get("append_eod", False),
+        special_tokens=original.get("special_tokens", "auto"),
+        empty_documents=empty,
+    )
     result.files = [str(bin_path(prefix)), str(idx_path(prefix))]
     # The sidecar schema needs a tokenizer identity; without one the output is what Megatron makes:
     # a .bin/.idx pair of unknown provenance, which every reader accepts (markers say that we wrote it).

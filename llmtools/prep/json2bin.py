@@ -35,7 +35,6 @@ Plain API::
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import os
 import sys
 import time
@@ -45,10 +44,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llmtools.prep.sources import DocumentSource, join_texts
 from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure, UsageError
-
-SIDECAR_FORMAT = "llmtools.indexed-sidecar"
+from llmtools.prep.sources import DocumentSource, join_texts
 
 
 @dataclass
@@ -463,27 +460,21 @@ def json2bin(
 
 
 def build_sidecar(tok, key, config, dtype, inputs, writer, empty, skipped) -> dict:
-    from llmtools import __version__
+    from llmtools.formats import sidecar
 
-    return {
-        "format": SIDECAR_FORMAT,
-        "version": 1,
-        "tool": f"llmtools {__version__}",
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "tokenizer": tok.identity(),
-        "json_key": key,
-        "append_eod": bool(config.append_eod),
-        "dtype": np.dtype(dtype).name,
-        "special_tokens": config.special_tokens,
-        "inputs": inputs,
-        "counts": {
-            "documents": writer.num_documents,
-            "sequences": writer.num_sequences,
-            "tokens": writer.num_tokens,
-            "empty_documents": int(empty),
-            "skipped": dict(sorted(skipped.items())),
-        },
-    }
+    return sidecar.build_sidecar(
+        tokenizer=tok.identity(),
+        dtype=dtype,
+        inputs=inputs,
+        documents=writer.num_documents,
+        sequences=writer.num_sequences,
+        tokens=writer.num_tokens,
+        json_key=key,
+        append_eod=config.append_eod,
+        special_tokens=config.special_tokens,
+        empty_documents=empty,
+        skipped=skipped,
+    )
 
 
 class _Progress:

@@ -27,7 +27,6 @@ with ``file:line: what is wrong`` (exit 2, no output); ``skip_bad`` skips and co
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 from collections.abc import Iterator
@@ -36,8 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llmtools.prep.chat_template import ChatTemplate, TemplateRenderError, load_chat_template
 from llmtools.errors import InputError, UsageError
+from llmtools.prep.chat_template import ChatTemplate, TemplateRenderError, load_chat_template
 
 FORMATS = ("messages", "prompt-response", "alpaca")
 OVERFLOW = ("truncate", "drop")
@@ -512,28 +511,20 @@ def build_sft_sidecar(
     key, config: SftConfig, tokenizer, template: ChatTemplate, dtype, inputs, result
 ) -> dict:
     """An ordinary indexed-dataset sidecar plus the ``sft`` block (schema ``sft-sidecar.schema.json``)."""
-    from llmtools import __version__
+    from llmtools.formats.sidecar import build_sidecar
 
-    tokens = result.tokens  # every dataset holds one value per token
-    return {
-        "format": "llmtools.indexed-sidecar",
-        "version": 1,
-        "tool": f"llmtools {__version__}",
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "tokenizer": tokenizer.identity(),
-        "json_key": key,
-        "append_eod": bool(config.append_eod),
-        "dtype": np.dtype(dtype).name,
-        "special_tokens": "split",
-        "inputs": inputs,
-        "counts": {
-            "documents": result.sequences,
-            "sequences": result.sequences,
-            "tokens": tokens,
-            "empty_documents": 0,
-            "skipped": dict(result.skipped),
-        },
-        "sft": {
+    return build_sidecar(
+        tokenizer=tokenizer.identity(),
+        dtype=dtype,
+        inputs=inputs,
+        documents=result.sequences,
+        sequences=result.sequences,
+        tokens=result.tokens,  # every dataset holds one value per token
+        json_key=key,
+        append_eod=config.append_eod,
+        special_tokens="split",
+        skipped=result.skipped,
+        sft={
             "format": SFT_FORMAT,
             "version": 1,
             "role": key,
@@ -546,4 +537,4 @@ def build_sft_sidecar(
             "packed": bool(config.pack),
             "counts": result.counts(),
         },
-    }
+    )

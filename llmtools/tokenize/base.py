@@ -86,12 +86,14 @@ class Tokenizer:
             "bos_id": self.bos_id,
         }
 
-    def __reduce__(self):
-        # Worker processes started with "spawn" rebuild the tokenizer from its spec instead of
-        # pickling Rust objects.
-        from llmtools.tokenize.loader import load_tokenizer
+    rebuild: tuple | None = None
+    """``(function, args)`` that makes this tokenizer again from its spec, set by the loader: worker
+    processes started with "spawn" rebuild it so instead of pickling Rust objects."""
 
-        return (load_tokenizer, (self.source, "auto", self.policy))
+    def __reduce_ex__(self, protocol):
+        if self.rebuild is None:  # made directly, not by the loader: ordinary pickling
+            return super().__reduce_ex__(protocol)
+        return self.rebuild
 
     # -- encoding ------------------------------------------------------------------------------
     def encode_batch(self, texts: list[str]) -> list[list[int]]:

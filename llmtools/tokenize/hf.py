@@ -97,11 +97,6 @@ class HFTokenizer(Tokenizer):
         self._settle()
         return self._backend
 
-    def __reduce__(self):
-        from llmtools.tokenize.loader import load_tokenizer
-
-        return (load_tokenizer, (self.source, self.requested_backend, self.policy))
-
     @property
     def parallel_in_process(self) -> bool:
         """gigatoken's batch encode runs on its own thread pool with the GIL released: json2bin then

@@ -53,6 +53,12 @@ def load_tokenizer(
     (its first encode is slow to set up); the first encode waits for it, and a ``--backend gigatoken``
     that does not match raises there instead of here.
     """
+    tokenizer = _load(spec, backend, special_tokens, defer_probe)
+    tokenizer.rebuild = (load_tokenizer, (tokenizer.source, backend, tokenizer.policy))
+    return tokenizer
+
+
+def _load(spec: str | os.PathLike, backend: str, special_tokens: str, defer_probe: bool) -> Tokenizer:
     check_policy(special_tokens)
     if backend not in BACKENDS:
         raise UsageError(f"--backend: unknown backend {backend!r} (choose one of {', '.join(BACKENDS)})")

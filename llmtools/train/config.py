@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from llmtools.errors import InputError, UsageError
-from llmtools.train.lora import LoraSection  # issue 8 (no torch at import)
+from llmtools.formats.mix import MIN_SEQ_LENGTH
+from llmtools.model.lora import LoraSection  # no torch at import: config validation stays instant
 
 PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("cosine", "linear", "constant", "wsd", "inverse_sqrt")
@@ -39,6 +40,7 @@ WSD_DECAYS = ("linear", "cosine", "1-sqrt")
 OPTIMIZERS = ("adamw", "adafactor")
 HEALTH_ACTIONS = ("skip", "stop")
 SPIKE_ACTIONS = ("skip", "stop", "warn")
+DEFAULT_TASK = "pretrain"
 
 
 def _bad(key: str, message: str) -> InputError:
@@ -91,8 +93,8 @@ class DataSection:
                 raise _bad("data.weights", f"{len(self.weights)} weights for {len(self.prefixes)} prefixes")
             if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
                 raise _bad("data.weights", "weights must be >= 0 with a positive sum")
-        if self.seq_length is not None and self.seq_length < 1:
-            raise _bad("data.seq_length", f"must be >= 1, got {self.seq_length}")
+        if self.seq_length is not None and self.seq_length < MIN_SEQ_LENGTH:
+            raise _bad("data.seq_length", f"must be >= {MIN_SEQ_LENGTH}, got {self.seq_length}")
 
 
 @dataclass
@@ -298,10 +300,10 @@ class TrainConfig:
     logging: LoggingSection = field(default_factory=LoggingSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     health: HealthSection = field(default_factory=HealthSection)
-    # --- sft/lora (issue 8): top-level `task: pretrain|sft`, optional `lora:` section ---
-    task: str = "pretrain"
+    task: str = DEFAULT_TASK
+    """What is trained: a name in the table of tasks (llmtools.train.tasks.TASKS)."""
     lora: LoraSection | None = None
-    # --- end sft/lora ---
+    """LoRA adapters on a frozen base; None trains every weight."""
     source: str | None = field(default=None, metadata={"internal": True})
 
     # -- derived values --------------------------------------------------------------------------
@@ -349,7 +351,8 @@ class TrainConfig:
         d = self.to_dict()
         keep = {k: d[k] for k in ("model", "data", "training", "optimizer", "schedule")}
         keep["training"].pop("activation_checkpointing", None)  # same weights with or without it
-        if self.task != "pretrain" or self.lora is not None:  # issue 8; pretrain hashes stay as they were
+        # Configs written before tasks and LoRA existed keep their hash: both enter it only when set.
+        if self.task != DEFAULT_TASK or self.lora is not None:
             keep.update(task=d["task"], lora=d["lora"])
         return "sha256:" + hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
 
@@ -494,15 +497,13 @@ def from_dict(raw: Any, where: str = "<config>") -> TrainConfig:
         raise InputError(f"{where}: a train config must be a mapping of sections, got {type(raw).__name__}")
     sections = {}
     for key, value in raw.items():
-        # --- sft/lora (issue 8) ---
-        if key == "task":
-            from llmtools.train.sft import check_task
+        if key == "task":  # a name, not a section
+            from llmtools.train.tasks import check_task
 
             sections["task"] = check_task(value, where)
             continue
-        if key == "lora" and value is None:
+        if key == "lora" and value is None:  # `lora: null` (or `lora:`) is LoRA off
             continue
-        # --- end sft/lora ---
         if key not in SECTION_TYPES:
             raise InputError(
                 f"{where}: unknown section {key!r}" + suggest(str(key), list(SECTION_TYPES) + all_keys())

@@ -31,12 +31,12 @@ def build_model(plan: TrainPlan):
     model.gradient_checkpointing = plan.config.training.activation_checkpointing
     init_from = plan.config.model.init_from
     if init_from:
-        from llmtools.train.sft import load_init_weights  # issue 8: an HF folder or one of our checkpoints
+        from llmtools.ckpt.init_from import load_init_weights  # an HF folder or one of our checkpoints
 
         load_init_weights(model, init_from)  # checks the folder's shape against ours, names every mismatch
-    # --- lora (issue 8): freeze the base, add adapters (after init_from, so they sit on its weights) ---
+    # LoRA freezes the base and adds adapters: after init_from, so they sit on its weights.
     if plan.config.lora is not None:
-        from llmtools.train.lora import apply_lora
+        from llmtools.model.lora import apply_lora
 
         counts = apply_lora(model, plan.config.lora)
         log0(
@@ -44,7 +44,6 @@ def build_model(plan: TrainPlan):
             f"{counts['frozen']:,} base parameters frozen",
             int(os.environ.get("RANK", "0")),
         )
-    # --- end lora ---
     return model
 
 

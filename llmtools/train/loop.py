@@ -1,14 +1,14 @@
-"""The training loop: a DeepSpeed engine over the LLaMA model, fed by the blended dataset.
+"""The training loop: a DeepSpeed engine over the LLaMA model, fed and scored by the run's task.
 
 ``train(config, ds_config, run_dir)`` is the library entry point (``llm-train`` is a thin adapter):
 
-1. plan (before any compute, :mod:`~llmtools.train.plan`): model shape, data, lengths, DeepSpeed config
-   -> errors name file and key; the run folder (:mod:`~llmtools.train.rundir`);
+1. plan (before any compute, :mod:`~llmtools.train.plan`): model shape, the task's data, lengths,
+   DeepSpeed config -> errors name file and key; the run folder (:mod:`~llmtools.train.rundir`);
 2. process group (one process, or a launcher's), model (seeded), AdamW with no decay on norms/biases,
    the LR schedule, ``deepspeed.initialize`` (:mod:`~llmtools.train.engine`);
-3. per step (:func:`accumulate_and_update`): ``grad_accumulation`` micro-batches per rank (forward, fp32
-   cross-entropy, backward), then the update; health checks gate the update
-   (:mod:`~llmtools.train.health`); a metrics record and a stderr line every ``log_every`` steps
+3. per step (:func:`accumulate_and_update`): ``grad_accumulation`` micro-batches per rank (forward and
+   the task's loss, :mod:`~llmtools.train.tasks`; backward), then the update; health checks gate the
+   update (:mod:`~llmtools.train.health`); a metrics record and a stderr line every ``log_every`` steps
    (:mod:`~llmtools.train.metrics`); eval every ``eval.every``; a checkpoint every ``save_every``.
 
 Only rank 0 writes the run folder's logs. The loss reported for a step is the mean of the micro-batch
@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from llmtools.errors import InputError, RuntimeFailure
-from llmtools.train import losses as loss_fns
 from llmtools.train.config import TrainConfig
 from llmtools.train.deepspeed_config import prefer_torch_adam
 from llmtools.train.distributed import all_mean, any_rank, log0
@@ -49,8 +48,10 @@ class RunOptions:
     quiet: bool = False
     on_step: Callable[[int, float], None] | None = None
     """Called on every rank after each step with (step, loss); for benchmarks and embedding programs."""
-    reset_data: bool = False  # llm-ckpt (issue 6): continue step count and schedule, restart the data
-    rollback: bool = False  # resuming from an older checkpoint moves the newer ones aside
+    reset_data: bool = False
+    """Resume on changed data: keep the step count and schedule, start the data from its beginning."""
+    rollback: bool = False
+    """Resume from a checkpoint older than the run's newest: move the newer ones aside first."""
 
 
 @dataclass
@@ -128,27 +129,20 @@ def _event(metrics, step: int, event: str, message: str) -> None:
 
 def accumulate_and_update(engine, plan: TrainPlan, batches, gate: HealthGate, coalesce: bool, own_norm: bool):
     """One optimizer step: every micro-batch's forward and backward, the health checks, the update.
-    Returns the micro-batch losses (detached)."""
+
+    Returns the micro-batch losses and the task's metrics per micro-batch (detached)."""
     import torch
 
-    cfg, gas = plan.config, plan.grad_accumulation
-    losses = []
+    gas = plan.grad_accumulation
+    losses, metrics = [], []
     if coalesce:  # DeepSpeed's documented manual boundary: not one until all micro-batches are in
         engine.set_gradient_accumulation_boundary(False)
     with engine.coalesce_grad_reduction() if coalesce else contextlib.nullcontext():
         for m in range(gas):
-            indices = next(batches)
-            if cfg.task == "sft":  # --- sft (issue 8): loss only where the mask is 1 ---
-                from llmtools.train.sft import micro_batch_loss
-
-                loss = micro_batch_loss(
-                    engine, plan.train_data.batch(indices), engine.device, plan.train_data.packed
-                )
-            else:
-                inputs, labels = loss_fns.to_batch(plan.train_data.batch(indices), engine.device)
-                loss = loss_fns.cross_entropy(engine(inputs), labels)
-            losses.append(loss.detach())
-            engine.backward(loss)
+            out = plan.task.loss(engine, plan.train_data.batch(next(batches)), engine.device)
+            losses.append(out.loss.detach())
+            metrics.append({name: value.detach() for name, value in out.metrics.items()})
+            engine.backward(out.loss)
             if m < gas - 1 and not coalesce:
                 engine.step()  # DeepSpeed counts micro-steps; the update waits for the boundary
     # the accumulation boundary: health checks, then the update
@@ -163,236 +157,335 @@ def accumulate_and_update(engine, plan: TrainPlan, batches, gate: HealthGate, co
     engine.step()
     if not gate.decided:  # the optimizer was not reached (DeepSpeed skipped an overflowing step itself)
         gate.overflowed()
-    return losses
+    return losses, metrics
 
 
-def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
+def step_means(
+    losses: list, metrics: list[dict], names: tuple[str, ...], device
+) -> tuple[float, dict[str, float]]:
+    """The step's loss and task metrics: means over the micro-batches, then over all ranks (one reduction)."""
     import torch
 
-    from llmtools.data.dataset import MicroBatchSampler
-    from llmtools.model.flops import flops_per_token
-    from llmtools.train import checkpointing
-    from llmtools.train.engine import build_engine, build_model, coalesce_reductions
-    from llmtools.train.metrics import StepWindow, build_metrics_logger, peak_tflops, step_line
+    local = [float(torch.stack(losses).float().mean())]
+    local += [float(torch.stack([m[name] for m in metrics]).float().mean()) for name in names]
+    means = all_mean(local, device)
+    return means[0], dict(zip(names, means[1:], strict=True))
 
-    _quiet_deepspeed()
-    cfg = plan.config
-    rank, world, device = dist_info.rank, dist_info.world_size, dist_info.device
-    quiet = options.quiet
-    run_dir = options.run_dir
-    if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_resolved(plan, run_dir)
-        for warning in plan.warnings:
-            log0(f"warning: {warning}", rank)
 
-    engine = build_engine(plan, build_model(plan), device)
+@dataclass
+class Progress:
+    """How far the run has come: the last finished step and the data it consumed (kept in checkpoints)."""
 
-    def norm_source():
-        value = getattr(engine.optimizer, "_global_grad_norm", None)
-        if value is None or engine.optimizer is engine.basic_optimizer:
+    step: int = 0
+    consumed_samples: int = 0
+    consumed_tokens: int = 0
+
+
+class _Trainer:
+    """One run: the engine and everything around it, with one method per job of the loop."""
+
+    def __init__(self, plan: TrainPlan, options: RunOptions, dist_info) -> None:
+        from llmtools.model.flops import flops_per_token
+        from llmtools.train import checkpointing
+        from llmtools.train.engine import build_engine, build_model, coalesce_reductions
+        from llmtools.train.metrics import StepWindow, peak_tflops
+
+        cfg = self.cfg = plan.config
+        self.plan, self.options = plan, options
+        self.rank, self.world, self.device = dist_info.rank, dist_info.world_size, dist_info.device
+        self.run_dir = options.run_dir
+        self.engine = engine = build_engine(plan, build_model(plan), self.device)
+
+        self.gate = HealthGate(cfg.health, self._norm_of_deepspeed)
+        wrap_step(engine.basic_optimizer, self.gate)
+        self.own_norm = engine.optimizer is engine.basic_optimizer  # ZeRO-0 fp32: DeepSpeed keeps no norm
+        self.coalesce = coalesce_reductions(engine, plan.grad_accumulation, self.world)
+
+        self.manager = checkpointing.make_manager(
+            self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every
+        )
+        self.model_identity = plan.model_config.to_dict()
+        self.progress = Progress()
+        self.last_saved: Path | None = None
+        self.metrics = None  # opened by resume(), once a checkpoint asked for has loaded
+        self.flops_per_token = flops_per_token(plan.model_config, plan.seq_length)
+        self.peak = peak_tflops(self.device)
+        self.window = StepWindow()  # the steps since the last train record
+        # The last step's figures: set by train_step, read by the reporting methods after it.
+        self.loss, self.lr, self.step_time = float("nan"), cfg.optimizer.lr, 0.0
+        self.step_metrics: dict[str, float] = {}
+
+    def log(self, message: str, always: bool = False) -> None:
+        log0(message, self.rank, False if always else self.options.quiet)
+
+    def _norm_of_deepspeed(self) -> float | None:
+        value = getattr(self.engine.optimizer, "_global_grad_norm", None)
+        if value is None or self.engine.optimizer is self.engine.basic_optimizer:
             return None
         return float(value)
 
-    gate = HealthGate(cfg.health, norm_source)
-    wrap_step(engine.basic_optimizer, gate)
-    own_norm = engine.optimizer is engine.basic_optimizer  # ZeRO-0 fp32: DeepSpeed keeps no norm
-    coalesce = coalesce_reductions(engine, plan.grad_accumulation, world)
+    # -- checkpoints -------------------------------------------------------------------------------
+    def resume(self) -> None:
+        """Load the checkpoint ``--resume`` names, if any, and continue its step count and data."""
+        from llmtools.train import checkpointing
+        from llmtools.train.metrics import build_metrics_logger
 
-    manager = checkpointing.make_manager(run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
-    model_identity = plan.model_config.to_dict()
-    start_step, consumed_samples, consumed_tokens = 0, 0, 0
-    path, client_state = checkpointing.resume(
-        manager, engine, options.resume, model=model_identity, tokenizer=plan.tokenizer, rollback=options.rollback
-    )
-    metrics = build_metrics_logger(run_dir, rank, tensorboard=options.tensorboard or cfg.logging.tensorboard)
-    if client_state:
-        start_step = int(client_state.get("step", 0))
-        consumed_samples = int(client_state.get("consumed_samples", 0))
-        consumed_tokens = int(client_state.get("consumed_tokens", 0))
-        # --- llm-ckpt (issue 6): a changed data section is refused unless --reset-data restarts the data ---
-        saved_data, current_data = client_state.get("data_fingerprint"), _data_fingerprint(plan)
-        if options.reset_data:
-            consumed_samples = 0
-            log0(
-                f"--reset-data: step {start_step} and the schedule continue; the data starts from its beginning",
-                rank,
-                quiet,
+        plan, options = self.plan, self.options
+        path, client_state = checkpointing.resume(
+            self.manager,
+            self.engine,
+            options.resume,
+            model=self.model_identity,
+            tokenizer=plan.tokenizer,
+            rollback=options.rollback,
+        )
+        # Only now: a --resume that fails leaves no metrics.jsonl, so the folder does not look like a run.
+        self.metrics = build_metrics_logger(
+            self.run_dir, self.rank, tensorboard=options.tensorboard or self.cfg.logging.tensorboard
+        )
+        if not client_state:
+            _event(
+                self.metrics,
+                0,
+                "start",
+                f"{plan.model_config.num_parameters():,} parameters, {self.world} rank(s), "
+                f"ZeRO-{plan.zero_stage}, {self.cfg.training.precision}",
             )
-        elif saved_data is not None and saved_data != current_data:
+            return
+        self.progress = Progress(
+            int(client_state.get("step", 0)),
+            int(client_state.get("consumed_samples", 0)),
+            int(client_state.get("consumed_tokens", 0)),
+        )
+        plan.task.load_state_dict(client_state.get("task_state") or {})
+        self._check_data(path, client_state.get("data_fingerprint"))
+        self.log(
+            f"resumed from {path} at step {self.progress.step} ({self.progress.consumed_samples} samples)"
+        )
+        _event(self.metrics, self.progress.step, "resume", f"resumed from {path}")
+
+    def _check_data(self, path: Path, saved: str | None) -> None:
+        """Resuming on other data than the checkpoint's would silently change the run; refuse it unless
+        ``--reset-data`` asks to keep the step count and schedule and start the new data from its beginning."""
+        current = _data_fingerprint(self.plan)
+        if self.options.reset_data:
+            self.progress.consumed_samples = 0
+            self.log(
+                f"--reset-data: step {self.progress.step} and the schedule continue; "
+                "the data starts from its beginning"
+            )
+        elif saved is not None and saved != current:
             raise InputError(
-                f"{path}/meta.json[data]: the checkpoint was trained on data {saved_data}, the config "
-                f"now has {current_data}; pass --reset-data to continue the step count and schedule "
+                f"{path}/meta.json[data]: the checkpoint was trained on data {saved}, the config "
+                f"now has {current}; pass --reset-data to continue the step count and schedule "
                 "on the new data from its beginning"
             )
-        # --- end llm-ckpt ---
-        log0(f"resumed from {path} at step {start_step} ({consumed_samples} samples)", rank, quiet)
-        _event(metrics, start_step, "resume", f"resumed from {path}")
-    else:
-        _event(
-            metrics,
-            0,
-            "start",
-            f"{plan.model_config.num_parameters():,} parameters, {world} rank(s), "
-            f"ZeRO-{plan.zero_stage}, {cfg.training.precision}",
-        )
 
-    def client_state_at(step: int) -> dict[str, Any]:
+    def client_state(self) -> dict[str, Any]:
+        cfg, plan = self.cfg, self.plan
         return {
-            "step": step,
-            "consumed_samples": consumed_samples,
-            "consumed_tokens": consumed_tokens,
+            "step": self.progress.step,
+            "consumed_samples": self.progress.consumed_samples,
+            "consumed_tokens": self.progress.consumed_tokens,
             "config_hash": cfg.fingerprint(),
-            "model": model_identity,
+            "model": self.model_identity,
             "tokenizer": plan.tokenizer,
             "data_fingerprint": _data_fingerprint(plan),
-            # issue 8: llm-ckpt convert reads it (merge / --adapter-only)
+            # llm-ckpt convert merges the adapters (or writes them alone) from this record
             "lora": cfg.lora.to_dict() if cfg.lora is not None else None,
+            "task_state": plan.task.state_dict(),
         }
 
-    def save(step: int) -> Path:
-        saved = checkpointing.save(manager, engine, step, client_state_at(step))
-        _event(metrics, step, "checkpoint", str(saved))
-        log0(f"checkpoint {saved}", rank, quiet)
-        return saved
+    def save(self) -> Path:
+        from llmtools.train import checkpointing
 
-    micro, gas = cfg.training.micro_batch_size, plan.grad_accumulation
-    sampler = MicroBatchSampler(
-        plan.steps * cfg.training.global_batch_size,
-        micro,
-        cfg.training.global_batch_size,
-        rank,
-        world,
-        consumed_samples=consumed_samples,
-    )
-    batches = iter(sampler)
-    fpt = flops_per_token(plan.model_config, plan.seq_length)
-    peak = peak_tflops(device)
-    log0(
-        f"training {plan.model_config.num_parameters():,} parameters for {plan.steps} steps "
-        f"({plan.tokens_per_step:,} tokens/step, {world} rank(s) x {gas} micro-batch(es) of {micro}, "
-        f"ZeRO-{plan.zero_stage}, {cfg.training.precision}) -> {run_dir}",
-        rank,
-        quiet,
-    )
+        step = self.progress.step
+        self.last_saved = checkpointing.save(self.manager, self.engine, step, self.client_state())
+        _event(self.metrics, step, "checkpoint", str(self.last_saved))
+        self.log(f"checkpoint {self.last_saved}")
+        return self.last_saved
 
-    result = RunResult(run_dir=run_dir, steps=start_step, final_loss=None, first_loss=None, checkpoint=None)
-    window = StepWindow()
-    last_saved: Path | None = None
-    engine.train()
-    # --- llm-ckpt (issue 6): SIGTERM/SIGINT finish the current step, save, and return (exit 0) ---
-    from llmtools.ckpt.signals import StopRequested, resume_command
+    def _checkpoint_due(self) -> bool:
+        step, c = self.progress.step, self.cfg.checkpoint
+        return bool(c.save_every and step % c.save_every == 0) or (step == self.plan.steps and c.save_final)
 
-    stop = StopRequested(announce=rank == 0).install()
-    # --- end llm-ckpt ---
-    for step in range(start_step + 1, plan.steps + 1):
+    # -- the loop ----------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        from llmtools.ckpt.signals import StopRequested, resume_command
+        from llmtools.data.dataset import MicroBatchSampler
+
+        plan, cfg = self.plan, self.cfg
+        micro, gbs = cfg.training.micro_batch_size, cfg.training.global_batch_size
+        sampler = MicroBatchSampler(
+            plan.steps * gbs,
+            micro,
+            gbs,
+            self.rank,
+            self.world,
+            consumed_samples=self.progress.consumed_samples,
+        )
+        batches = iter(sampler)
+        self.log(
+            f"training {plan.model_config.num_parameters():,} parameters for {plan.steps} steps "
+            f"({plan.tokens_per_step:,} tokens/step, {self.world} rank(s) x {plan.grad_accumulation} "
+            f"micro-batch(es) of {micro}, ZeRO-{plan.zero_stage}, {cfg.training.precision}) -> {self.run_dir}"
+        )
+        result = RunResult(
+            run_dir=self.run_dir, steps=self.progress.step, final_loss=None, first_loss=None, checkpoint=None
+        )
+        self.engine.train()
+        # SIGTERM/SIGINT (a scheduler's preemption, Ctrl-C) finish the current step, save, and return.
+        stop = StopRequested(announce=self.rank == 0).install()
+        try:
+            for step in range(self.progress.step + 1, plan.steps + 1):
+                loss, grad_norm = self.train_step(batches)
+                result.steps = step
+                result.losses.append(loss)
+                if result.first_loss is None:
+                    result.first_loss = loss
+                result.final_loss = loss
+                if self.options.on_step is not None:
+                    self.options.on_step(step, loss)
+                self._report_health(grad_norm)
+                self._log_window(grad_norm)
+                self._stop_if_unhealthy()
+                if (
+                    plan.valid_data is not None
+                    and cfg.eval.every
+                    and (step % cfg.eval.every == 0 or step == plan.steps)
+                ):
+                    result.eval_loss = self.evaluate()
+                if self._checkpoint_due():
+                    self.save()
+                if stop.should_stop():
+                    self._stop_on_signal(stop, resume_command())
+                    result.stopped = stop.signal_name
+                    break
+        finally:
+            stop.restore()
+        result.checkpoint = self.last_saved
+        self.metrics.close()
+        return result
+
+    def train_step(self, batches) -> tuple[float, float | None]:
+        """One optimizer step; the step's loss (the global batch's) and grad norm."""
+        import torch
+
+        plan, engine, gate = self.plan, self.engine, self.gate
         started = time.perf_counter()
         gate.reset()
-        lr = engine.get_lr()[0] if engine.get_lr() else cfg.optimizer.lr
-        losses = accumulate_and_update(engine, plan, batches, gate, coalesce, own_norm)
-        grad_norm = gate.norm
-        step_loss = all_mean([float(torch.stack(losses).float().mean())], engine.device)[0]
-        consumed_samples += cfg.training.global_batch_size
-        consumed_tokens += plan.tokens_per_step
-        if device.startswith("cuda"):
+        self.lr = engine.get_lr()[0] if engine.get_lr() else self.cfg.optimizer.lr
+        losses, metrics = accumulate_and_update(engine, plan, batches, gate, self.coalesce, self.own_norm)
+        loss, self.step_metrics = step_means(losses, metrics, plan.task.metric_names, engine.device)
+        self.progress.step += 1
+        self.progress.consumed_samples += self.cfg.training.global_batch_size
+        self.progress.consumed_tokens += plan.tokens_per_step
+        if self.device.startswith("cuda"):
             torch.cuda.synchronize()
-        step_time = time.perf_counter() - started
-        result.steps = step
-        result.losses.append(step_loss)
-        if result.first_loss is None:
-            result.first_loss = step_loss
-        result.final_loss = step_loss
+        self.step_time = time.perf_counter() - started
+        self.loss = loss
+        return loss, gate.norm
 
-        if options.on_step is not None:
-            options.on_step(step, step_loss)
-
-        if gate.reason is not None:
-            gate.consecutive_skips = gate.consecutive_skips + 1 if gate.skip else 0
-            what = (
-                "NaN/inf loss or grad norm"
-                if gate.reason == "nan"
-                else (
-                    f"grad-norm spike {grad_norm:.3g} > {cfg.health.spike_factor} x median "
-                    f"{statistics.median(gate.history):.3g}"
-                )
-            )
-            action = "stopping" if gate.stop else ("update skipped" if gate.skip else "continuing")
-            _event(metrics, step, gate.reason, f"{what}; {action}")
-            log0(f"step {step}: {what}; {action}", rank)
-        else:
+    def _report_health(self, grad_norm: float | None) -> None:
+        """An event and a stderr line for a NaN/inf or a spike, and the count of consecutive skips."""
+        gate, health, step = self.gate, self.cfg.health, self.progress.step
+        if gate.reason is None:
             gate.consecutive_skips = 0
-        window.add(step_loss, step_time, plan.tokens_per_step, gate.skip)
-        if step % cfg.logging.log_every == 0 or step == plan.steps or gate.reason:
-            record = window.record(
-                step,
-                consumed_samples=consumed_samples,
-                consumed_tokens=consumed_tokens,
-                grad_norm=grad_norm,
-                lr=lr,
-                device=device,
-                flops_per_token=fpt,
-                peak_tflops=peak,
-                world=world,
+            return
+        gate.consecutive_skips = gate.consecutive_skips + 1 if gate.skip else 0
+        if gate.reason == "nan":
+            what = "NaN/inf loss or grad norm"
+        else:
+            what = (
+                f"grad-norm spike {grad_norm:.3g} > {health.spike_factor} x median "
+                f"{statistics.median(gate.history):.3g}"
             )
-            metrics.log(record, step)
-            log0(step_line(record, plan.steps), rank, quiet)
-            window = StepWindow()
+        action = "stopping" if gate.stop else ("update skipped" if gate.skip else "continuing")
+        _event(self.metrics, step, gate.reason, f"{what}; {action}")
+        self.log(f"step {step}: {what}; {action}", always=True)
 
-        if gate.stop or gate.consecutive_skips >= cfg.health.max_skips:
+    def _log_window(self, grad_norm: float | None) -> None:
+        """Add the step to the window; every ``log_every`` steps (and on the last or an unhealthy one), a
+        train record in metrics.jsonl and a line on stderr."""
+        from llmtools.train.metrics import StepWindow, step_line
+
+        step, plan = self.progress.step, self.plan
+        self.window.add(self.loss, self.step_time, plan.tokens_per_step, self.gate.skip, self.step_metrics)
+        if step % self.cfg.logging.log_every and step != plan.steps and not self.gate.reason:
+            return
+        record = self.window.record(
+            step,
+            consumed_samples=self.progress.consumed_samples,
+            consumed_tokens=self.progress.consumed_tokens,
+            grad_norm=grad_norm,
+            lr=self.lr,
+            device=self.device,
+            flops_per_token=self.flops_per_token,
+            peak_tflops=self.peak,
+            world=self.world,
+        )
+        self.metrics.log(record, step)
+        self.log(step_line(record, plan.steps))
+        self.window = StepWindow()
+
+    def _stop_if_unhealthy(self) -> None:
+        """Save the last good state and raise when health says stop, or after too many skipped updates."""
+        gate, step = self.gate, self.progress.step
+        if not (gate.stop or gate.consecutive_skips >= self.cfg.health.max_skips):
+            return
+        if gate.stop:
             reason = "health.nan_action=stop" if gate.reason == "nan" else "health.spike_action=stop"
-            if not gate.stop:
-                reason = f"{gate.consecutive_skips} consecutive skipped steps (health.max_skips)"
-            saved = save(step)
-            _event(metrics, step, "stop", f"stopped at step {step}: {reason}; checkpoint {saved}")
-            metrics.close()
-            stop.restore()
-            raise RuntimeFailure(
-                f"stopped at step {step}: {reason} (the update was not applied); the last good state is "
-                f"saved in {saved}; fix the cause and continue with --resume {saved}"
-            )
+        else:
+            reason = f"{gate.consecutive_skips} consecutive skipped steps (health.max_skips)"
+        saved = self.save()
+        _event(self.metrics, step, "stop", f"stopped at step {step}: {reason}; checkpoint {saved}")
+        self.metrics.close()
+        raise RuntimeFailure(
+            f"stopped at step {step}: {reason} (the update was not applied); the last good state is "
+            f"saved in {saved}; fix the cause and continue with --resume {saved}"
+        )
 
-        if (
-            plan.valid_data is not None
-            and cfg.eval.every
-            and (step % cfg.eval.every == 0 or step == plan.steps)
-        ):
-            eval_loss = loss_fns.evaluate(engine, plan, rank, world)
-            result.eval_loss = eval_loss
-            ppl = math.exp(min(eval_loss, 700.0))
-            metrics.log(
-                {
-                    "kind": "eval",
-                    "step": step,
-                    "time": time.time(),
-                    "consumed_tokens": consumed_tokens,
-                    "eval_loss": eval_loss,
-                    "eval_ppl": ppl,
-                },
-                step,
-            )
-            log0(f"step {step:>6}/{plan.steps} | eval loss {eval_loss:.4f} | eval ppl {ppl:.2f}", rank, quiet)
+    def evaluate(self) -> float:
+        """Evaluate on the valid split; an eval record and a stderr line. Returns the eval loss."""
+        from llmtools.train.evaluate import evaluate
 
-        if (cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0) or (
-            step == plan.steps and cfg.checkpoint.save_final
-        ):
-            last_saved = save(step)
+        plan, step = self.plan, self.progress.step
+        eval_loss, task_metrics = evaluate(self.engine, plan, self.rank, self.world)
+        ppl = math.exp(min(eval_loss, 700.0))
+        record = {
+            "kind": "eval",
+            "step": step,
+            "time": time.time(),
+            "consumed_tokens": self.progress.consumed_tokens,
+            "eval_loss": eval_loss,
+            "eval_ppl": ppl,
+            **task_metrics,
+        }
+        self.metrics.log(record, step)
+        self.log(f"step {step:>6}/{plan.steps} | eval loss {eval_loss:.4f} | eval ppl {ppl:.2f}")
+        return eval_loss
 
-        # --- llm-ckpt (issue 6) ---
-        if stop.should_stop():
-            if last_saved is None or last_saved.name != f"step_{step:08d}":
-                last_saved = save(step)
-            result.stopped = stop.signal_name
-            _event(
-                metrics,
-                step,
-                "stop",
-                f"stopped by {stop.signal_name} at step {step}; checkpoint {last_saved}",
-            )
-            log0(stop.resume_hint(resume_command(), str(last_saved)), rank)
-            break
-    stop.restore()
-    # --- end llm-ckpt ---
+    def _stop_on_signal(self, stop, command: str) -> None:
+        """A signal asked to stop: make sure this step is saved, say how to resume."""
+        step = self.progress.step
+        if self.last_saved is None or self.last_saved.name != f"step_{step:08d}":
+            self.save()
+        _event(
+            self.metrics,
+            step,
+            "stop",
+            f"stopped by {stop.signal_name} at step {step}; checkpoint {self.last_saved}",
+        )
+        self.log(stop.resume_hint(command, str(self.last_saved)), always=True)
 
-    result.checkpoint = last_saved
-    metrics.close()
-    return result
+
+def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
+    _quiet_deepspeed()
+    if dist_info.rank == 0:
+        options.run_dir.mkdir(parents=True, exist_ok=True)
+        write_resolved(plan, options.run_dir)
+        for warning in plan.warnings:
+            log0(f"warning: {warning}", dist_info.rank)
+    trainer = _Trainer(plan, options, dist_info)
+    trainer.resume()
+    return trainer.run()

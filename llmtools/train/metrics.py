@@ -140,11 +140,27 @@ class StepWindow:
 
     def __init__(self) -> None:
         self.loss, self.n, self.time, self.tokens, self.skipped, self.steps = 0.0, 0, 0.0, 0, 0, 0
+        self.task_sums: dict[str, float] = {}
+        self.task_counts: dict[str, int] = {}
 
-    def add(self, loss: float, seconds: float, tokens: int, skipped: bool) -> None:
+    def add(
+        self,
+        loss: float,
+        seconds: float,
+        tokens: int,
+        skipped: bool,
+        task_metrics: dict[str, float] | None = None,
+    ) -> None:
+        """One step; ``task_metrics`` are the task's own (averaged over the window's finite values)."""
         if math.isfinite(loss):
             self.loss += loss
             self.n += 1
+        for name, value in (task_metrics or {}).items():
+            self.task_sums.setdefault(name, 0.0)
+            self.task_counts.setdefault(name, 0)
+            if math.isfinite(value):
+                self.task_sums[name] += value
+                self.task_counts[name] += 1
         self.time += seconds
         self.steps += 1
         self.tokens += tokens
@@ -173,6 +189,9 @@ class StepWindow:
         }
         if fields:
             raise TypeError(f"StepWindow.record: unknown fields {sorted(fields)}")
+        for name, total in self.task_sums.items():
+            count = self.task_counts[name]
+            record[name] = total / count if count else float("nan")
         if self.skipped:
             record["skipped"] = True
             record["skipped_steps"] = self.skipped

@@ -10,29 +10,37 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from llmtools.errors import InputError
 from llmtools.train.config import TrainConfig
 from llmtools.train.deepspeed_config import resolve_ds_config, zero_stage
+from llmtools.train.tasks import Task, TaskData, make_task
 
 
 @dataclass
 class TrainPlan:
     config: TrainConfig
+    task: Task
     model_config: Any  # llmtools.model.ModelConfig
-    train_data: Any  # BlendedGPTDataset (train split)
-    valid_data: Any | None  # BlendedGPTDataset (valid split) or None when there is none
+    train_data: TaskData
+    valid_data: TaskData | None  # None when the task or the data has no valid split, or eval is off
     ds_config: dict
     world_size: int
-    seq_length: int
     steps: int
     total_steps: int
     grad_accumulation: int
-    tokenizer: dict | None
     warnings: list[str]
+
+    @property
+    def seq_length(self) -> int:
+        """The data's: read from the training data, never from the config."""
+        return self.train_data.seq_length
+
+    @property
+    def tokenizer(self) -> dict | None:
+        return self.train_data.tokenizer
 
     @property
     def zero_stage(self) -> int:
@@ -57,7 +65,7 @@ def resolve_model_config(config: TrainConfig):
             raise InputError(f"{where}: unknown key model.{key}{hint}")
     init_base = None
     if section.init_from is not None:
-        from llmtools.train.sft import init_model_source  # issue 8: or the model of one of our checkpoints
+        from llmtools.ckpt.init_from import init_model_source  # an HF folder, or one of our checkpoints
 
         # Read even when a preset names the shape: a missing or broken folder fails here, before compute.
         init_base = load_model_config(init_model_source(section.init_from)).to_dict()
@@ -74,41 +82,6 @@ def resolve_model_config(config: TrainConfig):
         return load_model_config(merged)
     except InputError as error:
         raise InputError(f"{where}: model: {error}") from None
-
-
-def _open_data(config: TrainConfig, split: str):
-    from llmtools.data.dataset import BlendedGPTDataset
-
-    data = config.data
-    if data.mix is not None:
-        if not os.path.exists(data.mix):
-            raise InputError(f"{config.source}: data.mix: {data.mix}: no such file (make one with llm-mix)")
-        return BlendedGPTDataset.from_mix(data.mix, split=split)
-    raise NotImplementedError  # prefixes are opened in make_plan, where num_samples is known
-
-
-def _open_prefixes(config: TrainConfig, split: str, num_samples: int):
-    from llmtools.data.dataset import BlendedGPTDataset
-
-    data = config.data
-    weights = data.weights or [1.0] * len(data.prefixes)
-    return BlendedGPTDataset.from_prefixes(
-        data.prefixes,
-        weights,
-        data.seq_length,
-        num_samples,
-        seed=data.seed,
-        split=data.split,
-        cache_dir=data.cache_dir,
-        **({"split_name": split} if split != "train" else {}),
-    )
-
-
-def _len_or_zero(dataset) -> int:
-    try:
-        return len(dataset)
-    except TypeError:
-        return 0
 
 
 def make_plan(
@@ -128,28 +101,11 @@ def make_plan(
     t = config.training
     gas = config.grad_accumulation(world_size)
 
-    # Data. A mix fixes seq_length and the number of samples; prefixes get exactly what the run needs.
-    if config.data.mix is not None:
-        if config.task == "sft":  # --- sft (issue 8) ---
-            from llmtools.train.sft import open_sft_data
-
-            open_sft_data(config, 0)  # raises: sft reads an llm-prep sft prefix, not a mix
-        train = _open_data(config, "train")
-        seq_length = int(train.seq_length)
-        if config.data.seq_length is not None and config.data.seq_length != seq_length:
-            raise InputError(
-                f"{where}: data.seq_length={config.data.seq_length} contradicts seq_length={seq_length} "
-                f"of {config.data.mix}"
-            )
-    else:
-        seq_length = int(config.data.seq_length)
-        needed = config.steps(seq_length) * t.global_batch_size
-        if config.task == "sft":  # --- sft (issue 8): one llm-prep sft prefix, cycled as needed ---
-            from llmtools.train.sft import open_sft_data
-
-            train = open_sft_data(config, needed)
-        else:
-            train = _open_prefixes(config, "train", needed)
+    # The data: a mix fixes seq_length and the number of samples; otherwise the task opens what the run
+    # needs, which depends on seq_length when the run is given in tokens.
+    task = make_task(config)
+    train = task.open_data("train", lambda seq_length: config.steps(seq_length) * t.global_batch_size)
+    seq_length = train.seq_length
     steps = config.steps(seq_length)
     total_steps = config.total_steps(seq_length)
     if steps > total_steps:
@@ -159,7 +115,7 @@ def make_plan(
         )
 
     needed = steps * t.global_batch_size
-    available = _len_or_zero(train)
+    available = len(train)
     if available < needed:
         source = config.data.mix or ", ".join(config.data.prefixes)
         raise InputError(
@@ -170,8 +126,7 @@ def make_plan(
         )
 
     # The tokenizer must fit the model's embedding.
-    tokenizer = getattr(train, "tokenizer", None)
-    vocab = getattr(train, "vocab_size", None)
+    tokenizer, vocab = train.tokenizer, train.vocab_size
     if vocab is not None and vocab > model_config.vocab_size:
         name = (tokenizer or {}).get("name") or (tokenizer or {}).get("source") or "the data's tokenizer"
         raise InputError(
@@ -188,18 +143,15 @@ def make_plan(
         )
 
     valid = None
-    if config.task == "sft" and config.eval.every > 0:  # --- sft (issue 8) ---
-        warnings.append("task sft has no valid split yet; eval.every ignored")
+    if config.eval.every > 0 and not task.evaluates:
+        warnings.append(f"task {config.task} has no valid split yet; eval.every ignored")
     elif open_valid and config.eval.every > 0:
         try:
-            if config.data.mix is not None:
-                valid = _open_data(config, "valid")
-            else:
-                valid = _open_prefixes(config, "valid", config.eval.iters * t.micro_batch_size * world_size)
+            valid = task.open_data("valid", lambda _: config.eval.iters * t.micro_batch_size * world_size)
         except (InputError, ValueError, KeyError) as error:
             warnings.append(f"no valid split to evaluate on ({error}); eval.every ignored")
             valid = None
-        if valid is not None and _len_or_zero(valid) == 0:
+        if valid is not None and len(valid) == 0:
             warnings.append("the valid split is empty; eval.every ignored")
             valid = None
 
@@ -214,16 +166,15 @@ def make_plan(
     )
     return TrainPlan(
         config=config,
+        task=task,
         model_config=model_config,
         train_data=train,
         valid_data=valid,
         ds_config=ds_config,
         world_size=world_size,
-        seq_length=seq_length,
         steps=steps,
         total_steps=total_steps,
         grad_accumulation=gas,
-        tokenizer=tokenizer,
         warnings=warnings,
     )
 

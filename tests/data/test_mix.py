@@ -253,28 +253,6 @@ def test_hash_is_content_not_path(sources, tmp_path):
     assert M.build_plan(config).hash == M.build_plan(same).hash != M.build_plan(other).hash
 
 
-def test_parse_data_path():
-    assert M.parse_data_path(["0.7", "A", "0.3", "B"]) == M.Blend(["A", "B"], [0.7, 0.3])
-    assert M.parse_data_path(["0.7 A 0.3 B"]) == M.Blend(["A", "B"], [0.7, 0.3])
-    assert M.parse_data_path(["A", "B"]) == M.Blend(["A", "B"], None)
-    assert M.parse_data_path(["A", "B", "C"]) == M.Blend(["A", "B", "C"], None)
-    assert M.parse_data_path(["30", "A", "70", "B"]).weights == [30.0, 70.0]
-    with pytest.raises(UsageError, match="not a number"):
-        M.parse_data_path(["0.7", "A", "B", "C"])
-    with pytest.raises(InputError, match="negative"):
-        M.parse_data_path(["-1", "A", "1", "B"])
-
-
-def test_parse_counts():
-    assert M.parse_count("2048", "--x") == 2048
-    assert M.parse_count("10K", "--x") == 10_000
-    assert M.parse_count("1.5B", "--x") == 1_500_000_000
-    assert M.parse_count("0", "--x", allow_zero=True) == 0
-    for bad in ("0", "-5", "1.5", "abc", "", "1e5"):
-        with pytest.raises(UsageError):
-            M.parse_count(bad, "--x")
-
-
 def test_config_errors(sources):
     with pytest.raises(UsageError, match="2 weight"):
         M.Blend(sources, [0.5, 0.5])

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from llmtools.errors import InputError
-from llmtools.model.config import ModelConfig, load_model_config
+from llmtools.model.config import ModelConfig
+from llmtools.model.presets import load_model_config
 
 
 def test_defaults_resolve_head_dim_and_kv_heads():

@@ -6,9 +6,10 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from llmtools.model.config import ModelConfig, load_model_config
+from llmtools.model.config import ModelConfig
 from llmtools.model.flops import flops_per_token, forward_flops_per_token, matmul_parameters, mfu
 from llmtools.model.llama import LlamaForCausalLM
+from llmtools.model.presets import load_model_config
 
 
 def hand_count_forward(c: ModelConfig, seq: int) -> int:

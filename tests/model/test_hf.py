@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from llmtools.errors import InputError, OutputExistsError
-from llmtools.model.config import ModelConfig, list_presets, load_model_config
+from llmtools.model.config import ModelConfig
 from llmtools.model.hf import (
     TensorSource,
     from_hf_config,
@@ -19,6 +19,7 @@ from llmtools.model.hf import (
     to_hf_config,
 )
 from llmtools.model.llama import LlamaForCausalLM
+from llmtools.model.presets import list_presets, load_model_config
 
 transformers = pytest.importorskip("transformers")
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmtools.model.config import ModelConfig, load_model_config
+from llmtools.model.config import ModelConfig
 from llmtools.model.llama import LlamaForCausalLM, rope_inv_freq
+from llmtools.model.presets import load_model_config
 
 transformers = pytest.importorskip("transformers")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmtools.model.config import list_presets, load_model_config, preset_metadata
 from llmtools.model.llama import LlamaForCausalLM
+from llmtools.model.presets import list_presets, load_model_config, preset_metadata
 
 # Exact counts of the reference checkpoints (sum of tensor sizes in their safetensors files,
 # a tied lm_head counted once); the cards round these to 8.03B, 1.23B, 0.6B (0.44B non-embedding).

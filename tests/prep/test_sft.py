@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from llmtools.errors import InputError, UsageError
+from llmtools.formats.indexed import IndexedDatasetReader
 from llmtools.prep.sft import (
     SftConfig,
     build_sft,
@@ -14,8 +16,6 @@ from llmtools.prep.sft import (
     position_ids_from_segments,
     segment_attention_mask,
 )
-from llmtools.errors import InputError, UsageError
-from llmtools.formats.indexed import IndexedDatasetReader
 from llmtools.tokenize import load_tokenizer
 from tests.conftest import REPO, shared
 
@@ -263,7 +263,7 @@ def test_loss_moves_only_with_assistant_targets(tmp_path):
     """The mask as a trainer uses it (labels = ids[1:], mask[1:]): prompt targets do not move the loss."""
     torch = pytest.importorskip("torch")
     from llmtools.model import LlamaForCausalLM
-    from llmtools.model.config import load_model_config
+    from llmtools.model.presets import load_model_config
 
     _, _ = _build(tmp_path, CHATS[:1], "byte")
     ids = torch.from_numpy(_read(tmp_path / "out" / "sft", "input_ids").document(0).astype(np.int64))[None]

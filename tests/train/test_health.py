@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from llmtools.errors import RuntimeFailure
-from llmtools.train import loop, losses
+from llmtools.train import loop
 from llmtools.train.health import HealthGate
+from llmtools.train.tasks import pretrain as losses
 from tests.train.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.train.conftest import TINY
-from tests.train.test_sft_training import ds, make_sft_prefix, sft_config
+from tests.train.tasks.test_sft import ds, make_sft_prefix, sft_config
 
 ROOT = Path(__file__).resolve().parents[2]
 LORA = {
@@ -59,7 +59,7 @@ def lora_run(tmp_path_factory):
 
 
 def _checkpoint_state(path: Path):
-    from llmtools.train.lora import checkpoint_lora
+    from llmtools.ckpt.lora import checkpoint_lora
 
     found = checkpoint_lora(path)
     assert found is not None
@@ -69,7 +69,7 @@ def _checkpoint_state(path: Path):
 def test_adapter_parameter_count_and_names():
     torch = pytest.importorskip("torch")
     from llmtools.model import LlamaForCausalLM, load_model_config
-    from llmtools.train.lora import LoraSection, apply_lora, expected_adapter_parameters
+    from llmtools.model.lora import LoraSection, apply_lora, expected_adapter_parameters
 
     shape = load_model_config({**load_model_config("tiny").to_dict(), **TINY})
     torch.manual_seed(0)
@@ -138,7 +138,7 @@ def _ours(lora_run):
     import torch
 
     from llmtools.model import LlamaForCausalLM
-    from llmtools.train.lora import apply_lora
+    from llmtools.model.lora import apply_lora
 
     section, state = _checkpoint_state(lora_run["result"].checkpoint)
     model = LlamaForCausalLM(lora_run["shape"])

@@ -15,7 +15,7 @@ import pytest
 
 from tests.train.conftest import TINY
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SEQ = 96
 PACK = 256  # packed sequences hold several samples
 
@@ -119,7 +119,7 @@ def _per_sample_losses(model, data, indices, packed: bool, seq: int) -> dict[tup
     import torch
     import torch.nn.functional as F
 
-    from llmtools.train.sft import to_tensors
+    from llmtools.train.tasks.sft import to_tensors
 
     b = to_tensors(data.batch(indices, seq), "cpu", packed=True)
     kwargs = {"position_ids": b["position_ids"], "segment_ids": b["segment_ids"]} if packed else {}
@@ -167,7 +167,7 @@ def test_prompt_targets_do_not_move_the_loss(sft_data):
     from llmtools.data.sft_dataset import SftDataset
     from llmtools.model import LlamaForCausalLM
     from llmtools.train.plan import resolve_model_config
-    from llmtools.train.sft import masked_loss, to_tensors
+    from llmtools.train.tasks.sft import masked_loss, to_tensors
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(resolve_model_config(sft_config(sft_data["plain"])))

@@ -1,0 +1,58 @@
+"""``model.init_from``: the weights (and model config) a run starts from, read from a Hugging Face folder
+or from one of our checkpoints (a checkpoint folder, or a run folder: its newest verified checkpoint).
+
+Every task uses it; it lives with the other checkpoint readers so that reading a checkpoint happens in
+one package.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmtools.errors import InputError
+
+
+def init_checkpoint(spec: str | None) -> Path | None:
+    """The checkpoint ``model.init_from`` names (a checkpoint folder, or a run folder: its newest verified
+    checkpoint); None when it is a Hugging Face folder (config.json) or not given."""
+    if not spec or (Path(spec) / "config.json").is_file():
+        return None
+    from llmtools.ckpt import layout
+
+    path = Path(spec)
+    if not (layout.model_states_file(path).is_file() or (path / layout.CHECKPOINTS).is_dir()):
+        return None
+    from llmtools.ckpt.convert import resolve_checkpoint
+
+    return resolve_checkpoint(path)
+
+
+def init_model_source(spec: str):
+    """What ``load_model_config`` should read for ``init_from``: a checkpoint's recorded model, else ``spec``."""
+    path = init_checkpoint(spec)
+    if path is None:
+        return spec
+    from llmtools.ckpt.verify import read_meta
+
+    model = read_meta(path).get("model")
+    if not model:
+        raise InputError(f"{path}/meta.json[model]: no model config recorded; give model.preset")
+    return model
+
+
+def load_init_weights(model, spec: str) -> None:
+    """Copy ``init_from``'s weights into ``model``: a Hugging Face folder, or one of our checkpoints
+    (any ZeRO stage; a LoRA checkpoint with its adapters merged into the base)."""
+    path = init_checkpoint(spec)
+    if path is None:
+        from llmtools.model.hf import load_hf_weights
+
+        load_hf_weights(model, spec)
+        return
+    import torch
+
+    from llmtools.ckpt.lora import checkpoint_weights
+    from llmtools.model.hf import load_state_dict_into
+
+    with torch.no_grad():
+        load_state_dict_into(model, checkpoint_weights(path), str(path))

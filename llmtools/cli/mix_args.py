@@ -1,0 +1,79 @@
+"""llm-mix's option strings: counts with suffixes (``10M``, ``1.5B``), weight lists, and Megatron's
+``--data-path 0.7 A 0.3 B`` spelling, turned into the values :mod:`llmtools.data.mix` takes. Each error
+is a one-line :class:`UsageError` naming the flag."""
+
+from __future__ import annotations
+
+import re
+
+from llmtools.data.mix import Blend
+from llmtools.errors import UsageError
+
+# -- Megatron's --data-path spelling ----------------------------------------------------------------
+_NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$|^[-+]?(nan|inf|infinity)$", re.IGNORECASE)
+
+
+def parse_data_path(tokens: list[str], flag: str = "--data-path") -> Blend:
+    """``["0.7", "A", "0.3", "B"]`` -> Blend([A, B], [0.7, 0.3]); ``["A", "B"]`` -> weights by size.
+
+    As Megatron's ``get_blend_from_list``: an odd count, or weights that are not numbers, means a list
+    of prefixes only. A mixture (some numbers, some not, in weight places) is refused. A list may also
+    be given as one string with spaces.
+    """
+    items = [part for token in tokens for part in str(token).split()]
+    if not items:
+        raise UsageError(f"{flag}: no datasets given")
+    if len(items) % 2 == 1:
+        return Blend(items, None, flag)
+    weights, prefixes = items[0::2], items[1::2]
+    numeric = [bool(_NUMBER.match(w)) for w in weights]
+    if not any(numeric):
+        return Blend(items, None, flag)
+    if not all(numeric):
+        bad = weights[numeric.index(False)]
+        raise UsageError(f"{flag}: expected 'WEIGHT PREFIX' pairs, but {bad!r} is not a number")
+    return Blend(prefixes, [float(w) for w in weights], flag)
+
+
+# -- counts and weights -----------------------------------------------------------------------------
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+
+
+def parse_count(text: str | int | None, flag: str, allow_zero: bool = False) -> int | None:
+    """``"2048"``, ``"10_000"``, ``"10M"``, ``"1.5B"`` -> int; a one-line :class:`UsageError` otherwise."""
+    if text is None:
+        return None
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        match = re.fullmatch(r"\s*(\d[\d_]*(?:\.\d+)?)\s*([kKmMbBgGtT]?)\s*", str(text))
+        if not match:
+            raise UsageError(
+                f"{flag}: {text!r} is not a {'non-negative' if allow_zero else 'positive'} integer"
+            )
+        number, suffix = match.groups()
+        scaled = float(number.replace("_", "")) * _SUFFIX[suffix.lower()]
+        if scaled != int(scaled) or (not suffix and "." in number):
+            raise UsageError(f"{flag}: {text!r} is not a whole number")
+        value = int(scaled)
+    if value < 0 or (value == 0 and not allow_zero):
+        raise UsageError(
+            f"{flag}: must be a {'non-negative' if allow_zero else 'positive'} integer, not {text!r}"
+        )
+    return value
+
+
+def parse_weights(text: str | None) -> list[float] | None:
+    """``"0.7,0.3"`` -> [0.7, 0.3] (checked by :class:`Blend`); None when not given."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in str(text).replace(" ", ",").split(",") if p.strip()]
+    if not parts:
+        raise UsageError("--weights: empty; give one number per PREFIX, like 0.7,0.3")
+    out = []
+    for i, part in enumerate(parts):
+        try:
+            out.append(float(part))
+        except ValueError:
+            raise UsageError(f"--weights: weight {i + 1} ({part!r}) is not a number") from None
+    return out

@@ -1,0 +1,65 @@
+"""The samples of a plan, in plan order, written as an indexed dataset of their own (``llm-mix
+--materialize``): one ``seq_length + 1``-token document per sample, for tools that read a plain
+``.bin/.idx`` and not a mix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from llmtools.data.mix import file_sha256
+from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, idx_path, strip_suffix
+from llmtools.formats.sidecar import build_sidecar, write_sidecar
+
+
+def materialize(
+    dataset, prefix: str | os.PathLike, mix_path: str | os.PathLike | None = None, chunk: int = 4096
+) -> list[Path]:
+    """Write the dataset's samples in plan order, one ``seq_length + 1``-token document each, as PREFIX.bin/.idx.
+
+    A sidecar ``PREFIX.json`` records the tokenizer identity (when the plan has one) so that
+    llm-prep inspect / cat and llm-export can decode it.
+    """
+    prefix = strip_suffix(prefix)
+    dtypes = {p.tokens.dtype for p in dataset.parts}
+    dtype = dtypes.pop() if len(dtypes) == 1 else np.dtype(np.int32)
+    width = dataset.seq_length + 1
+    n = len(dataset)
+    with IndexedDatasetWriter(prefix, dtype) as writer:
+        for lo in range(0, n, chunk):
+            block = dataset.batch(np.arange(lo, min(n, lo + chunk), dtype=np.int64))
+            writer.add_documents(
+                block.reshape(-1).astype(dtype), np.full(block.shape[0], width, dtype=np.int64)
+            )
+    inputs = []
+    if mix_path is not None:
+        mp = Path(mix_path)
+        inputs.append({"path": str(mp), "size": mp.stat().st_size, "sha256": file_sha256(mp)})
+    tok = dataset.tokenizer
+    sidecar = build_sidecar(
+        tokenizer=tok,
+        dtype=dtype,
+        inputs=inputs,
+        documents=n,
+        sequences=n,
+        tokens=n * width,
+        json_key=None,
+        append_eod=False,
+        materialized={
+            "mix": str(mix_path) if mix_path else None,
+            "split": dataset.split,
+            "fingerprint": dataset.fingerprint,
+            "seq_length": dataset.seq_length,
+        },
+    )
+    written = [bin_path(prefix), idx_path(prefix)]
+    if tok is not None:  # without a known tokenizer the file is like one Megatron wrote: no sidecar
+        written.append(write_sidecar(prefix, sidecar))
+    else:  # ...but markers say llmtools wrote it (what --force may replace)
+        from llmtools.formats.outputs import write_marker
+
+        for path in written:
+            write_marker(path, "llm-mix --materialize", mix=str(mix_path) if mix_path else None)
+    return written

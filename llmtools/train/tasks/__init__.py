@@ -1,0 +1,34 @@
+"""Training tasks as plug-ins: the table below is the only place that maps ``task:`` to code.
+
+Each task implements :class:`~llmtools.train.tasks.base.Task` (its data for a split, the loss of a
+micro-batch, the metrics it adds, its client state). The trainer builds one with :func:`make_task`
+and calls it; it never tests a task's name. A new task is a module here and a row in :data:`TASKS`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llmtools.errors import InputError
+from llmtools.train.tasks.base import LossOutput, Task, TaskData
+from llmtools.train.tasks.pretrain import PretrainTask
+from llmtools.train.tasks.sft import SftTask
+
+if TYPE_CHECKING:
+    from llmtools.train.config import TrainConfig
+
+__all__ = ["TASKS", "LossOutput", "Task", "TaskData", "check_task", "make_task"]
+
+TASKS: dict[str, type[Task]] = {task.name: task for task in (PretrainTask, SftTask)}
+
+
+def check_task(value, where: str) -> str:
+    """``task:`` of a train config: one of the table's names."""
+    if value not in TASKS:
+        raise InputError(f"{where}: task: {value!r} is not one of {', '.join(TASKS)}")
+    return value
+
+
+def make_task(config: TrainConfig) -> Task:
+    """The task a (checked) train config names."""
+    return TASKS[config.task](config)

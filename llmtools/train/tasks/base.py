@@ -1,0 +1,89 @@
+"""The interface every training task implements; the trainer knows tasks only through it.
+
+A task answers four questions, and nothing else about it is visible to the loop:
+
+- **its data**: :meth:`Task.open_data` opens one split as a :class:`TaskData`, an object that carries
+  its own ``seq_length``, tokenizer identity and vocabulary size and hands out host-side batches
+  (``batch(indices)``). The sequence length is the data's: the trainer reads it from there and nowhere
+  else. How many samples a run needs depends on that length when the run is given in tokens, so the
+  trainer passes ``samples_for(seq_length) -> int`` and the task asks it once it knows the length.
+- **the loss of a micro-batch**: :meth:`Task.loss` runs the model on one batch and returns a
+  :class:`LossOutput`: the scalar to back-propagate and the task's own metrics (scalar tensors).
+- **the metrics it adds**: :attr:`Task.metric_names`, the keys of ``LossOutput.metrics``; the trainer
+  averages them over micro-batches, ranks and the logging window into the train records.
+- **its client state**: :meth:`Task.state_dict` / :meth:`Task.load_state_dict`, saved with every
+  checkpoint and given back on resume.
+
+A preference task, for example, opens paired chosen/rejected data whose ``batch()`` also returns the
+reference model's log-probabilities stored beside it, computes its loss from both halves, and reports
+its rewards and margins as metrics, all without a change to the trainer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from llmtools.train.config import TrainConfig
+
+
+class TaskData(Protocol):
+    """One split of a task's data, as the trainer sees it."""
+
+    seq_length: int
+    """Tokens per sample the model sees (its inputs; the labels are shifted by one)."""
+    tokenizer: dict | None
+    """The tokenizer identity recorded beside the data (a sidecar's ``tokenizer``), or None."""
+    vocab_size: int | None
+    """The tokenizer's vocabulary size, checked against the model's embedding; None when unknown."""
+
+    def __len__(self) -> int: ...
+
+    def batch(self, indices) -> Any:
+        """Host-side arrays of samples ``indices``, in the form the task's :meth:`Task.loss` takes."""
+        ...
+
+
+class LossOutput(NamedTuple):
+    """The loss of one micro-batch and the task's metrics for it (scalar tensors, not detached)."""
+
+    loss: Any
+    metrics: dict[str, Any] = {}
+
+
+class Task(ABC):
+    """One kind of training (pretraining, SFT, ...): its data, its loss, its metrics, its state."""
+
+    name: ClassVar[str]
+    """What ``task:`` in the train config says to pick this task."""
+    evaluates: ClassVar[bool] = True
+    """Whether the task has a valid split to evaluate on (``eval.every``)."""
+    metric_names: ClassVar[tuple[str, ...]] = ()
+    """The keys of :attr:`LossOutput.metrics`: added to the train (and eval) records."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+
+    @property
+    def where(self) -> str:
+        """The train config's file, for error messages."""
+        return self.config.source or "<train config>"
+
+    @abstractmethod
+    def open_data(self, split: str, samples_for: Callable[[int], int]) -> TaskData:
+        """Open ``split`` ("train" or "valid"), with at least ``samples_for(seq_length)`` samples when
+        the data can be sized (a mix is what it is: the trainer checks its length). Raises InputError
+        naming the file and key."""
+
+    @abstractmethod
+    def loss(self, model, batch, device) -> LossOutput:
+        """The loss of one micro-batch through ``model`` (a module or a DeepSpeed engine)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the task needs to continue exactly after a resume (kept in each checkpoint)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless unless overridden
+        """Take back what :meth:`state_dict` returned when the checkpoint was saved."""
