@@ -100,22 +100,37 @@ def test_convert_verifies_an_explicit_step_folder(run, env, tmp_path):
 
 
 def test_import_hf_refuses_a_shard_index_naming_files_outside(run, env, tmp_path):
-    hf = tmp_path / "hf"
-    proc = cli("ckpt", "convert", run / STEP4, "--to", "hf", "-o", hf, "--shard-size", "40KB", env=env)
-    assert proc.returncode == 0, proc.stderr
+    import pytest
+
+    from llmtools.ckpt.convert import to_hf
+    from llmtools.errors import InputError
+    from llmtools.model.hf import load_hf_state_dict
+
+    hf = to_hf(run / STEP4, tmp_path / "hf", shard_size="40KB")
     index_path = hf / "model.safetensors.index.json"
     index = json.loads(index_path.read_text())
     shard = sorted(set(index["weight_map"].values()))[0]
     outside = tmp_path / "outside.safetensors"
     shutil.move(hf / shard, outside)
-    for bad in (str(outside), f"../{outside.name}"):
-        index["weight_map"] = {k: (bad if v == shard else v) for k, v in index["weight_map"].items()}
-        index_path.write_text(json.dumps(index))
-        out = tmp_path / "imported"
-        proc = cli("ckpt", "import-hf", hf, "-o", out, env=env)
-        assert proc.returncode == 2 and "lies outside" in error_line(proc) and bad in proc.stderr
-        assert not out.exists()
-        index["weight_map"] = {k: (shard if v == bad else v) for k, v in index["weight_map"].items()}
+
+    def name(bad: str) -> None:
+        index_path.write_text(
+            json.dumps(
+                {
+                    **index,
+                    "weight_map": {k: (bad if v == shard else v) for k, v in index["weight_map"].items()},
+                }
+            )
+        )
+
+    name(str(outside))  # an absolute path: the command
+    out = tmp_path / "imported"
+    proc = cli("ckpt", "import-hf", hf, "-o", out, env=env)
+    assert proc.returncode == 2 and "lies outside" in error_line(proc) and str(outside) in proc.stderr
+    assert not out.exists()
+    name(f"../{outside.name}")  # climbing out: the same reader, in this process
+    with pytest.raises(InputError, match=r"weight_map\]: '\.\./outside\.safetensors' lies outside"):
+        load_hf_state_dict(hf)
 
 
 def test_mix_cache_names_stay_inside_the_mix_folder(trust_data, env, tmp_path):

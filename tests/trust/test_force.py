@@ -49,8 +49,9 @@ def test_export_into_the_folder_holding_its_input_is_refused(trust_data, env, tm
 
 
 def test_import_hf_into_a_folder_of_someone_elses_files_is_refused(run, env, tmp_path):
-    hf = tmp_path / "hf"
-    assert cli("ckpt", "convert", run / STEP4, "--to", "hf", "-o", hf, env=env).returncode == 0
+    from llmtools.ckpt.convert import import_hf, to_hf
+
+    hf = to_hf(run / STEP4, tmp_path / "hf")
     theirs = tmp_path / "project"
     theirs.mkdir()
     (theirs / "notes.md").write_text("mine")
@@ -58,7 +59,7 @@ def test_import_hf_into_a_folder_of_someone_elses_files_is_refused(run, env, tmp
     refused(proc, "non-empty folder llmtools did not write")
     assert [p.name for p in theirs.iterdir()] == ["notes.md"]
     # ...while an earlier import (ours) is replaced
-    assert cli("ckpt", "import-hf", hf, "-o", tmp_path / "ckpt", env=env).returncode == 0
+    import_hf(hf, tmp_path / "ckpt")
     assert cli("ckpt", "import-hf", hf, "-o", tmp_path / "ckpt", "--force", env=env).returncode == 0
 
 
