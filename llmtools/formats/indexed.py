@@ -183,9 +183,9 @@ class IndexedDatasetReader:
         """Check the index against itself and the ``.bin`` (see the module docstring), O(sequences); done
         on open. InputError naming the file, the byte offset of the bad entry and what is wrong.
 
-        One compiled pass when the native helpers are there (``llm_check_index``, ~1 ns a sequence: a
-        few per cent of what opening a dataset costs); the vectorised numpy check otherwise, and always
-        to say what is wrong with an index the compiled pass rejected."""
+        One compiled pass when the native helpers are there (``llm_check_index``, a few ns a sequence: a
+        few per cent of opening a dataset for training, ``benchmarks/bench_index.py``); the vectorised
+        numpy check otherwise, and always to say what is wrong with an index the compiled pass rejected."""
         from llmtools import _native
 
         lib = _native.load()
