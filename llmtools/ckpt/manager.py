@@ -146,6 +146,7 @@ class CheckpointManager:
                 "config_hash": client_state.get("config_hash"),
                 "model": client_state.get("model"),
                 "tokenizer": client_state.get("tokenizer"),
+                "expert_parallel": client_state.get("expert_parallel"),
                 "world_size": world,
                 "dp_world_size": int(getattr(engine, "dp_world_size", world)),
                 "zero_stage": int(engine.zero_optimization_stage()),

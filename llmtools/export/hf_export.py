@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from llmtools.export.hf_card import dataset_card
 from llmtools.errors import InputError, UsageError
+from llmtools.export.hf_card import dataset_card
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
 from llmtools.formats.sidecar import read_sidecar
 from llmtools.fsutil import atomic_dir, check_writable

@@ -1,8 +1,11 @@
-"""``llm-log plot``: training curves of one or more runs, overlaid, in four panels.
+"""``llm-log plot``: training curves of one or more runs, overlaid, in four panels (six for MoE runs).
 
 Panels: loss (raw, faint, and an exponential moving average, bold; eval loss as markers), learning
-rate, gradient norm, throughput (tokens/s, or samples/s when a log has no token counts). The x axis
-is steps or consumed tokens. matplotlib runs headless (Agg); the PNG is written atomically.
+rate, gradient norm, throughput (tokens/s, or samples/s when a log has no token counts). When a log has
+llm-train's router metrics (a mixture-of-experts run), a third row: the router's load-balancing loss,
+and the expert-load imbalance (coefficient of variation of the load: mean over layers, solid; worst
+layer, dashed). The x axis is steps or consumed tokens. matplotlib runs headless (Agg); the PNG is
+written atomically.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from llmtools.logs.analysis import SpikeDetector
 from llmtools.logs.records import Record
 
 PANELS = ("loss", "lr", "grad_norm", "throughput")
+MOE_PANELS = ("moe_aux_loss", "moe_load_cv")
+MOE_SERIES = ("moe_aux_loss", "moe_z_loss", "moe_load_cv", "moe_load_cv_max")
 
 
 @dataclass
@@ -84,13 +89,27 @@ class Curves:
             value = values.get(name)
             if value is not None and math.isfinite(value):
                 self._append(name, x, value)
-        for name in ("tokens_per_s", "samples_per_s"):
+        for name in ("tokens_per_s", "samples_per_s", *MOE_SERIES):
             value = values.get(name)
             if value is not None and math.isfinite(value):
                 self._append(name, x, value)
 
     def points(self, key: str) -> int:
         return len(self.series[key][0]) if key in self.series else 0
+
+
+def _draw_moe(row, run: Curves, color: str, drawn: dict) -> None:
+    ax_aux, ax_cv = row
+    if run.points("moe_aux_loss"):
+        xs, ys = run.series["moe_aux_loss"]
+        ax_aux.plot(xs, ys, color=color, linewidth=1.2, label=run.name)
+        drawn["moe_aux_loss"][run.name] = len(xs)
+    for key, style in (("moe_load_cv", "-"), ("moe_load_cv_max", "--")):
+        if run.points(key):
+            xs, ys = run.series[key]
+            label = run.name if key == "moe_load_cv" else f"{run.name} (worst layer)"
+            ax_cv.plot(xs, ys, style, color=color, linewidth=1.2, label=label)
+            drawn["moe_load_cv"][run.name] = drawn["moe_load_cv"].get(run.name, 0) + len(xs)
 
 
 def auto_smoothing(points: int) -> float:
@@ -124,10 +143,14 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(config.width, config.height), dpi=config.dpi, sharex=True)
-    ax_loss, ax_lr, ax_gn, ax_tp = axes.flat
+    moe = any(run.points("moe_aux_loss") for run in runs)
+    rows = 3 if moe else 2
+    fig, axes = plt.subplots(
+        rows, 2, figsize=(config.width, config.height * rows / 2), dpi=config.dpi, sharex=True
+    )
+    ax_loss, ax_lr, ax_gn, ax_tp = axes.flat[:4]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    drawn = {panel: {} for panel in PANELS}
+    drawn = {panel: {} for panel in PANELS + (MOE_PANELS if moe else ())}
     throughput_label = "tokens/s"
     for index, run in enumerate(runs):
         color = colors[index % len(colors)]
@@ -161,6 +184,11 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
                 xs, ys, color=color, linewidth=1.0, label=f"{run.name} ({key.replace('_per_s', '/s')})"
             )
             drawn["throughput"][run.name] = len(xs)
+        if moe:
+            _draw_moe(axes[2], run, color, drawn)
+    if moe:
+        axes[2][0].set_title("router load-balancing loss (k when balanced)")
+        axes[2][1].set_title("expert load CV (layer mean solid, worst dashed)")
     ax_loss.set_title("loss (raw, smoothed; eval o, spikes x)")
     ax_lr.set_title("learning rate")
     ax_gn.set_title("grad norm")
@@ -176,7 +204,7 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
             ax.legend(fontsize=8, loc="best")
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
-    for ax in axes[1]:
+    for ax in axes[-1]:
         ax.set_xlabel(xlabel)
     fig.suptitle(config.title or ", ".join(run.name for run in runs))
     fig.tight_layout()

@@ -59,8 +59,8 @@ def build_tokenizer(texts: Iterable[str], config: TrainConfig):
 
 def iter_jsonl_texts(inputs: Sequence[str], keys: Sequence[str], skip_bad: bool = False) -> Iterator[str]:
     """Every text of every key in JSONL inputs (same reader and errors as json2bin)."""
-    from llmtools.prep.jsonl import JsonlSource
     from llmtools.errors import InputError
+    from llmtools.prep.jsonl import JsonlSource
 
     source = JsonlSource(inputs, skip_bad=skip_bad)
     for chunk in source.batches():

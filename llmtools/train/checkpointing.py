@@ -30,13 +30,16 @@ def resume(
     *,
     model: dict | None = None,
     tokenizer: dict | None = None,
+    expert_parallel: int | None = None,
     rollback: bool = False,
 ):
     """Load the checkpoint ``spec`` names (auto|latest|STEP|PATH) into ``engine``.
 
     Returns ``(path, client_state)``, or ``(None, None)`` when there is nothing to resume (``auto`` on a
-    fresh run folder). A checkpoint whose model shape or tokenizer differ from this run is refused; one
-    older than the run's newest complete checkpoint needs ``rollback`` (the newer ones are moved aside).
+    fresh run folder). A checkpoint whose model shape or tokenizer differ from this run is refused, and so
+    is one whose expert layout differs (DeepSpeed's expert-parallel layer or not; the group size may
+    change: the universal conversion re-spreads the experts). One older than the run's newest complete
+    checkpoint needs ``rollback`` (the newer ones are moved aside).
     """
     if spec is None:
         return None, None
@@ -45,6 +48,18 @@ def resume(
         if spec == "auto":
             return None, None
         raise InputError(f"--resume {spec}: no such checkpoint in {manager.ckpt_dir}")
-    manager.check_compatible(path, model, tokenizer)
+    meta = manager.check_compatible(path, model, tokenizer)
+    saved_ep = meta.get("expert_parallel")
+    if (saved_ep is None) != (expert_parallel is None):
+        if saved_ep is None:
+            raise InputError(
+                f"{path}: saved without expert parallelism, and this run sets model.expert_parallel="
+                f"{expert_parallel}; resume it without (or start from its weights: model.init_from {path})"
+            )
+        raise InputError(
+            f"{path}: saved with model.expert_parallel={saved_ep} (DeepSpeed's expert-parallel layout); set "
+            "model.expert_parallel to resume it (any value dividing the world size), or start from its "
+            f"weights: llm-ckpt convert {path} --to hf, then model.init_from"
+        )
     client_state = manager.load(engine, path)
     return path, client_state

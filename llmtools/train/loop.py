@@ -127,22 +127,29 @@ def _event(metrics, step: int, event: str, message: str) -> None:
     )
 
 
-def accumulate_and_update(engine, plan: TrainPlan, batches, gate: HealthGate, coalesce: bool, own_norm: bool):
+def accumulate_and_update(
+    engine, plan: TrainPlan, batches, gate: HealthGate, coalesce: bool, own_norm: bool, router=None
+):
     """One optimizer step: every micro-batch's forward and backward, the health checks, the update.
 
-    Returns the micro-batch losses and the task's metrics per micro-batch (detached)."""
+    ``router`` (a MoE model's :class:`~llmtools.train.moe.RouterLoss`) is the model the task calls: the
+    router's auxiliary loss of that forward joins the micro-batch's loss before backward (the task's
+    loss alone is what is reported). Returns the micro-batch losses and the task's metrics per
+    micro-batch (detached)."""
     import torch
 
     gas = plan.grad_accumulation
+    model = engine if router is None else router
     losses, metrics = [], []
     if coalesce:  # DeepSpeed's documented manual boundary: not one until all micro-batches are in
         engine.set_gradient_accumulation_boundary(False)
     with engine.coalesce_grad_reduction() if coalesce else contextlib.nullcontext():
         for m in range(gas):
-            out = plan.task.loss(engine, plan.train_data.batch(next(batches)), engine.device)
+            out = plan.task.loss(model, plan.train_data.batch(next(batches)), engine.device)
             losses.append(out.loss.detach())
             metrics.append({name: value.detach() for name, value in out.metrics.items()})
-            engine.backward(out.loss)
+            aux = router.take_aux() if router is not None else None
+            engine.backward(out.loss if aux is None else out.loss + aux)
             if m < gas - 1 and not coalesce:
                 engine.step()  # DeepSpeed counts micro-steps; the update waits for the boundary
     # the accumulation boundary: health checks, then the update
@@ -200,6 +207,13 @@ class _Trainer:
         wrap_step(engine.basic_optimizer, self.gate)
         self.own_norm = engine.optimizer is engine.basic_optimizer  # ZeRO-0 fp32: DeepSpeed keeps no norm
         self.coalesce = coalesce_reductions(engine, plan.grad_accumulation, self.world)
+        # MoE: the tasks call the model through RouterLoss (the router's auxiliary loss joins each
+        # micro-batch's loss); its meter sums the router's statistics into the train records.
+        self.router = None
+        if plan.model_config.is_moe:
+            from llmtools.train.moe import RouterLoss, RouterMeter
+
+            self.router = RouterLoss(engine, RouterMeter(plan.model_config))
 
         self.manager = checkpointing.make_manager(
             self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every
@@ -237,6 +251,7 @@ class _Trainer:
             options.resume,
             model=self.model_identity,
             tokenizer=plan.tokenizer,
+            expert_parallel=self.cfg.model.expert_parallel,
             rollback=options.rollback,
         )
         # Only now: a --resume that fails leaves no metrics.jsonl, so the folder does not look like a run.
@@ -294,6 +309,8 @@ class _Trainer:
             # llm-ckpt convert merges the adapters (or writes them alone) from this record
             "lora": cfg.lora.to_dict() if cfg.lora is not None else None,
             "task_state": plan.task.state_dict(),
+            # the checkpoint holds DeepSpeed's expert-parallel layout (resume and llm-ckpt read it)
+            "expert_parallel": cfg.model.expert_parallel,
         }
 
     def save(self) -> Path:
@@ -375,7 +392,9 @@ class _Trainer:
         started = time.perf_counter()
         gate.reset()
         self.lr = engine.get_lr()[0] if engine.get_lr() else self.cfg.optimizer.lr
-        losses, metrics = accumulate_and_update(engine, plan, batches, gate, self.coalesce, self.own_norm)
+        losses, metrics = accumulate_and_update(
+            engine, plan, batches, gate, self.coalesce, self.own_norm, self.router
+        )
         loss, self.step_metrics = step_means(losses, metrics, plan.task.metric_names, engine.device)
         self.progress.step += 1
         self.progress.consumed_samples += self.cfg.training.global_batch_size
@@ -424,6 +443,8 @@ class _Trainer:
             peak_tflops=self.peak,
             world=self.world,
         )
+        if self.router is not None:
+            record.update(self.router.meter.record(self.device))  # every rank: one all-reduce
         self.metrics.log(record, step)
         self.log(step_line(record, plan.steps))
         self.window = StepWindow()

@@ -51,6 +51,11 @@ def write_resolved(plan: TrainPlan, run_dir: Path) -> None:
     resolved["model"] = {
         "preset": plan.config.model.preset,
         "init_from": plan.config.model.init_from,
+        **(
+            {"expert_parallel": plan.config.model.expert_parallel}
+            if plan.config.model.expert_parallel
+            else {}
+        ),
         **plan.model_config.to_dict(),
     }
     resolved["data"]["seq_length"] = plan.seq_length
