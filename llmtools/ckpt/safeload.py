@@ -71,15 +71,18 @@ class UnsafeFileError(InputError):
         )
 
 
-def allowed_name(path: str | os.PathLike, module: str, name: str) -> tuple[str, str]:
-    """``(module, name)`` with Python 2 names mapped as pickle maps them (protocol 2 writes
-    ``__builtin__``), or :class:`UnsafeFileError` when it is not in :data:`ALLOWED`."""
+def normalized(module: str, name: str) -> tuple[str, str]:
+    """Python 2 names mapped as pickle maps them (protocol 2 writes ``__builtin__.set``)."""
     import _compat_pickle
 
     if (module, name) in _compat_pickle.NAME_MAPPING:
-        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-    elif module in _compat_pickle.IMPORT_MAPPING:
-        module = _compat_pickle.IMPORT_MAPPING[module]
+        return _compat_pickle.NAME_MAPPING[(module, name)]
+    return _compat_pickle.IMPORT_MAPPING.get(module, module), name
+
+
+def allowed_name(path: str | os.PathLike, module: str, name: str) -> tuple[str, str]:
+    """``(module, name)`` normalized, or :class:`UnsafeFileError` when it is not in :data:`ALLOWED`."""
+    module, name = normalized(module, name)
     if (module, name) not in ALLOWED:
         raise UnsafeFileError(path, module, name)
     return module, name
@@ -171,8 +174,9 @@ def guard_engine(engine) -> None:
 def globals_in(path: str | os.PathLike) -> list[tuple[str, str]]:
     """Every global a ``torch.save`` file names, in order, read statically (``pickletools``; nothing runs).
 
-    How :data:`ALLOWED` was found, and what ``benchmarks/ckpt_globals.py`` prints. Names pushed by
-    anything but a literal string (which no pickler writes) come back as ``("?", "?")``.
+    How :data:`ALLOWED` was found (``python -m llmtools.ckpt.safeload RUN/checkpoints/step_*/*.pt``
+    lists them, file by file, allowed or not). Names pushed by anything but a literal string (which no
+    pickler writes) come back as ``("?", "?")``.
     """
     import pickletools
 
@@ -220,3 +224,19 @@ def _torch_reason(error: BaseException) -> str:
         if "Unsupported" in line or "unsupported" in line:
             return line.removeprefix("WeightsUnpickler error: ")
     return lines[-1] if lines else type(error).__name__
+
+
+def _main(argv: list[str]) -> int:
+    """Every global each file names, and whether the allowlist has it; exit 1 if any is missing."""
+    missing = 0
+    for name in argv:
+        print(name)
+        for module, attr in dict.fromkeys(globals_in(name)):
+            reason = ALLOWED.get(normalized(module, attr))
+            missing += reason is None
+            print(f"  {'ok ' if reason else 'NOT'} {module}.{attr}" + (f"  ({reason})" if reason else ""))
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

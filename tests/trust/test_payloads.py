@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from llmtools.ckpt.safeload import ALLOWED, globals_in
+from llmtools.ckpt.safeload import ALLOWED, globals_in, normalized
 from tests.trust.conftest import cli, error_line, plant_payload, rehash, snapshot
 
 STEP4 = "checkpoints/step_00000004"
@@ -95,8 +95,8 @@ def test_the_allowlist_is_what_real_checkpoints_hold(run_master):
     the entries for what the reasons say (the DeepSpeed classes in optimizer states only)."""
     seen = set()
     for file in sorted((run_master / STEP4).glob("*.pt")):
-        names = set(globals_in(file))
-        assert names <= set(ALLOWED) | {("__builtin__", "set")}, (file.name, names - set(ALLOWED))
+        names = {normalized(*name) for name in globals_in(file)}
+        assert names <= set(ALLOWED), (file.name, names - set(ALLOWED))
         if "optim_states" not in file.name:
             assert not any(module.startswith("deepspeed") for module, _ in names), file.name
         seen |= names
