@@ -43,3 +43,13 @@ def restore(state: dict[str, Any], source: str | os.PathLike = "RNG file") -> No
         np.random.set_state(saved[1])
         torch.set_rng_state(saved[2])
         raise InputError(f"{source}: malformed RNG state ({error})") from None
+
+
+def seed_all(seed: int) -> None:
+    """Start every stream afresh from ``seed`` (a resumed run given a new seed with --reset-data)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # CUDA generators included

@@ -1,11 +1,12 @@
 """Is a checkpoint complete, intact and safe to load? meta.json, files, checksums, pickles, tensor shapes.
 
 A checkpoint is *complete* when its meta.json parses and says ``complete: true``; it is *verified* when,
-in addition, the files meta.json lists are exactly the files in the folder (each inside it: no absolute
-path, no ``..``, no symlink out), each has the recorded size and sha256, every ``.pt`` file names only
-globals of :data:`llmtools.ckpt.safeload.ALLOWED` (checked without loading it), and the parameter
-shapes in DeepSpeed's model-states file equal those meta.json recorded at save time. A checkpoint that
-verifies is safe to resume from, convert or inspect.
+in addition, every file DeepSpeed needs for its ZeRO stage, world size and precision (and every RNG file)
+is listed (:func:`llmtools.ckpt.layout.required_files`), the files meta.json lists are exactly the files in
+the folder (each inside it: no absolute path, no ``..``, no symlink out), each has the recorded size and
+sha256, every ``.pt`` file names only globals of :data:`llmtools.ckpt.safeload.ALLOWED` (checked without
+loading it), and the parameter shapes in DeepSpeed's model-states file equal those meta.json recorded at
+save time. A checkpoint that verifies is safe to resume from, convert or inspect.
 """
 
 from __future__ import annotations
@@ -146,11 +147,13 @@ class Report:
     path: Path
     meta: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # files its kind needs that it does not hold or list
     unsafe: InputError | None = None  # a file naming a global outside the allowlist
 
     @property
     def complete(self) -> bool:
-        return self.meta is not None and self.meta.get("complete") is True
+        """meta.json says complete and the folder holds every file its kind needs."""
+        return self.meta is not None and self.meta.get("complete") is True and not self.missing
 
     @property
     def ok(self) -> bool:
@@ -217,6 +220,19 @@ def verify(
     files = meta["files"]
     if not files:
         report.problems.append(f"{meta_path}[files]: empty")
+    try:
+        needed = layout.required_files(meta)
+    except (TypeError, ValueError):
+        needed = []
+        report.problems.append(f"{meta_path}: zero_stage, world_size or precision is not what a save writes")
+    for name in needed:
+        if name not in files:
+            report.missing.append(name)
+            where = "missing" if not (path / name).is_file() else "not listed in meta.json"
+            report.problems.append(
+                f"{path / name}: {where}; a ZeRO-{meta.get('zero_stage')} {meta.get('precision')} checkpoint of "
+                f"world size {meta.get('world_size')} needs it (incomplete save?)"
+            )
     listed: dict[str, Path] = {}
     for name in sorted(files):
         try:
@@ -224,7 +240,7 @@ def verify(
         except InputError as error:
             report.problems.append(str(error))
     present = set(list_files(path))
-    for name in sorted(present - set(files)):
+    for name in sorted(present - set(files) - set(needed)):
         report.problems.append(f"{path / name}: present but not listed in meta.json (added or renamed?)")
     if report.problems:
         return report

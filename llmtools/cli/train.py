@@ -52,7 +52,10 @@ app = new_app("llm-train", "Pretrain a LLaMA-family model with DeepSpeed ZeRO.",
     "log step and eval; schemas/metrics.schema.json), RUN/checkpoints/ and, with --tensorboard, "
     "RUN/tensorboard/. Prints metrics.jsonl and the last checkpoint on stdout; progress on stderr. "
     "Bad config keys, types, DeepSpeed contradictions, a tokenizer that does not fit the model, or "
-    "data that ends too early fail before any compute (exit 2).\n" + EXAMPLES,
+    "data that ends too early fail before any compute (exit 2). One llm-train per run folder: a second one "
+    "exits 2 naming the first (RUN/run.lock). With --resume the config is compared with the checkpoint's: a "
+    "key that may change is applied and announced (stderr, metrics.jsonl), one that may not is refused "
+    "before anything is written, naming the flag that would allow it (--reset-data, --reshard).\n" + EXAMPLES,
     no_args_is_help=True,
 )
 def train(
@@ -88,6 +91,12 @@ def train(
         "--reset-data",
         help="With --resume: keep the step count and LR schedule, start the (new) data from its beginning.",
     ),
+    reshard: bool = typer.Option(
+        False,
+        "--reshard",
+        help="With --resume: accept another ZeRO stage (1 <-> 2); the optimizer state is converted through a "
+        "DeepSpeed universal checkpoint.",
+    ),
     tensorboard: bool = typer.Option(
         False, "--tensorboard", help="Also write TensorBoard events to RUN/tensorboard/."
     ),
@@ -120,6 +129,10 @@ def train(
         from llmtools.errors import UsageError
 
         raise UsageError("--rollback: only with --resume STEP, PATH or latest (auto always takes the newest)")
+    if reshard and resume is None:
+        from llmtools.errors import UsageError
+
+        raise UsageError("--reshard: only with --resume (it converts the checkpoint a run resumes from)")
     if init_from is not None:  # a spelled-out flag for the most common override
         set_ = [*set_, f"model.init_from={init_from}"]
     cfg = load_train_config(config, set_)
@@ -165,6 +178,7 @@ def train(
                 resume=resume,
                 force=force,
                 reset_data=reset_data,
+                reshard=reshard,
                 rollback=rollback,
             ),
         )
@@ -197,13 +211,14 @@ def _claim_run_dir(run_dir: Path, given: list[Path], cfg, force: bool) -> None:
     prepare_run_dir, whose refusal says how to continue it."""
     from llmtools.cli.outputs import claim, input_paths
     from llmtools.formats.indexed import strip_suffix
-    from llmtools.formats.outputs import RUN_FOLDER_ENTRIES, not_ours
+    from llmtools.formats.outputs import RUN_FILES, RUN_FOLDERS, not_ours, run_folder_entries
 
     data = cfg.data
     prefixes = [strip_suffix(p) for p in (data.prefixes or [])]
     inputs = [*given, data.mix, cfg.model.init_from]
     inputs += [f"{p}{suffix}" for p in prefixes for suffix in (".bin", ".idx", ".json")]
-    entries = [run_dir / name for name in RUN_FOLDER_ENTRIES]
+    entries = [run_dir / name for name in (*RUN_FILES, *RUN_FOLDERS)]  # a fresh run writes these
+    entries += [p for p in run_folder_entries(run_dir) if p not in entries]  # --force removes these too
     if not force:
         entries = [path for path in entries if not_ours(path)]
     claim(entries, inputs=input_paths(inputs), force=force)

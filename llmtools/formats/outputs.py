@@ -37,8 +37,11 @@ MARKER_SUFFIX = ".llmtools.json"
 MARKER_FORMAT = "llmtools.output"
 FOLDER_MARKER = "llmtools.json"
 RUN_CONFIG_HEADER = "# written by llm-train"
-# What `llm-train -o RUN --force` removes to start over (the rest of a run folder is left alone).
-RUN_FOLDER_ENTRIES = ("metrics.jsonl", "config.yaml", "ds_config.json", "checkpoints", "tensorboard")
+# What `llm-train -o RUN --force` removes to start over (the rest of a run folder is left alone): its
+# files, the earlier configs kept on resume (config.<step>.yaml, ds_config.<step>.json), its folders.
+RUN_FILES = ("metrics.jsonl", "config.yaml", "ds_config.json")
+RUN_KEPT = ("config.*.yaml", "ds_config.*.json")
+RUN_FOLDERS = ("checkpoints", "tensorboard")
 _DATASET_SUFFIXES = (".bin", ".idx")
 _HASHED_UP_TO = 1 << 30
 
@@ -153,6 +156,21 @@ def _run_folder(path: Path) -> bool:
     )
 
 
+def _is_run_entry(name: str) -> bool:
+    import fnmatch
+
+    return name in RUN_FILES or name in RUN_FOLDERS or any(fnmatch.fnmatch(name, p) for p in RUN_KEPT)
+
+
+def run_folder_entries(run_dir: str | os.PathLike) -> list[Path]:
+    """The entries of a run folder that ``llm-train --force`` removes (those that exist)."""
+    run_dir = Path(run_dir)
+    found = [run_dir / name for name in (*RUN_FILES, *RUN_FOLDERS) if os.path.lexists(run_dir / name)]
+    for pattern in RUN_KEPT:
+        found += sorted(run_dir.glob(pattern))
+    return found
+
+
 def not_ours(path: str | os.PathLike) -> str | None:
     """None when ``path`` is missing or something llmtools wrote; else why it is not (for a message)."""
     path = Path(path)
@@ -160,7 +178,7 @@ def not_ours(path: str | os.PathLike) -> str | None:
         return None
     if path.is_symlink():
         return "a symlink (llmtools never writes one)"
-    if path.name in RUN_FOLDER_ENTRIES and _run_folder(path.parent):
+    if _is_run_entry(path.name) and _run_folder(path.parent):
         return None
     if path.is_dir():
         if not any(path.iterdir()):

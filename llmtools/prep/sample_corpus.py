@@ -123,6 +123,7 @@ def write_sample_corpus(
     """Write ``{output_dir}/{style}.jsonl`` (``{"text": ...}`` per line) for each style; returns the paths."""
     from llmtools.formats.outputs import marker_path, write_marker
     from llmtools.fsutil import atomic_file, check_writable
+    from llmtools.locks import lock_output
 
     if docs < 1:
         raise UsageError(f"--docs: must be at least 1, got {docs}")
@@ -131,13 +132,14 @@ def write_sample_corpus(
         if style not in GENERATORS:
             raise UsageError(f"--style: unknown style {style!r} (choose from {', '.join(STYLES)})")
     paths = corpus_paths(output_dir, styles)
-    check_writable([p for path in paths for p in (path, marker_path(path))], force)
-    Path(output_dir).mkdir(parents=True, exist_ok=True)
-    for style, path in zip(styles, paths, strict=True):
-        with atomic_file(path, "w", encoding="utf-8") as handle:
-            for text in generate(style, docs, seed):
-                handle.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
-        write_marker(path, "sample-corpus", style=style, docs=docs, seed=seed)
+    with lock_output(paths):  # one writer per output, from the existence check on
+        check_writable([p for path in paths for p in (path, marker_path(path))], force)
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        for style, path in zip(styles, paths, strict=True):
+            with atomic_file(path, "w", encoding="utf-8") as handle:
+                for text in generate(style, docs, seed):
+                    handle.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+            write_marker(path, "sample-corpus", style=style, docs=docs, seed=seed)
     return paths
 
 

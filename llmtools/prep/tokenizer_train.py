@@ -89,11 +89,13 @@ def train_tokenizer(
     says llmtools wrote it (``tokenizer.json.llmtools.json``). Returns a summary."""
     from llmtools.formats.outputs import write_marker
     from llmtools.fsutil import check_writable, write_text_atomic
+    from llmtools.locks import lock_output
 
-    check_writable(outputs(output), force)
-    tok = build_tokenizer(iter_jsonl_texts(inputs, config.json_keys, skip_bad), config)
-    write_text_atomic(output, tok.to_str(pretty=False))
-    write_marker(output, "tokenizer", vocab_size=tok.get_vocab_size(with_added_tokens=True))
+    with lock_output(output):  # one writer per output, from the existence check on
+        check_writable(outputs(output), force)
+        tok = build_tokenizer(iter_jsonl_texts(inputs, config.json_keys, skip_bad), config)
+        write_text_atomic(output, tok.to_str(pretty=False))
+        write_marker(output, "tokenizer", vocab_size=tok.get_vocab_size(with_added_tokens=True))
     return {
         "path": str(output),
         "vocab_size": tok.get_vocab_size(with_added_tokens=True),
