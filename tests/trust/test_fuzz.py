@@ -221,21 +221,39 @@ def mix_master(trust_data):
     return trust_data["folder"]
 
 
+def _copy_mix(master: Path, folder: Path) -> tuple[Path, dict]:
+    """The mix and its sources copied into ``folder``, the mix pointing at the copies."""
+    for file in master.iterdir():
+        shutil.copyfile(file, folder / file.name)
+    mix_path = folder / "mix.json"
+    plan = json.loads(mix_path.read_text())
+    for source in plan["sources"]:
+        source["prefix"] = str(folder / Path(source["prefix"]).name)
+    mix_path.write_text(json.dumps(plan))
+    return mix_path, plan
+
+
+def _read_mix(mix_path: Path) -> None:
+    from llmtools.data.dataset import BlendedGPTDataset
+
+    dataset = BlendedGPTDataset.from_mix(mix_path, split="train")
+    dataset.batch(np.arange(len(dataset)))
+    for i in range(0, len(dataset), max(1, len(dataset) // 16)):
+        dataset[i]
+
+
+def test_control_the_copied_mix_reads(mix_master, tmp_path):
+    """The fuzzers below start from a mix that opens and reads (so their refusals are the mutations')."""
+    mix_path, _ = _copy_mix(mix_master, tmp_path)
+    _read_mix(mix_path)
+
+
 @FUZZ
 @given(data=st.data())
 def test_mutated_mix_json_gives_only_named_errors(mix_master, data):
-    from llmtools.data.dataset import BlendedGPTDataset
-
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        for file in mix_master.iterdir():
-            shutil.copyfile(file, folder / file.name)
-        mix_path = folder / "mix.json"
-        plan = json.loads(mix_path.read_text())
-        for source in plan["sources"]:  # the copies, not the originals
-            source["prefix"] = str(folder / Path(source["prefix"]).name)
-        for blend in (plan["config"].get("blend") or {},):
-            blend["prefixes"] = [str(folder / Path(p).name) for p in blend.get("prefixes", [])]
+        mix_path, plan = _copy_mix(mix_master, folder)
         mix_path.write_text(json.dumps(_mutate(plan, data)))
         if data.draw(st.booleans()):  # a cache array swapped for another of the same plan
             names = sorted(p.name for p in folder.glob("*.npy"))
@@ -243,9 +261,41 @@ def test_mutated_mix_json_gives_only_named_errors(mix_master, data):
             if a != b:
                 shutil.copyfile(folder / a, folder / b)
         try:
-            dataset = BlendedGPTDataset.from_mix(mix_path, split="train")
-            dataset.batch(np.arange(min(len(dataset), 64)))
-            for i in range(0, len(dataset), max(1, len(dataset) // 16)):
-                dataset[i]
+            _read_mix(mix_path)
+        except LlmtoolsError:
+            pass
+
+
+@FUZZ
+@given(data=st.data())
+def test_forged_cache_arrays_give_only_named_errors(mix_master, data):
+    """What someone who rewrites the index cache *and* its recorded digests can do: arrays of any values
+    and lengths under the names mix.json gives. The reader must still never read out of bounds."""
+    import hashlib
+
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        mix_path, plan = _copy_mix(mix_master, folder)
+        files = plan["cache"]["files"]["train"]
+        key = data.draw(st.sampled_from(sorted(files)))
+        original = np.load(folder / files[key])
+        if data.draw(st.booleans()):  # the same shape, values nudged or replaced
+            forged = original.astype(np.int64).copy()
+            flat = forged.reshape(-1)
+            for _ in range(data.draw(st.integers(1, 4))):
+                at = data.draw(st.integers(0, max(0, flat.size - 1)))
+                if flat.size:
+                    flat[at] = data.draw(st.integers(-3, 10**7)) if data.draw(st.booleans()) else flat[at] + 1
+            forged = forged.astype(original.dtype) if data.draw(st.booleans()) else forged
+        else:  # another length
+            size = data.draw(st.integers(0, 2 * max(1, original.shape[0])))
+            forged = np.resize(original, (size, *original.shape[1:]))
+        np.save(folder / files[key], forged, allow_pickle=False)
+        raw = (folder / files[key]).read_bytes()
+        digest = {"size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+        plan["cache"].setdefault("digests", {}).setdefault("train", {})[key] = digest
+        mix_path.write_text(json.dumps(plan))
+        try:
+            _read_mix(mix_path)
         except LlmtoolsError:
             pass
