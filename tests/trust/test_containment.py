@@ -83,8 +83,12 @@ def test_a_file_present_but_not_listed_fails(run, env):
         handle.seek(2000)
         handle.write(b"\xff" * 64)
     proc = cli("ckpt", "verify", folder, env=env)
-    assert proc.returncode == 2 and "present but not listed in meta.json" in error_line(proc)
-    assert MODEL in proc.stderr
+    assert proc.returncode == 2 and "not listed in meta.json" in error_line(proc) and MODEL in proc.stderr
+    meta["files"][MODEL] = json.loads((run / STEP2 / "meta.json").read_text())["files"][MODEL]  # any entry
+    _write_meta(folder, meta)
+    (folder / "extra_optim_states.pt").write_bytes(b"planted")  # a file no save writes, and no list names
+    proc = cli("ckpt", "verify", folder, env=env)
+    assert proc.returncode == 2 and "extra_optim_states.pt: present but not listed" in error_line(proc)
 
 
 def test_convert_verifies_an_explicit_step_folder(run, env, tmp_path):
