@@ -9,8 +9,11 @@
    vectorised numpy, Megatron's C++).
 3. Random-access sample reads per second at seq_length 2048 from a warm page cache, one core:
    ``ds[i]`` (zero-copy view when a sample lies in one document) and ``ds.batch`` (int64 copies).
+4. A blend over many sources (``--sources``, default 1,000, in 4 folders): ``llm-mix 'DIR/*/*'`` end to
+   end (a subprocess: start-up, opening and hashing every source, every index, mix.json and the
+   thousands of cache files made durable), and how many lines ``--explain`` prints.
 
-Usage: python benchmarks/bench_mix.py [--quick] [--repeat N]
+Usage: python benchmarks/bench_mix.py [--quick] [--repeat N] [--sources N]
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from llmtools import _native, blend, gpt_index  # noqa: E402
+from llmtools import _native  # noqa: E402
+from llmtools.data import blend, gpt_index  # noqa: E402
 from llmtools.data.dataset import BlendedGPTDataset  # noqa: E402
 from llmtools.formats.indexed import IndexedDatasetWriter  # noqa: E402
 
@@ -275,12 +279,40 @@ def megatron_gpt_dataset(prefix, seq, num, folder):
         return BlendedMegatronDatasetBuilder(GPTDataset, [num, 0, 0], lambda: True, config).build()[0]
 
 
+def bench_sources(count: int, folder: str) -> None:
+    """``llm-mix`` over ``count`` generated sources (200 documents of 50-2,000 tokens each)."""
+    import subprocess
+
+    root = Path(folder) / "sources"
+    rng = np.random.default_rng(0)
+    for k in range(count):
+        lengths = rng.integers(50, 2000, 200)
+        with IndexedDatasetWriter(
+            root / ("web", "code", "books", "wiki")[k % 4] / f"s{k:05d}", np.uint16, durable=False
+        ) as w:
+            w.add_documents(rng.integers(0, 50_000, int(lengths.sum())), lengths)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    args = [sys.executable, "-m", "llmtools.cli.mix", f"{root}/*/*", "--seq-length", "1024"]
+    args += ["--num-samples", "1M", "--valid-samples", "10000"]
+    started = time.perf_counter()
+    out = subprocess.run([*args, "-o", f"{folder}/out/mix.json"], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if out.returncode != 0:
+        raise SystemExit(out.stderr)
+    files = len(out.stdout.splitlines())
+    explained = subprocess.run([*args, "--explain"], env=env, capture_output=True, text=True)
+    print(f"\n## a blend over {count:,} sources (llm-mix end to end, 1M + 10k samples, seq 1024)")
+    row("sources", "seconds", "files written", "--explain lines")
+    row(f"{count:,}", f"{seconds:.2f}", f"{files:,}", f"{len(explained.stdout.splitlines())}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run in seconds")
     parser.add_argument("--repeat", type=int, default=None, help="repeats per timing (best is reported)")
+    parser.add_argument("--sources", type=int, default=None, help="sources of the many-source blend (1000)")
     args = parser.parse_args()
     repeat = args.repeat or (2 if args.quick else 5)
     lib = _native.load()
@@ -295,6 +327,8 @@ def main() -> None:
         bench_reads(
             20_000_000 if args.quick else 100_000_000, 2048, 20_000 if args.quick else 100_000, folder
         )
+    with tempfile.TemporaryDirectory(prefix="bench_mix-") as folder:
+        bench_sources(args.sources or (100 if args.quick else 1000), folder)
 
 
 if __name__ == "__main__":

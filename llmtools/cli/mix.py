@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from llmtools.cli._common import emit, log, new_app, run
+from llmtools.cli._common import emit, expand_multi_value_flags, log, new_app, run
 
 HELP = """Blend tokenized .bin/.idx sources into a sample plan, exactly as Megatron-LM would.
 
@@ -22,6 +22,12 @@ Written paths go to stdout, one per line (mix.json first); --explain prints a ta
 Megatron's spelling works too: --data-path 0.7 A 0.3 B (or prefixes only, weighed by size), and
 per-split blends with --train-data-path / --valid-data-path / --test-data-path.
 
+Many sources: a PREFIX may be a glob ('shards/web-*_text_document', 'shards/*.idx'; sorted) or
+@list.txt (one prefix or glob per line); --weights then needs one weight per dataset named. A
+--data-path value @FILE (or --data-args-path FILE, as Megatron spells it) reads the blend from FILE
+('0.7 A 0.3 B', whitespace or newlines; # comments); globs there are for unweighted lists. With
+more than 20 sources --explain groups them by folder.
+
 \b
 Examples:
   llm-mix data/wiki_text_document data/code_text_document --weights 0.7,0.3 \\
@@ -33,6 +39,8 @@ Examples:
       --seq-length 2048 --num-samples 50000 --valid-samples 500 -o mix.json
   llm-mix data/a data/b --weights 0.9,0.1 --seq-length 512 --num-samples 1000 \\
       -o mix.json --materialize out/train_samples      # also the blended samples as .bin/.idx
+  llm-mix 'shards/*_text_document' --seq-length 2048 --tokens 100B -o out/mix.json --explain
+  llm-mix --data-path @blend.txt --seq-length 4096 --num-samples 1M -o out/mix.json
 """
 
 app = new_app("llm-mix", "Blend tokenized sources into a Megatron-identical sample plan.")
@@ -103,6 +111,9 @@ def mix(
     test_data_path: list[str] = typer.Option(
         None, "--test-data-path", metavar="[W] PREFIX ...", help="Per-split blend for test."
     ),
+    data_args_path: str = typer.Option(
+        None, "--data-args-path", metavar="FILE", help="Megatron: the --data-path blend read from FILE."
+    ),
     explain: bool = typer.Option(
         False, "--explain", help="Print per source: requested vs realized share, epochs, tokens, warnings."
     ),
@@ -137,8 +148,12 @@ def mix(
         raise UsageError("--materialize needs -o/--output")
     if seq_length is None:
         raise UsageError("--seq-length is required")
+    if data_args_path is not None:
+        if data_path:
+            raise UsageError("give either --data-path or --data-args-path, not both")
+        data_path = [f"@{data_args_path}"]
     per_split = {
-        name: mix_args.parse_data_path(values, flag)
+        name: mix_args.read_data_path(values, flag)
         for name, values, flag in (
             ("train", train_data_path, "--train-data-path"),
             ("valid", valid_data_path, "--valid-data-path"),
@@ -150,9 +165,11 @@ def mix(
     if data_path:
         if prefixes or weights:
             raise UsageError("give either PREFIX... [--weights] or --data-path, not both")
-        blend = mix_args.parse_data_path(data_path)
+        blend = mix_args.read_data_path(data_path, "--data-path")
     elif prefixes:
-        blend = lib.Blend(list(prefixes), mix_args.parse_weights(weights))
+        from llmtools.formats.pathlists import expand_prefixes
+
+        blend = lib.Blend(expand_prefixes(prefixes), mix_args.parse_weights(weights))
     elif weights:
         raise UsageError("--weights given but no PREFIX")
     if blend is not None and per_split:
@@ -183,6 +200,7 @@ def mix(
         outputs += [*written_prefix, *map(marker_path, written_prefix[:2])]
     blends = [blend, *per_split.values()]
     sources = [strip_suffix(p) for b in blends if b is not None for p in b.prefixes]
+    from llmtools.cli import mix_explain
     from llmtools.locks import lock_output
 
     # One writer per mix.json and per materialized prefix, from the existence check to the last rename.
@@ -191,9 +209,9 @@ def mix(
         claim(outputs, inputs=inputs, force=force)
 
         plan = lib.build_plan(config)
-        for note in plan.notes:
+        for note in mix_explain.fold(plan.notes):
             log(f"llm-mix: note: {note}")
-        for warning in plan.warnings:
+        for warning in mix_explain.fold(plan.warnings):
             log(f"llm-mix: warning: {warning}")
         written: list[Path] = []
         if output is not None:
@@ -210,45 +228,19 @@ def mix(
         summary["written"] = [str(p) for p in written]
         emit(json.dumps(summary))
     elif explain:
-        emit(lib.explain(plan))
-        for path in written:
-            log(f"llm-mix: wrote {path}")
+        emit(mix_explain.explain(plan))
+        if len(written) > mix_explain.GROUP_OVER:
+            log(f"llm-mix: wrote {written[0]} and {len(written) - 1} index cache files beside it")
+        else:
+            for path in written:
+                log(f"llm-mix: wrote {path}")
     else:
         for path in written:
             emit(str(path))
 
 
-def expand_multi_value_flags(argv: list[str]) -> list[str]:
-    """``--data-path 0.7 A 0.3 B`` -> ``--data-path 0.7 --data-path A --data-path 0.3 --data-path B``."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg in MULTI_VALUE_FLAGS:
-            j = i + 1
-            # values run to the next option; a negative number (a bad weight) is still a value
-            while j < len(argv) and (not argv[j].startswith("-") or _looks_numeric(argv[j])):
-                out += [arg, argv[j]]
-                j += 1
-            if j == i + 1:
-                out.append(arg)  # let the parser report the missing value
-            i = j
-            continue
-        out.append(arg)
-        i += 1
-    return out
-
-
-def _looks_numeric(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
 def main(argv: list[str] | None = None) -> None:
-    sys.argv[1:] = expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv))
+    sys.argv[1:] = expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv), MULTI_VALUE_FLAGS)
     run(app, "llm-mix")
 
 

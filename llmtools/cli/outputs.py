@@ -83,15 +83,17 @@ def claim(
 
 
 def input_paths(specs: Iterable[PathLike | None]) -> list[str]:
-    """The paths a command's input arguments name (globs expanded; ``-`` and None dropped), for
-    :func:`claim`'s overlap check. Missing paths stay as given: the command reports them itself."""
+    """The paths a command's input arguments name (globs expanded, an ``@list`` file and the paths it
+    lists; ``-`` and None dropped), for :func:`claim`'s overlap check. Missing paths stay as given: the
+    command reports them itself."""
     import glob
 
+    from llmtools.formats.pathlists import LIST_MARK, expand_lists
+
+    given = [str(spec) for spec in specs if spec is not None and str(spec) not in ("", "-")]
+    listed = [spec[len(LIST_MARK) :] for spec in given if spec.startswith(LIST_MARK) and len(spec) > 1]
     found: list[str] = []
-    for spec in specs:
-        if spec is None or str(spec) in ("", "-"):
-            continue
-        text = str(spec)
+    for text in [*listed, *expand_lists(given)]:
         matches = glob.glob(text, recursive=True) if glob.has_magic(text) and not os.path.exists(text) else []
         found += matches or [text]
     return found

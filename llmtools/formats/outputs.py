@@ -9,8 +9,8 @@ output                                      recognised by
 JSON files (sidecars, ``mix.json``, ...)    a top-level ``format`` starting with ``llmtools.``
 folders (HF exports and models, universal   an ``llmtools.json`` or a checkpoint ``meta.json`` inside
 checkpoints, LoRA adapters, import-hf)      (``format: llmtools.*``); an empty folder holds nothing to lose
-run folders (``llm-train -o``) and          ``config.yaml`` headed ``# written by llm-train``, or
-their entries (``metrics.jsonl``, ...)      checkpoints with our ``meta.json``
+run folders (``llm-train -o``) and          ``config.yaml`` headed ``# written by llm-train``,
+their entries (``metrics.jsonl``, ...)      checkpoints with our ``meta.json``, or our ``reference/``
 ``.safetensors``                            ``__metadata__["producer"]`` of the header
 ``.png`` (``llm-log plot``)                 the PNG text chunk ``Software: llmtools ...``
 anything else (``tokenizer.json``,          a marker ``NAME.llmtools.json`` beside it that names the file
@@ -41,7 +41,10 @@ RUN_CONFIG_HEADER = "# written by llm-train"
 # files, the earlier configs kept on resume (config.<step>.yaml, ds_config.<step>.json), its folders.
 RUN_FILES = ("metrics.jsonl", "config.yaml", "ds_config.json")
 RUN_KEPT = ("config.*.yaml", "ds_config.*.json")
-RUN_FOLDERS = ("checkpoints", "tensorboard")
+RUN_FOLDERS = ("checkpoints", "tensorboard", "reference")  # reference: a preference run's reference pass
+# The marker of a stored reference pass: llmtools.formats.reference.META_FILE, spelled here so that
+# recognising outputs does not load numpy (a test keeps the two equal).
+REFERENCE_META = "reference.json"
 _DATASET_SUFFIXES = (".bin", ".idx")
 _HASHED_UP_TO = 1 << 30
 
@@ -150,6 +153,8 @@ def _run_folder(path: Path) -> bool:
         with open(config, encoding="utf-8", errors="replace") as handle:
             if handle.readline().startswith(RUN_CONFIG_HEADER):
                 return True
+    if (_json_format(path / "reference" / REFERENCE_META) or "").startswith("llmtools."):
+        return True  # a preference run stopped after its reference pass, before any checkpoint
     checkpoints = path / "checkpoints"
     return checkpoints.is_dir() and any(
         _json_format(meta) == "llmtools.checkpoint" for meta in checkpoints.glob("step_*/meta.json")

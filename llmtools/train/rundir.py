@@ -33,7 +33,9 @@ def prepare_run_dir(
         from llmtools.ckpt.manager import CheckpointManager
 
         CheckpointManager(run_dir).check_rollback(resume, rollback)
-    existing = [run_dir / name for name in ("metrics.jsonl", "checkpoints") if (run_dir / name).exists()]
+    existing = [
+        run_dir / name for name in ("metrics.jsonl", "checkpoints", "reference") if (run_dir / name).exists()
+    ]
     if existing and resume is None and not force:
         raise UsageError(
             f"{run_dir}: already holds a run ({existing[0].name}); --resume auto continues it, "

@@ -154,3 +154,51 @@ def test_train_force_removes_only_an_earlier_run_of_ours(run, env, train_files, 
             proc = cli("train", config, "--deepspeed", ds, "-o", theirs, *extra, env=env)
             refused(proc, "config.yaml", "did not write")
         assert (theirs / "config.yaml").read_text() == "name: my project\n"
+
+
+def test_merge_never_replaces_an_input_or_a_foreign_dataset(trust_data, env, tmp_path):
+    folder = tmp_path / "data"
+    shutil.copytree(trust_data["folder"], folder)
+    source = folder / "shk_text_document"
+    before = snapshot(folder)
+    refused(cli("prep", "merge", source, "-o", source, "--force", env=env), "it is the input")
+    # through an @list naming it, and an output named by its .bin
+    listing = tmp_path / "parts.txt"
+    listing.write_text(f"{source}\n")
+    refused(cli("prep", "merge", f"@{listing}", "-o", f"{source}.bin", "--force", env=env), "it is the input")
+    assert snapshot(folder) == before
+
+    out = tmp_path / "merged"
+    assert cli("prep", "merge", source, "-o", out, "-q", env=env).returncode == 0
+    refused(cli("prep", "merge", source, "-o", out, env=env), "already exists (use --force")
+    assert cli("prep", "merge", source, "-o", out, "--force", "-q", env=env).returncode == 0  # ours
+    (tmp_path / "merged.json").unlink()  # a pair like one Megatron's merge_datasets.py wrote: not ours
+    refused(cli("prep", "merge", source, "-o", out, "--force", env=env), "without an llmtools sidecar")
+
+
+def test_pref_force_replaces_only_its_own_output(capsys, monkeypatch, tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"prompt": "Name a colour", "chosen": "Blue.", "rejected": "Seven."}) + "\n")
+    args = ("pref", pairs, "-t", "byte", "--chat-template", "chatml", "-o", tmp_path / "p", "-q")
+    assert inproc(capsys, monkeypatch, "prep", *args).returncode == 0
+    assert inproc(capsys, monkeypatch, "prep", *args, "--force").returncode == 0
+    foreign = tmp_path / "p_chosen_input_ids_document.json"
+    foreign.write_text('{"made": "by hand"}')
+    refused(inproc(capsys, monkeypatch, "prep", *args, "--force"), "p_chosen_input_ids_document")
+    assert foreign.read_text() == '{"made": "by hand"}'
+    into = ("pref", pairs, "-t", "byte", "--chat-template", "chatml", "-o", pairs / "p", "--force")
+    refused(inproc(capsys, monkeypatch, "prep", *into), "lies inside the input")
+
+
+def test_a_folder_holding_only_a_reference_pass_is_a_run_of_ours(tmp_path):
+    import numpy as np
+
+    from llmtools.formats import outputs, reference
+
+    assert outputs.REFERENCE_META == reference.META_FILE
+    run_dir = tmp_path / "run"
+    reference.write_reference(run_dir / "reference", np.zeros((2, 2)), {"weights": None})
+    assert outputs.not_ours(run_dir) is None and outputs.not_ours(run_dir / "reference") is None
+    assert run_dir / "reference" in outputs.run_folder_entries(run_dir)
+    (run_dir / "reference" / reference.META_FILE).write_text("{}")  # not ours any more
+    assert outputs.not_ours(run_dir) is not None
