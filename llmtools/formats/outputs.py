@@ -74,7 +74,7 @@ def write_marker(path: str | os.PathLike, kind: str, **info) -> Path:
         "tool": f"llmtools {__version__}",
         "file": path.name,
         "size": path.stat().st_size,
-        "sha256": _sha256(path),
+        "sha256": _sha256(path) if path.stat().st_size <= _HASHED_UP_TO else None,  # see _marked
         **info,
     }
     marker = marker_path(path)

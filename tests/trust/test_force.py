@@ -175,6 +175,18 @@ def test_merge_never_replaces_an_input_or_a_foreign_dataset(trust_data, env, tmp
     (tmp_path / "merged.json").unlink()  # a pair like one Megatron's merge_datasets.py wrote: not ours
     refused(cli("prep", "merge", source, "-o", out, "--force", env=env), "without an llmtools sidecar")
 
+    # inputs without sidecars (Megatron's) merge into a marked pair, which --force may replace again
+    bare = tmp_path / "bare"
+    for suffix in (".bin", ".idx"):
+        shutil.copy(f"{source}{suffix}", f"{bare}{suffix}")
+    out = tmp_path / "merged_bare"
+    assert cli("prep", "merge", bare, "-o", out, "-q", env=env).returncode == 0
+    assert sorted(p.name for p in tmp_path.glob("merged_bare*") if p.suffix != ".lock") == [
+        "merged_bare.bin", "merged_bare.bin.llmtools.json", "merged_bare.idx", "merged_bare.idx.llmtools.json"
+    ]  # fmt: skip
+    refused(cli("prep", "merge", bare, "-o", out, env=env), "already exists (use --force")
+    assert cli("prep", "merge", bare, "-o", out, "--force", "-q", env=env).returncode == 0
+
 
 def test_pref_force_replaces_only_its_own_output(capsys, monkeypatch, tmp_path):
     pairs = tmp_path / "pairs.jsonl"
