@@ -202,7 +202,9 @@ def test_pref_force_replaces_only_its_own_output(capsys, monkeypatch, tmp_path):
     refused(inproc(capsys, monkeypatch, "prep", *into), "lies inside the input")
 
 
-def test_a_folder_holding_only_a_reference_pass_is_a_run_of_ours(tmp_path):
+def test_a_folder_holding_only_a_reference_pass_is_a_run_of_ours(env, train_files, tmp_path):
+    """A preference run stopped after its reference pass: a run without --force, cleared by --force; a
+    ``reference`` folder llmtools did not write is kept, --force or not."""
     import numpy as np
 
     from llmtools.formats import outputs, reference
@@ -211,6 +213,16 @@ def test_a_folder_holding_only_a_reference_pass_is_a_run_of_ours(tmp_path):
     run_dir = tmp_path / "run"
     reference.write_reference(run_dir / "reference", np.zeros((2, 2)), {"weights": None})
     assert outputs.not_ours(run_dir) is None and outputs.not_ours(run_dir / "reference") is None
-    assert run_dir / "reference" in outputs.run_folder_entries(run_dir)
-    (run_dir / "reference" / reference.META_FILE).write_text("{}")  # not ours any more
-    assert outputs.not_ours(run_dir) is not None
+    config, ds = train_files
+    train = ("train", config, "--deepspeed", ds, "-o", run_dir, "--set", "training.train_steps=1")
+    refused(cli(*train, env=env), "already holds a run (reference)")
+    assert cli(*train, "--force", env=env).returncode == 0
+    assert not (run_dir / "reference").exists() and (run_dir / "metrics.jsonl").is_file()
+
+    theirs = tmp_path / "theirs"
+    (theirs / "reference").mkdir(parents=True)
+    (theirs / "reference" / "notes.md").write_text("mine")
+    for extra in ([], ["--force"]):
+        proc = cli("train", config, "--deepspeed", ds, "-o", theirs, *extra, env=env)
+        refused(proc, "reference", "did not write")
+    assert [p.name for p in theirs.rglob("*")] == ["reference", "notes.md"]
