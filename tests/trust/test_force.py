@@ -69,6 +69,12 @@ def test_json2bin_never_overwrites_its_own_input(env, tmp_path):
     before = corpus.read_bytes()
     proc = cli("prep", "json2bin", corpus, "-t", "byte", "-o", tmp_path / "c", "--force", env=env)
     refused(proc, "it is the input", "c_text_document.json")
+    listing = tmp_path / "inputs.txt"  # named through an @list, with Megatron's --input spelling
+    listing.write_text(f"{corpus}\n")
+    proc = cli(
+        "prep", "json2bin", "--input", f"@{listing}", "-t", "byte", "-o", tmp_path / "c", "--force", env=env
+    )
+    refused(proc, "it is the input", "c_text_document.json")
     assert corpus.read_bytes() == before and not (tmp_path / "c_text_document.bin").exists()
 
 
