@@ -10,7 +10,8 @@ why) an output that
 * is an input, contains an input, or lies inside an input folder (whatever ``--force`` says);
 * exists and is not an earlier output of ours, even with ``--force`` (a file without our mark, a
   non-empty folder we did not write: :func:`llmtools.formats.outputs.not_ours`);
-* exists, without ``--force``.
+* exists, without ``--force``;
+* with ``--force``, would take an input with it: the leftovers of a killed run (``OUTPUT.tmp-*``) go too.
 
 An empty folder may be written into without ``--force``: it holds nothing to lose.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from llmtools.errors import UsageError
 from llmtools.formats.outputs import not_ours
+from llmtools.fsutil import TMP_MARK
 
 PathLike = str | os.PathLike
 
@@ -52,6 +54,20 @@ def overlap(output: PathLike, inputs: Iterable[PathLike], adds: bool = False) ->
     return None
 
 
+def _leftover(output: PathLike, inputs: Iterable[PathLike]) -> str | None:
+    """The input named like a temporary a killed run writing ``output`` left (``OUTPUT.tmp-*``, which
+    --force removes with the output), or that lies inside one; None when there is none."""
+    out = _real(output)
+    for given in inputs:
+        if str(given) in ("", "-"):
+            continue
+        source = _real(given)
+        for path in (source, *source.parents):
+            if path.parent == out.parent and path.name.startswith(out.name + TMP_MARK):
+                return str(given)
+    return None
+
+
 def claim(
     outputs: Iterable[PathLike], inputs: Iterable[PathLike] = (), force: bool = False, adds: bool = False
 ) -> None:
@@ -66,6 +82,12 @@ def claim(
         why = overlap(output, inputs, adds)
         if why:
             raise UsageError(f"{output}: refusing to write there: {why} (pick another output)")
+        leftover = _leftover(output, inputs) if force else None
+        if leftover:
+            raise UsageError(
+                f"{output}: refusing --force: it would remove the input {leftover}, named like a killed "
+                f"run's leftover ({output.name}{TMP_MARK}*) (pick another output)"
+            )
         if (
             adds
             or not os.path.lexists(output)

@@ -89,6 +89,15 @@ def test_json2bin_force_replaces_only_its_own_output(capsys, monkeypatch, tmp_pa
     (tmp_path / "o_text_document.json").unlink()  # now a pair like one Megatron wrote: not ours
     refused(inproc(capsys, monkeypatch, "prep", *args, "--force"), "without an llmtools sidecar")
 
+    # --force also removes a killed run's leftovers (OUTPUT.tmp-*): never an input named like one
+    odd = tmp_path / "n_text_document.bin.tmp-kept" / "in.jsonl"
+    odd.parent.mkdir()
+    shutil.copy(corpus, odd)
+    args = ("json2bin", odd, "-t", "byte", "-o", tmp_path / "n", "-q")
+    refused(inproc(capsys, monkeypatch, "prep", *args, "--force"), "would remove the input", str(odd))
+    assert odd.is_file() and inproc(capsys, monkeypatch, "prep", *args).returncode == 0  # kept without it
+    assert odd.is_file()
+
 
 def test_tokenizer_train_and_sample_corpus(capsys, monkeypatch, tmp_path):
     corpus = tmp_path / "raw"
