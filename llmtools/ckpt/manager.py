@@ -132,6 +132,8 @@ class CheckpointManager:
                 "data": {
                     "consumed_samples": client_state.get("consumed_samples"),
                     "fingerprint": client_state.get("data_fingerprint"),
+                    # per-source cursors, readable without torch (resume checks, llm-ckpt inspect --data)
+                    "ledger": client_state.get("data_ledger"),
                 },
                 "config_hash": client_state.get("config_hash"),
                 "model": client_state.get("model"),

@@ -22,6 +22,13 @@ Written paths go to stdout, one per line (mix.json first); --explain prints a ta
 Megatron's spelling works too: --data-path 0.7 A 0.3 B (or prefixes only, weighed by size), and
 per-split blends with --train-data-path / --valid-data-path / --test-data-path.
 
+A mixture schedule blends the train split in stages: --stage UNTIL WEIGHTS... once per stage, each
+running from the end of the one before until UNTIL (step:N with --global-batch-size, tokens:T,
+samples:N, a share of the plan like 90%, or end). Within a stage the blend is Megatron's for its
+weights; every source continues its own sample order across stages (nothing repeated or skipped until
+its epoch ends). A weight of 0 leaves a source out of a stage. The valid and test splits take
+--weights, or the last stage's weights. --explain prints each stage.
+
 \b
 Examples:
   llm-mix data/wiki_text_document data/code_text_document --weights 0.7,0.3 \\
@@ -33,6 +40,10 @@ Examples:
       --seq-length 2048 --num-samples 50000 --valid-samples 500 -o mix.json
   llm-mix data/a data/b --weights 0.9,0.1 --seq-length 512 --num-samples 1000 \\
       -o mix.json --materialize out/train_samples      # also the blended samples as .bin/.idx
+  llm-mix data/web data/code data/hq --seq-length 2048 --tokens 2B -o mix.json \\
+      --stage 90% 0.7,0.3,0 --stage end 0.3,0.2,0.5   # anneal on hq in the last 10% of tokens
+  llm-mix data/web data/code --seq-length 1024 --num-samples 64K --global-batch-size 64 \\
+      --stage step:800 0.8 0.2 --stage end 0.5 0.5 --explain
 """
 
 app = new_app("llm-mix", "Blend tokenized sources into a Megatron-identical sample plan.")
@@ -40,6 +51,8 @@ app = new_app("llm-mix", "Blend tokenized sources into a Megatron-identical samp
 # Megatron's flags take a variable number of values; click options take one. main() rewrites
 # `--data-path 0.7 A 0.3 B` into `--data-path 0.7 --data-path A ...` before typer sees it.
 MULTI_VALUE_FLAGS = ("--data-path", "--train-data-path", "--valid-data-path", "--test-data-path")
+# `--stage UNTIL W1 W2 ...` keeps its values together: one `--stage "UNTIL W1 W2 ..."` per stage.
+GROUPED_FLAGS = ("--stage",)
 
 
 @app.command(help=HELP, no_args_is_help=True)
@@ -121,6 +134,19 @@ def mix(
     surplus: float = typer.Option(
         0.005, "--surplus", metavar="S", help="Megatron's mid_level_dataset_surplus."
     ),
+    stage: list[str] = typer.Option(
+        None,
+        "--stage",
+        metavar="UNTIL WEIGHTS...",
+        help="A stage of the train split's mixture schedule, until UNTIL (step:N, tokens:T, samples:N, "
+        "90%, end) with one weight per PREFIX (repeat, in order).",
+    ),
+    global_batch_size: str = typer.Option(
+        None,
+        "--global-batch-size",
+        metavar="N",
+        help="Samples per training step: turns stage ends given in steps into samples.",
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
 ) -> None:
@@ -174,6 +200,8 @@ def mix(
         surplus=surplus,
         allow_mixed_tokenizers=allow_mixed_tokenizers,
         max_epochs=max_epochs,
+        stages=mix_args.parse_stages(stage),
+        global_batch_size=mix_args.parse_count(global_batch_size, "--global-batch-size"),
     )
     outputs = [output] if output else []
     if materialize:
@@ -210,11 +238,19 @@ def mix(
 
 
 def expand_multi_value_flags(argv: list[str]) -> list[str]:
-    """``--data-path 0.7 A 0.3 B`` -> ``--data-path 0.7 --data-path A --data-path 0.3 --data-path B``."""
+    """``--data-path 0.7 A 0.3 B`` -> ``--data-path 0.7 --data-path A --data-path 0.3 --data-path B``;
+    ``--stage end 0.5 0.5`` -> ``--stage "end 0.5 0.5"``."""
     out: list[str] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
+        if arg in GROUPED_FLAGS:
+            j = i + 1
+            while j < len(argv) and (not argv[j].startswith("-") or _looks_numeric(argv[j])):
+                j += 1
+            out += [arg, " ".join(argv[i + 1 : j])] if j > i + 1 else [arg]
+            i = j
+            continue
         if arg in MULTI_VALUE_FLAGS:
             j = i + 1
             # values run to the next option; a negative number (a bad weight) is still a value

@@ -1,8 +1,10 @@
-"""``llm-log plot``: training curves of one or more runs, overlaid, in four panels.
+"""``llm-log plot``: training curves of one or more runs, overlaid, in four panels (six with data shares).
 
 Panels: loss (raw, faint, and an exponential moving average, bold; eval loss as markers), learning
-rate, gradient norm, throughput (tokens/s, or samples/s when a log has no token counts). The x axis
-is steps or consumed tokens. matplotlib runs headless (Agg); the PNG is written atomically.
+rate, gradient norm, throughput (tokens/s, or samples/s when a log has no token counts). When the logs
+carry tokens per source (llm-train's ``source_tokens``), two more: each source's share of the tokens
+consumed between two records (the realized mix, stage by stage) and its tokens consumed so far. The x
+axis is steps or consumed tokens. matplotlib runs headless (Agg); the PNG is written atomically.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from llmtools.logs.analysis import SpikeDetector
 from llmtools.logs.records import Record
 
 PANELS = ("loss", "lr", "grad_norm", "throughput")
+SOURCE_PANELS = ("share", "source_tokens")  # drawn when the logs carry tokens per source
+SOURCE_TOKENS = "source_tokens/"
 
 
 @dataclass
@@ -87,9 +91,65 @@ class Curves:
             value = values.get(name)
             if value is not None and math.isfinite(value):
                 self._append(name, x, value)
+        for name, value in values.items():
+            if name.startswith(SOURCE_TOKENS) and math.isfinite(value):
+                self._append(name, x, value)
+
+    def sources(self) -> list[str]:
+        """The sources whose tokens the log records, in order of appearance."""
+        return [key[len(SOURCE_TOKENS) :] for key in self.series if key.startswith(SOURCE_TOKENS)]
+
+    def shares(self) -> dict[str, tuple[list[float], list[float]]]:
+        """Per source: its share of the tokens consumed between consecutive records, at each record."""
+        names = self.sources()
+        if not names:
+            return {}
+        table: dict[float, dict[str, float]] = {}
+        for name in names:
+            xs, ys = self.series[SOURCE_TOKENS + name]
+            for x, y in zip(xs, ys, strict=True):
+                table.setdefault(x, {})[name] = y
+        points = sorted(table)
+        out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in names}
+        previous = {name: 0.0 for name in names}
+        for x in points:
+            row = table[x]
+            delta = {name: row.get(name, previous[name]) - previous[name] for name in names}
+            total = sum(max(d, 0.0) for d in delta.values())
+            if total > 0:
+                for name in names:
+                    out[name][0].append(x)
+                    out[name][1].append(max(delta[name], 0.0) / total)
+            previous.update(row)
+        return out
 
     def points(self, key: str) -> int:
         return len(self.series[key][0]) if key in self.series else 0
+
+
+def _draw_sources(runs: list[Curves], ax_share, ax_tokens, colors, drawn: dict) -> None:
+    """Per-source share of the tokens of each logging window, and tokens consumed so far: one color per
+    source, one line style per run."""
+    styles = ("-", "--", ":", "-.")
+    names: list[str] = []
+    for run in runs:
+        names += [n for n in run.sources() if n not in names]
+    color_of = {name: colors[i % len(colors)] for i, name in enumerate(names)}
+    for index, run in enumerate(runs):
+        style = styles[index % len(styles)]
+        label = (lambda name: name) if len(runs) == 1 else (lambda name, r=run.name: f"{r}: {name}")
+        for name, (xs, ys) in run.shares().items():
+            ax_share.plot(
+                xs, ys, style, color=color_of[name], linewidth=1.2, label=label(name), drawstyle="steps-pre"
+            )
+            drawn["share"][f"{run.name}:{name}"] = len(xs)
+        for name in run.sources():
+            xs, ys = run.series[SOURCE_TOKENS + name]
+            ax_tokens.plot(xs, ys, style, color=color_of[name], linewidth=1.2, label=label(name))
+            drawn["source_tokens"][f"{run.name}:{name}"] = len(xs)
+    ax_share.set_ylim(-0.02, 1.02)
+    ax_share.set_title("data mix: share of each source's tokens per log window")
+    ax_tokens.set_title("tokens consumed per source")
 
 
 def auto_smoothing(points: int) -> float:
@@ -123,10 +183,13 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(config.width, config.height), dpi=config.dpi, sharex=True)
-    ax_loss, ax_lr, ax_gn, ax_tp = axes.flat
+    with_sources = any(run.sources() for run in runs)
+    rows = 3 if with_sources else 2
+    height = config.height * rows / 2
+    fig, axes = plt.subplots(rows, 2, figsize=(config.width, height), dpi=config.dpi, sharex=True)
+    ax_loss, ax_lr, ax_gn, ax_tp = axes.flat[:4]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    drawn = {panel: {} for panel in PANELS}
+    drawn = {panel: {} for panel in PANELS + (SOURCE_PANELS if any(run.sources() for run in runs) else ())}
     throughput_label = "tokens/s"
     for index, run in enumerate(runs):
         color = colors[index % len(colors)]
@@ -160,6 +223,8 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
                 xs, ys, color=color, linewidth=1.0, label=f"{run.name} ({key.replace('_per_s', '/s')})"
             )
             drawn["throughput"][run.name] = len(xs)
+    if with_sources:
+        _draw_sources(runs, axes.flat[4], axes.flat[5], colors, drawn)
     ax_loss.set_title("loss (raw, smoothed; eval o, spikes x)")
     ax_lr.set_title("learning rate")
     ax_gn.set_title("grad norm")
@@ -175,7 +240,7 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
             ax.legend(fontsize=8, loc="best")
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
-    for ax in axes[1]:
+    for ax in axes[-1]:
         ax.set_xlabel(xlabel)
     fig.suptitle(config.title or ", ".join(run.name for run in runs))
     fig.tight_layout()

@@ -161,3 +161,14 @@ def any_rank(flag: bool, device) -> bool:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return bool(tensor.item() > 0)
+
+
+def gather_objects(value) -> list:
+    """Every rank's ``value`` (picklable), in rank order, on every rank."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [value]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out

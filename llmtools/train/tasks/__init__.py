@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmtools.errors import InputError
-from llmtools.train.tasks.base import LossOutput, Task, TaskData
+from llmtools.train.tasks.base import DataLedger, DataResume, LossOutput, Task, TaskData
 from llmtools.train.tasks.pretrain import PretrainTask
 from llmtools.train.tasks.sft import SftTask
 
 if TYPE_CHECKING:
     from llmtools.train.config import TrainConfig
 
-__all__ = ["TASKS", "LossOutput", "Task", "TaskData", "check_task", "make_task"]
+__all__ = ["TASKS", "DataLedger", "DataResume", "LossOutput", "Task", "TaskData", "check_task", "make_task"]
 
 TASKS: dict[str, type[Task]] = {task.name: task for task in (PretrainTask, SftTask)}
 
