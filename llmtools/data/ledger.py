@@ -169,8 +169,7 @@ class DataPlan:
                     {"plan": identity, "stage": 0, "path": origin},
                 )
             )
-        if len(dataset) != stages[-1].end:
-            raise ValueError(f"the plan has {len(dataset)} samples, its stages {stages[-1].end}")
+        _check_schedule(stages, len(dataset), origin)
         return cls(
             identity,
             origin,
@@ -192,6 +191,28 @@ class DataPlan:
         for stage in self.stages:
             out += [k for k in stage.keys if k not in out]
         return out
+
+
+def _check_schedule(stages: list[Stage], samples: int, origin: str) -> None:
+    """A schedule read from a file: stages from 0, back to back, ending where the plan's samples end."""
+    before = 0
+    for k, stage in enumerate(stages):
+        at = f"{origin}[stages[{k}]]"
+        if stage.start < before:
+            raise InputError(
+                f"{at}: starts at sample {stage.start}, inside stage {k - 1} (until sample {before}): "
+                "the stage ranges overlap"
+            )
+        if stage.start > before:
+            what = f"stage {k - 1} ends at sample {before}" if k else "the schedule starts at sample 0"
+            raise InputError(f"{at}: starts at sample {stage.start} but {what}: a gap in the stage ranges")
+        if stage.end <= stage.start:
+            raise InputError(f"{at}: ends at sample {stage.end}, not after its start {stage.start}")
+        before = stage.end
+    if before != samples:
+        raise InputError(
+            f"{origin}[stages]: the schedule covers samples [0, {before}), the plan holds {samples}"
+        )
 
 
 # -- the ledger's per-source record -------------------------------------------------------------------
@@ -689,24 +710,20 @@ def _continued(
     added = _quarantine_skips(quarantine, sources, {}, where)
     history = [s for s in saved.stages if s.start < consumed]
     current = history[-1] if history else None
-    if _same_blend(current, plan):
-        # The same blend, planned again (e.g. for a longer run): its stage goes on, now as long as the
-        # new plan says, its sources on their own streams (no restart of the greedy, nothing replayed).
+    extended = _same_blend(current, plan)
+    if extended:
+        # The same blend, planned again (e.g. for a longer run): its stage goes on for the new plan's
+        # samples from here, its sources on their own streams (no restart of the greedy, nothing replayed).
         history = history[:-1]
         stage = plan.stages[0]
-        live = [
-            replace(
-                current, end=current.start + stage.end, origin={**stage.origin, "applied_at": current.start}
-            )
-        ]
-        base = current.start
+        origin = {**stage.origin, "applied_at": consumed, "continues": current.origin}
+        live = [replace(current, end=consumed + stage.end, origin=origin)]
     else:
         if current is not None and current.end > consumed:
             history[-1] = replace(current, end=consumed)
         live = [replace(s, start=s.start + consumed, end=s.end + consumed, offsets=None) for s in plan.stages]
         for stage in live:
             stage.origin = {**stage.origin, "applied_at": consumed}
-        base = consumed
     if live[-1].end <= consumed:
         raise InputError(
             f"{where}: {plan.origin} ends at sample {live[-1].end}, before the resumed position {consumed}"
@@ -715,13 +732,13 @@ def _continued(
     at = {key: rec.position for key, rec in sources.items()}
     built = build_stages(streams, live, consumed, _skips(sources), positions=at)
     dataset = _dataset(built, streams, plan)
-    data = RunData(plan, streams, built, dataset, sources, history, consumed, base, saved.run, saved.resets)
-    if base != consumed:
+    data = RunData(
+        plan, streams, built, dataset, sources, history, consumed, consumed, saved.run, saved.resets
+    )
+    if extended:
         report = Report(
             "extended",
-            [
-                f"data: {plan.origin}: the same blend as before, now {len(data) - base} samples long; it goes on"
-            ],
+            [f"data: {plan.origin}: the same blend as before goes on, {len(data) - consumed} more samples"],
             quarantine=added,
         )
         _describe_quarantine(report, added)
