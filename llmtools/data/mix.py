@@ -162,7 +162,7 @@ class MixConfig:
             raise UsageError("--stage in steps needs --global-batch-size N (the samples of one step)")
         # ranges in samples: overlaps, gaps and a schedule that ends early are refused here
         self.stage_ranges = resolve_ranges(
-            self.stages, int(self.num_samples), self.seq_length, self.global_batch_size, "--stage"
+            self.stages, int(self.num_samples), self.seq_length, self.global_batch_size, "--stage {n}"
         )
 
     @property
@@ -552,7 +552,7 @@ def _plan_staged(
             None,
             0.0,
             stream.spec.sequence_range,
-            None,
+            int(drawn[p]),  # what the schedule draws from this segment
             stream.spec.first_samples if segment == 0 else None,
             stream.segment(segment),
             int(drawn[p]),

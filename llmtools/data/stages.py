@@ -109,10 +109,11 @@ def resolve_ranges(
     specs: Sequence[StageSpec], plan_samples: int, seq_length: int, global_batch: int | None, where: str
 ) -> list[tuple[int, int]]:
     """Sample ranges ``[start, end)`` of each stage; InputError for an overlap, a gap, an empty stage,
-    or a schedule that does not start at 0 or ends before ``plan_samples``."""
+    or a schedule that does not start at 0 or ends before ``plan_samples``. ``where`` names stage k in
+    messages, formatted with ``k`` (from 0) and ``n`` (from 1): ``"--stage {n}"``, ``"mix.json[stages[{k}]]"``."""
     ranges = []
     for k, spec in enumerate(specs):
-        at = f"{where}[stages[{k}]]"
+        at = where.format(k=k, n=k + 1) + f" ({spec.until.text()})"
         start = spec.start.samples(plan_samples, seq_length, global_batch, at)
         end = spec.until.samples(plan_samples, seq_length, global_batch, at)
         if k == 0 and start != 0:
@@ -133,20 +134,19 @@ def resolve_ranges(
                 )
         if end <= start:
             raise InputError(
-                f"{at}: until {spec.until.text()} (sample {end}) is not after its start (sample {start})"
+                f"{at}: ends at sample {end}, not after its start at sample {start} ({spec.start.text()}): "
+                "the stages overlap or are out of order"
             )
         if end > plan_samples:
-            raise InputError(
-                f"{at}: until {spec.until.text()} (sample {end}) is beyond the plan's {plan_samples} samples"
-            )
+            raise InputError(f"{at}: ends at sample {end}, beyond the plan's {plan_samples} samples")
         ranges.append((start, end))
     if not ranges:
-        raise InputError(f"{where}: an empty stage schedule")
+        raise InputError(f"{where.format(k=0, n=1)}: an empty stage schedule")
     if ranges[-1][1] != plan_samples:
         last = specs[-1].until.text()
         raise InputError(
-            f"{where}[stages[{len(specs) - 1}]]: the schedule ends at sample {ranges[-1][1]} ({last}), before "
-            f"the plan's {plan_samples} samples: end the last stage with 'end'"
+            f"{where.format(k=len(specs) - 1, n=len(specs))} ({last}): the schedule ends at sample "
+            f"{ranges[-1][1]}, before the plan's {plan_samples} samples: end the last stage with 'end'"
         )
     return ranges
 

@@ -166,6 +166,15 @@ def test_the_ledger_counts_what_the_two_blends_prescribe(runs):
     (event,) = [e for e in _records(runs["once"], "event") if e["event"] == "data"]
     assert event["change"] == "continued"
     assert event["sources"] == {"shakespeare": "stops", "wiki": "continues", "stories": "starts"}
+    # the files keep their schemas: checkpoint meta with the ledger, every metrics record
+    _validate(read_meta(runs["once"] / "checkpoints" / f"step_{A + B:08d}"), "checkpoint-meta")
+    for line in (runs["once"] / "metrics.jsonl").read_text().splitlines():
+        _validate(json.loads(line), "metrics")
+
+
+def _validate(document, schema: str) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(document, json.loads((REPO / "schemas" / f"{schema}.schema.json").read_text()))
 
 
 def _env() -> dict:
@@ -383,6 +392,8 @@ def test_a_poisoned_document_is_quarantined_and_never_seen_again(poisoned, runs,
     assert f"stopped at step {poisoned['first_step']}: health.nan_action=stop" in stopped.stderr
     records = [json.loads(line) for line in (run / "quarantine.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [poisoned["first_step"]]
+    for record in records:
+        _validate(record, "quarantine")
     named = [s for r in records for s in r["samples"]]
     assert named and all(s["source"] == "poisoned" and s["loss"] is None for s in named)
     assert all(poisoned["doc"] in {d["document"] for d in s["documents"]} for s in named)
@@ -421,6 +432,8 @@ def test_a_poisoned_document_is_quarantined_and_never_seen_again(poisoned, runs,
     assert ledger["poisoned"]["drawn"] + ledger["wiki"]["drawn"] == poisoned["steps"] * GBS
     events = [e for e in _records(run, "event") if e["event"] in ("quarantine", "data")]
     assert [e["event"] for e in events] == ["quarantine", "data"]
+    for event in events:
+        _validate(event, "metrics")
 
     inspect = subprocess.run(
         [sys.executable, "-m", "llmtools.cli.ckpt", "inspect", "--data", str(run), "--json"],

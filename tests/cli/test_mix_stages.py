@@ -1,0 +1,118 @@
+"""llm-mix --stage: mixture schedules written, explained per stage, and refused when malformed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from llmtools.cli.mix import expand_multi_value_flags
+from llmtools.cli.mix_args import parse_stage_key, parse_stages
+from llmtools.data.stages import StageKey
+from llmtools.errors import UsageError
+from tests.cli.test_mix import REPO, llm_mix, write_source
+
+
+@pytest.fixture
+def data(tmp_path):
+    a = write_source(tmp_path / "web", 200, 1, "sha256:same")
+    b = write_source(tmp_path / "code", 80, 2, "sha256:same")
+    c = write_source(tmp_path / "hq", 40, 3, "sha256:same")
+    return tmp_path, a, b, c
+
+
+def test_stage_spelling():
+    assert expand_multi_value_flags(["--stage", "90%", "0.7", "0.3", "-o", "m.json", "--stage", "end", "1,0"]) == [
+        "--stage", "90% 0.7 0.3", "-o", "m.json", "--stage", "end 1,0",
+    ]  # fmt: skip
+    assert parse_stage_key("step:800") == StageKey("step", 800)
+    assert parse_stage_key("Tokens:1.8B") == StageKey("tokens", 1_800_000_000)
+    assert parse_stage_key("samples:12K") == StageKey("samples", 12_000)
+    assert parse_stage_key("90%") == StageKey("percent", 90.0)
+    assert parse_stage_key("end") == StageKey("end")
+    stages = parse_stages(["step:10 0.5,0.5", "end 1 0"])
+    assert [s.start for s in stages] == [StageKey("samples", 0), StageKey("step", 10)]
+    assert [s.weights for s in stages] == [(0.5, 0.5), (1.0, 0.0)]
+    for bad, words in (
+        ("hours:3", "give step:N, tokens:T, samples:N"),
+        ("150%", "(0%, 100%]"),
+        ("step:-3", "not a positive integer"),
+    ):
+        with pytest.raises(
+            UsageError, match=words.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+        ):
+            parse_stage_key(bad)
+    with pytest.raises(UsageError, match="weight 2 .'x'. is not a number"):
+        parse_stages(["end 0.5 x"])
+
+
+def test_a_schedule_is_written_and_explained_per_stage(monkeypatch, capsys, data):
+    tmp, a, b, c = data
+    out = tmp / "mix.json"
+    code, stdout, err = llm_mix(
+        monkeypatch, capsys, a, b, c, "--seq-length", "16", "--num-samples", "2000", "-o", out,
+        "--global-batch-size", "20", "--stage", "step:50", "0.7", "0.3", "0",
+        "--stage", "90%", "0.5,0.5,0", "--stage", "end", "0.2", "0.2", "0.6", "--explain",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "[train] 2000 samples (requested 2000)" in stdout and "3 stages" in stdout
+    assert "stage 0: samples:0 .. step:50 = samples [0, 1000), steps 1-50" in stdout
+    assert "stage 1: step:50 .. 90% = samples [1000, 1800)" in stdout
+    assert "stage 2: 90% .. end = samples [1800, 2000)" in stdout
+    assert "whole schedule:" in stdout
+    mix = json.loads(out.read_text())
+    assert [(s["start"], s["end"]) for s in mix["stages"]] == [(0, 1000), (1000, 1800), (1800, 2000)]
+    assert mix["global_batch_size"] == 20 and mix["splits"]["train"]["blend_weights"] == []
+    # the offsets carry the streams across stages: stage k starts each source where stage k-1 left it
+    first, second = mix["stages"][0], mix["stages"][1]
+    assert second["offsets"] == first["positions_after"]
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(mix, json.loads((REPO / "schemas" / "mix.schema.json").read_text()))
+
+
+@pytest.mark.parametrize(
+    "stages, extra, message",
+    [
+        (["end 0.5 0.5"], [], "--stage 1 (end): 2 weight(s) for 3 source(s)"),
+        (["step:5 1 0 0", "end 0 1 0"], [], "--stage in steps needs --global-batch-size N"),
+        (
+            ["samples:500 1 0 0", "samples:400 0 1 0", "end 0 0 1"],
+            [],
+            "--stage 2 (samples:400): ends at sample 400, not after its start at sample 500 (samples:500): the stages overlap or are out of order",
+        ),
+        (
+            ["samples:500 1 0 0", "samples:900 0 1 0"],
+            [],
+            "--stage 2 (samples:900): the schedule ends at sample 900, before the plan's 1000 samples",
+        ),
+        (["samples:5000 1 0 0"], [], "beyond the plan's 1000 samples"),
+        (["end 0 0 0"], [], "all weights are zero"),
+        (["end 1 -1 0"], [], "weight 2 is negative"),
+    ],
+)
+def test_bad_schedules_exit_2_in_one_line(monkeypatch, capsys, data, stages, extra, message):
+    tmp, a, b, c = data
+    argv = [a, b, c, "--seq-length", "16", "--num-samples", "1000", "-o", tmp / "mix.json", *extra]
+    for stage in stages:
+        argv += ["--stage", *stage.split()]
+    code, out, err = llm_mix(monkeypatch, capsys, *argv)
+    assert code == 2, (out, err)
+    assert err.count("\n") == 1 and err.startswith("llm-mix: error: ") and message in err, err
+    assert not (tmp / "mix.json").exists()
+
+
+def test_the_real_command_refuses_a_bad_schedule(data, cli_env):
+    tmp, a, b, c = data
+    done = subprocess.run(
+        [sys.executable, "-m", "llmtools.cli.mix", a, b, "--seq-length", "16", "--num-samples", "100",
+         "--stage", "samples:60", "1", "0", "--stage", "samples:50", "0", "1", "-o", str(tmp / "m.json")],
+        capture_output=True, text=True, env=cli_env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "llm-mix: error: --stage 2 (samples:50): ends at sample 50, not after its start at sample 60 "
+        "(samples:60): the stages overlap or are out of order"
+    )
+    assert not (tmp / "m.json").exists()
