@@ -25,7 +25,6 @@ the source's next one, so the blend is unchanged and the replacements are counte
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -820,12 +819,6 @@ def _reset(plan: DataPlan, saved: Ledger, quarantine: list[dict], where: str) ->
 def _describe_quarantine(report: Report, added: dict[str, int]) -> None:
     for name, n in added.items():
         report.lines.append(f"data: {name}: {n} quarantined document(s) are passed over from here on")
-
-
-def epochs_of(record: dict) -> float:
-    """Epochs a ledger source entry has read (positions x seq_length / tokens per epoch)."""
-    tpe = record.get("tokens_per_epoch") or 0
-    return record.get("position", 0) * record.get("seq_length", 0) / tpe if tpe else math.nan
 
 
 # -- llm-ckpt inspect --data -----------------------------------------------------------------------

@@ -159,9 +159,8 @@ class SourceStream:
 
     def start(self, e: int) -> int:
         """Stream position of segment ``e``'s first sample."""
-        self.segment(max(e - 1, 0))
-        if e >= len(self._starts):
-            self.segment(e)
+        while len(self._starts) <= e:
+            self.segment(len(self._segments))
         return self._starts[e]
 
     def ensure(self, positions: int) -> int:
