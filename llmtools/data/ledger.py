@@ -838,7 +838,8 @@ def ledger_report(meta: dict, path: str, records: list[dict]) -> dict:
     position = ledger.position
     batch = position // step if isinstance(step, int) and step > 0 and position % step == 0 else None
     current = ledger.stages[-1] if ledger.stages else None
-    live = set(current.keys) if current is not None and current.end > position else set()
+    # the stage of the last sample drawn: its sources are still drawn from, the others stopped
+    live = set(current.keys) if current is not None and current.start < position <= current.end else set()
     weights = dict(zip(current.keys, current.weights, strict=True)) if live else {}
     quarantined: dict[str, set] = {}
     for record in records:

@@ -128,8 +128,8 @@ class Curves:
 
 
 def _draw_sources(runs: list[Curves], ax_share, ax_tokens, colors, drawn: dict) -> None:
-    """Per-source share of the tokens of each logging window, and tokens consumed so far: one color per
-    source, one line style per run."""
+    """Per-source share of the tokens of each logging window (one run: stacked areas; several: one line
+    style per run) and tokens consumed so far: one color per source."""
     styles = ("-", "--", ":", "-.")
     names: list[str] = []
     for run in runs:
@@ -138,16 +138,34 @@ def _draw_sources(runs: list[Curves], ax_share, ax_tokens, colors, drawn: dict) 
     for index, run in enumerate(runs):
         style = styles[index % len(styles)]
         label = (lambda name: name) if len(runs) == 1 else (lambda name, r=run.name: f"{r}: {name}")
-        for name, (xs, ys) in run.shares().items():
-            ax_share.plot(
-                xs, ys, style, color=color_of[name], linewidth=1.2, label=label(name), drawstyle="steps-pre"
+        shares = run.shares()
+        if len(runs) == 1 and shares:
+            xs = next(iter(shares.values()))[0]
+            ax_share.stackplot(
+                xs,
+                *[ys for _, ys in shares.values()],
+                labels=list(shares),
+                colors=[color_of[name] for name in shares],
+                step="pre",
+                alpha=0.8,
             )
+        for name, (xs, ys) in shares.items():
+            if len(runs) > 1:
+                ax_share.plot(
+                    xs,
+                    ys,
+                    style,
+                    color=color_of[name],
+                    linewidth=1.2,
+                    label=label(name),
+                    drawstyle="steps-pre",
+                )
             drawn["share"][f"{run.name}:{name}"] = len(xs)
         for name in run.sources():
             xs, ys = run.series[SOURCE_TOKENS + name]
             ax_tokens.plot(xs, ys, style, color=color_of[name], linewidth=1.2, label=label(name))
             drawn["source_tokens"][f"{run.name}:{name}"] = len(xs)
-    ax_share.set_ylim(-0.02, 1.02)
+    ax_share.set_ylim(0, 1)
     ax_share.set_title("data mix: share of each source's tokens per log window")
     ax_tokens.set_title("tokens consumed per source")
 
@@ -236,7 +254,7 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
     xlabel = "consumed tokens" if config.x == "tokens" else "step"
     for ax in axes.flat:
         ax.grid(True, alpha=0.3)
-        if ax.lines:
+        if ax.lines or ax.collections:
             ax.legend(fontsize=8, loc="best")
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")

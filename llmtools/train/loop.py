@@ -315,10 +315,9 @@ class _Trainer:
         # The last step's figures: set by train_step, read by the reporting methods after it.
         self.loss, self.lr, self.step_time = float("nan"), cfg.optimizer.lr, 0.0
         self.step_metrics: dict[str, float] = {}
-        self.step_batches: list[
-            list[int]
-        ] = []  # this rank's micro-batches of the last step (sample positions)
-        self.step_losses: list = []  # their losses
+        # This rank's micro-batches of the last step (sample positions) and their losses.
+        self.step_batches: list[list[int]] = []
+        self.step_losses: list = []
 
     def log(self, message: str, always: bool = False) -> None:
         log0(message, self.rank, False if always else self.options.quiet)
