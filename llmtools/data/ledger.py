@@ -39,6 +39,7 @@ from llmtools.errors import InputError
 
 FORMAT = "llmtools.data-ledger"
 VERSION = 1
+MAX_PASSED_OVER = 10_000  # per source: the ledger stays small however much a quarantine passes over
 
 
 # -- what the config asks for ------------------------------------------------------------------------
@@ -233,6 +234,9 @@ class SourceRecord:
     high_water: int = 0
     """The furthest position read before the latest --reset-data (re-reading below it repeats)."""
     skips: list[Skip] = field(default_factory=list)
+    passed_over: list[int] = field(default_factory=list)
+    """The stream positions passed over (the replacement draws took the next ones), the first
+    :data:`MAX_PASSED_OVER`."""
 
     @property
     def quarantined_documents(self) -> set[int]:
@@ -251,6 +255,7 @@ class SourceRecord:
             "repeated": self.repeated,
             "high_water": self.high_water,
             "skips": [s.to_json() for s in self.skips],
+            "passed_over": list(self.passed_over),
         }
 
     @classmethod
@@ -274,7 +279,12 @@ class SourceRecord:
             if not ok:
                 raise InputError(f"{where}.skips[{j}]: expected {{from: position, documents: [ids]}}")
             skips.append(Skip(raw["from"], tuple(raw["documents"])))
-        return cls(spec, skips=skips, **values)
+        passed = data.get("passed_over") or []
+        if not isinstance(passed, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in passed
+        ):
+            raise InputError(f"{where}.passed_over: expected a list of stream positions")
+        return cls(spec, skips=skips, passed_over=passed[:MAX_PASSED_OVER], **values)
 
 
 @dataclass
@@ -417,16 +427,38 @@ class RunData:
             for key, rec in self.sources.items()
         }
 
-    def positions(self, position: int) -> dict[str, int]:
-        """Each source's cursor at ``position``."""
-        out = {key: rec.position for key, rec in self.sources.items()}
+    def _stage_draws(self, position: int) -> list[tuple[int, dict[str, int]]]:
+        """Per live stage begun before ``position``: the draws of each of its sources up to ``position``."""
+        out = []
         for k, stage in enumerate(self.built.stages):
             if stage.start >= position:
                 break
             counts = self._by_source(max(stage.start, self.base), min(stage.end, position))
-            for key in stage.keys:
-                drawn = self.built.before[k].get(key, 0) + int(counts[self._index[key]])
+            before = self.built.before[k]
+            out.append((k, {key: before.get(key, 0) + int(counts[self._index[key]]) for key in stage.keys}))
+        return out
+
+    def positions(self, position: int) -> dict[str, int]:
+        """Each source's cursor at ``position``."""
+        out = {key: rec.position for key, rec in self.sources.items()}
+        for k, draws in self._stage_draws(position):
+            for key, drawn in draws.items():
                 out[key] = self.built.position_after(k, key, drawn)
+        return out
+
+    def _passed_over(self, position: int) -> dict[str, list[int]]:
+        """Per source: the stream positions passed over (quarantine) since the resume, up to ``position``."""
+        out: dict[str, list[int]] = {}
+        for k, draws in self._stage_draws(position):
+            stage = self.built.stages[k]
+            for key, drawn in draws.items():
+                taken = self.built.draws[k].get(key)
+                if taken is None or drawn == 0:
+                    continue
+                taken = taken[:drawn]
+                gaps = np.setdiff1d(np.arange(stage.offsets[key], int(taken[-1]) + 1), taken)
+                since = self.sources[key].position
+                out.setdefault(key, []).extend(g for g in gaps.tolist() if g >= since)
         return out
 
     def stage_at(self, position: int) -> Stage | None:
@@ -439,6 +471,7 @@ class RunData:
         """The ledger at ``position`` (kept in the checkpoint saved there)."""
         since = self.drawn_since_resume(position)
         now = self.positions(position)
+        passed = self._passed_over(position)
         sources = []
         for key, rec in self.sources.items():
             moved = now[key] - rec.position
@@ -450,6 +483,7 @@ class RunData:
                 position=now[key],
                 skipped=rec.skipped + max(moved - drawn, 0),
                 repeated=rec.repeated + repeated,
+                passed_over=(rec.passed_over + passed.get(key, []))[:MAX_PASSED_OVER],
             )
             sources.append(current.to_json(self.seq_length))
         stages = [s.to_json() for s in self.history]
@@ -864,6 +898,7 @@ def ledger_report(meta: dict, path: str, records: list[dict]) -> dict:
                 "quarantined": named,
                 "quarantined_documents": sorted(rec.quarantined_documents),
                 "repeated": rec.repeated,
+                "passed_over": rec.passed_over,
                 "state": f"weight {weights[key]:.4g}" if key in weights else "stopped",
             }
         )

@@ -293,6 +293,10 @@ def test_quarantine_passes_over_the_documents_and_counts_the_replacements(plans)
     state = {s["name"]: s for s in continued.state(A + B)["sources"]}
     assert state["b"]["quarantined"] == 1 and state["b"]["skipped"] >= 1
     assert state["b"]["position"] == state["b"]["drawn"] + state["b"]["skipped"]
+    # the replacement draws are recorded: the positions passed over, each reading a poisoned document
+    assert len(state["b"]["passed_over"]) == state["b"]["skipped"]
+    for position in state["b"]["passed_over"]:
+        assert position not in b_after and poisoned & {d["document"] for d in stream.documents(position)}
     # a later exact resume keeps passing over them, identically
     again, _ = open_run_data(plans["w2"], checkpoint(continued, A + 300), A + 300, quarantine=[record])
     assert draws(again, A + 300, A + B) == after[A + 300 - resume_at :]
@@ -370,20 +374,28 @@ def test_bad_schedules_are_refused(sources, stages, message):
     assert message in str(error.value)
 
 
-def test_a_hand_edited_schedule_with_a_gap_is_refused_by_the_reader(plans, tmp_path):
-    path = tmp_path / "m.json"
-    mix = json.loads(open(plans["staged"].origin).read())
-    mix["stages"][1]["start"] += 5
-    path.write_text(json.dumps(mix))
+@pytest.mark.parametrize(
+    "shift, message",
+    [
+        (5, r"stages\[1\]\]: starts at sample 605 but stage 0 ends at sample 600: a gap"),
+        (
+            -5,
+            r"stages\[1\]\]: starts at sample 595, inside stage 0 \(until sample 600\): the stage ranges overlap",
+        ),
+    ],
+)
+def test_a_hand_edited_schedule_with_a_gap_or_an_overlap_is_refused(plans, tmp_path, shift, message):
     import shutil
     from pathlib import Path
 
+    mix = json.loads(open(plans["staged"].origin).read())
+    mix["stages"][1]["start"] += shift
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(mix))
     folder = Path(plans["staged"].origin).parent
     for name in mix["cache"]["files"]["train"].values():
         shutil.copy(folder / name, tmp_path / name)
-    with pytest.raises(
-        InputError, match=r"stages\[1\]\]: starts at sample 605 but stage 0 ends at sample 600: a gap"
-    ):
+    with pytest.raises(InputError, match=message):
         DataPlan.from_mix(path)
 
 

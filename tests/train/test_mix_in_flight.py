@@ -428,6 +428,7 @@ def test_a_poisoned_document_is_quarantined_and_never_seen_again(poisoned, runs,
     assert ledger["poisoned"]["quarantined"] == len(named)
     assert ledger["poisoned"]["skipped"] >= 1  # later samples of the poison were passed over ...
     assert ledger["poisoned"]["skips"][0]["documents"] == [poisoned["doc"]]
+    assert len(ledger["poisoned"]["passed_over"]) == ledger["poisoned"]["skipped"]  # the replacements, recorded
     # ... and replaced by the source's next samples: the blend drew as many from each source as before
     assert ledger["poisoned"]["drawn"] + ledger["wiki"]["drawn"] == poisoned["steps"] * GBS
     events = [e for e in _records(run, "event") if e["event"] in ("quarantine", "data")]
