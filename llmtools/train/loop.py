@@ -156,7 +156,7 @@ def precheck_data(plan: TrainPlan, options: RunOptions) -> None:
         except InputError:
             meta = None  # the manager names what is wrong with it when it resolves --resume
     if meta is None or meta.get("init_only"):
-        if ledger is not None:
+        if ledger is not None and not options.force:  # --force: rank 0 has removed (or removes) the file
             where = quarantine_path(options.run_dir)
             if read_records(where, None):
                 raise InputError(

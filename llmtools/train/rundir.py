@@ -26,7 +26,7 @@ def prepare_run_dir(run_dir: Path, resume: str | None, force: bool, rank: int = 
             )
         import shutil
 
-        for name in ("metrics.jsonl", "config.yaml", "ds_config.json"):
+        for name in ("metrics.jsonl", "config.yaml", "ds_config.json", "quarantine.jsonl"):
             (run_dir / name).unlink(missing_ok=True)
         for name in ("checkpoints", "tensorboard"):
             shutil.rmtree(run_dir / name, ignore_errors=True)

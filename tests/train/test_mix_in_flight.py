@@ -340,7 +340,6 @@ def poisoned(data, tmp_path_factory):
     reading the poison's tokens NaN (and no other)."""
     import torch
 
-    from llmtools.data import mix as M
     from llmtools.data.ledger import DataPlan, open_run_data
     from llmtools.formats.indexed import IndexedDatasetReader, IndexedDatasetWriter
     from llmtools.formats.sidecar import read_sidecar, write_sidecar
@@ -428,7 +427,9 @@ def test_a_poisoned_document_is_quarantined_and_never_seen_again(poisoned, runs,
     assert ledger["poisoned"]["quarantined"] == len(named)
     assert ledger["poisoned"]["skipped"] >= 1  # later samples of the poison were passed over ...
     assert ledger["poisoned"]["skips"][0]["documents"] == [poisoned["doc"]]
-    assert len(ledger["poisoned"]["passed_over"]) == ledger["poisoned"]["skipped"]  # the replacements, recorded
+    assert (
+        len(ledger["poisoned"]["passed_over"]) == ledger["poisoned"]["skipped"]
+    )  # the replacements, recorded
     # ... and replaced by the source's next samples: the blend drew as many from each source as before
     assert ledger["poisoned"]["drawn"] + ledger["wiki"]["drawn"] == poisoned["steps"] * GBS
     events = [e for e in _records(run, "event") if e["event"] in ("quarantine", "data")]
@@ -443,3 +444,22 @@ def test_a_poisoned_document_is_quarantined_and_never_seen_again(poisoned, runs,
     assert inspect.returncode == 0, inspect.stderr
     report = json.loads(inspect.stdout)
     assert {s["name"]: s["quarantined"] for s in report["sources"]} == {"poisoned": len(named), "wiki": 0}
+
+
+def test_a_fresh_run_refuses_a_stale_quarantine_file_and_force_removes_it(data, tmp_path):
+    from llmtools.train.rundir import prepare_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    record = {"format": "llmtools.quarantine", "version": 1, "run": "old", "step": 2, "rank": 0,
+              "reason": "nan", "samples": []}  # fmt: skip
+    (run / "quarantine.jsonl").write_text(json.dumps(record) + "\n")
+    done = _llm_train(_config_file(tmp_path / "c.yaml", data["mix1"], training__train_steps=A), run, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith(
+        "quarantine.jsonl: holds quarantine records, but this run starts afresh: a quarantine file of "
+        "another run (--force starts over and removes it)"
+    )
+    (run / "metrics.jsonl").write_text("")  # a run folder: --force clears what a run wrote, this file too
+    prepare_run_dir(run, None, force=True)
+    assert not (run / "quarantine.jsonl").exists() and not (run / "metrics.jsonl").exists()
