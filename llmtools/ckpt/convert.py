@@ -8,10 +8,12 @@ files (:mod:`llmtools.ckpt.reader`) and written as they arrive (the model team's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +106,13 @@ def _dtype(name: str):
 
 
 def convert(config: ConvertConfig) -> Path:
+    from llmtools.locks import lock_output
+
+    with lock_output(config.output):  # one writer per output, from the existence check on
+        return _convert(config)
+
+
+def _convert(config: ConvertConfig) -> Path:
     if config.to == "universal":
         return to_universal_dir(config.checkpoint, config.output, force=config.force)
     if config.adapter_only:
@@ -123,19 +132,42 @@ def convert(config: ConvertConfig) -> Path:
     )
 
 
+@contextlib.contextmanager
+def checkpoint_sources(checkpoint: Path, meta: dict[str, Any] | None, scratch_beside: Path) -> Iterator[dict]:
+    """The fp32 parameters of a checkpoint as lazy sources: DeepSpeed's names for ours (which are the
+    model's), or, for an expert-parallel run, gathered through DeepSpeed's universal form (in a scratch
+    folder beside ``scratch_beside``, removed afterwards) and renamed to the model's names."""
+    from llmtools.ckpt.expert_parallel import is_expert_parallel, to_model_names, universal_sources
+    from llmtools.ckpt.reader import CheckpointReader
+
+    if not is_expert_parallel(meta):
+        with CheckpointReader(checkpoint) as reader:
+            yield reader.sources(include_buffers=False)
+        return
+    from llmtools.ckpt.reshard import to_universal
+    from llmtools.fsutil import TMP_MARK
+
+    scratch_beside.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(
+        prefix=f"{scratch_beside.name}{TMP_MARK}", dir=scratch_beside.parent
+    ) as tmp:
+        universal = to_universal(checkpoint, Path(tmp) / "universal", int(meta["zero_stage"]))
+        yield to_model_names(universal_sources(universal), str(checkpoint))
+
+
 def to_safetensors(
     checkpoint: str | Path, output: str | Path, dtype: str = "fp32", force: bool = False
 ) -> Path:
-    """One ``.safetensors`` file: the consolidated state dict (DeepSpeed's names), fp32 by default."""
-    from llmtools.ckpt.reader import CheckpointReader
+    """One ``.safetensors`` file: the consolidated state dict (DeepSpeed's names, which are the model's;
+    an expert-parallel run's under the model's names too), fp32 by default."""
     from llmtools.model.hf import _write_safetensors
 
     checkpoint, output = resolve_checkpoint(checkpoint), Path(output)
     check_writable([output], force)
     target = _dtype(dtype)
-    with CheckpointReader(checkpoint) as reader:
+    with checkpoint_sources(checkpoint, _meta_or_none(checkpoint), output) as sources:
         specs = []
-        for name, source in reader.sources().items():
+        for name, source in sources.items():
             out_dtype = target if source.dtype.is_floating_point else source.dtype
             numel = 1
             for size in source.shape:
@@ -205,7 +237,6 @@ def to_hf(
     force: bool = False,
 ) -> Path:
     """A folder ``transformers.AutoModelForCausalLM.from_pretrained`` loads with no code of ours."""
-    from llmtools.ckpt.reader import CheckpointReader
     from llmtools.model.hf import expected_parameter_names, save_hf_folder
 
     checkpoint, output = resolve_checkpoint(checkpoint), Path(output)
@@ -242,8 +273,7 @@ def to_hf(
         if found is not None:
             write(merge_state(found[1], found[0]))
             return output
-        with CheckpointReader(checkpoint) as reader:
-            sources = reader.sources(include_buffers=False)
+        with checkpoint_sources(checkpoint, meta, output) as sources:
             expected = set(expected_parameter_names(config, include_tied=True))
             prefix = _strip_prefix(list(sources), expected)
             state = {name.removeprefix(prefix): src for name, src in sources.items()}
@@ -323,13 +353,20 @@ def import_hf(hf_dir: str | Path, output: str | Path, force: bool = False) -> Pa
     :meth:`CheckpointManager.load`) loads the weights into an engine of any ZeRO stage and world size
     and starts the optimizer fresh.
     """
+    from llmtools.locks import lock_output
+
+    hf_dir, output = Path(hf_dir), Path(output)
+    with lock_output(output):  # one writer per output, from the existence check on
+        return _import_hf(hf_dir, output, force)
+
+
+def _import_hf(hf_dir: Path, output: Path, force: bool) -> Path:
     import deepspeed
     import torch
 
     from llmtools.ckpt.verify import file_manifest
     from llmtools.model.hf import load_hf_model
 
-    hf_dir, output = Path(hf_dir), Path(output)
     model = load_hf_model(hf_dir)
     config = model.config
     state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}

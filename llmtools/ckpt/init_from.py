@@ -51,8 +51,18 @@ def load_init_weights(model, spec: str) -> None:
         return
     import torch
 
+    from llmtools.ckpt.expert_parallel import is_expert_parallel
     from llmtools.ckpt.lora import checkpoint_weights
+    from llmtools.ckpt.verify import read_meta
     from llmtools.model.hf import load_state_dict_into
 
+    meta = read_meta(path)
+    if is_expert_parallel(meta):  # DeepSpeed's expert-parallel layout: gathered under the model's names
+        from llmtools.ckpt.convert import checkpoint_sources
+
+        with checkpoint_sources(path, meta, path) as sources:
+            state = {name: source.load() for name, source in sources.items()}
+    else:
+        state = checkpoint_weights(path)
     with torch.no_grad():
-        load_state_dict_into(model, checkpoint_weights(path), str(path))
+        load_state_dict_into(model, state, str(path))

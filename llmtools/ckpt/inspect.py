@@ -87,18 +87,27 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     """Config, parameter count, dtypes, optimizer state, world size of one checkpoint."""
     from llmtools.ckpt.convert import resolve_checkpoint
+    from llmtools.ckpt.expert_parallel import is_expert_parallel
     from llmtools.ckpt.reader import CheckpointReader
 
     path = resolve_checkpoint(path)
     report = verify(path, checksums=False, shapes=False)
     meta = report.meta or {}
+    expert_parallel = is_expert_parallel(meta)
     with CheckpointReader(path) as reader:
         shapes = reader.param_shapes()
-        sources = reader.sources()
         dtypes: dict[str, int] = {}
-        for source in sources.values():
-            key = str(source.dtype).removeprefix("torch.")
-            dtypes[key] = dtypes.get(key, 0) + 1
+        if expert_parallel:
+            # DeepSpeed's expert-parallel layout: the shapes recorded are rank 0's share of the experts.
+            from llmtools.model.presets import load_model_config
+
+            total = load_model_config(meta["model"]).num_parameters()
+            kind = f"expert-parallel ({meta['expert_parallel']} ranks per expert group, DeepSpeed AutoEP)"
+        else:
+            for source in reader.sources().values():
+                key = str(source.dtype).removeprefix("torch.")
+                dtypes[key] = dtypes.get(key, 0) + 1
+            total, kind = sum(_numel(s) for s in shapes.values()), reader.kind
         optimizer = reader.optimizer_summary()
         zero_stage, world = reader.zero_stage, reader.world_size
         module = reader.model_states
@@ -113,9 +122,9 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
             "precision": meta.get("precision"),
             "model": meta.get("model"),
             "tokenizer": meta.get("tokenizer"),
-            "num_parameters": sum(_numel(s) for s in shapes.values()),
+            "num_parameters": total,
             "num_tensors": len(shapes),
-            "master_weights": {"kind": reader.kind, "dtypes": dtypes},
+            "master_weights": {"kind": kind, "dtypes": dtypes},
             "optimizer": optimizer,
             "lr_scheduler": module.get("lr_scheduler")
             if isinstance(module.get("lr_scheduler"), dict)

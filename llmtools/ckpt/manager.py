@@ -4,7 +4,8 @@ A save is a sequence whose every prefix is harmless (a kill -9 anywhere leaves e
 the new complete checkpoint):
 
 1. rank 0 removes leftovers of earlier killed saves (``step_*.tmp-*``);
-2. every rank: DeepSpeed's ``save_checkpoint`` into ``checkpoints/step_N.tmp-save`` and its own RNG file;
+2. every rank: DeepSpeed's ``save_checkpoint`` into ``checkpoints/step_N.tmp-save-ID`` (a name unique to this
+   save, drawn by rank 0) and its own RNG file;
 3. rank 0 flushes every file, records size + sha256 of each, writes ``meta.json`` (``complete: true``)
    last, flushes it, renames the folder to ``step_N`` and then rewrites ``latest`` atomically;
 4. rank 0 prunes (renaming a doomed folder to ``*.tmp-delete`` before removing it, so a half-removed
@@ -20,7 +21,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ class CheckpointManager:
         if not isinstance(step, int) or step < 0:
             raise UsageError(f"step: must be an integer >= 0, got {step!r}")
         rank, world = dist.rank(), dist.world_size()
-        tmp = self.ckpt_dir / layout.tmp_name(step)
+        tmp = self.ckpt_dir / dist.broadcast(layout.tmp_name(step) if rank == 0 else None)
         final = self.ckpt_dir / layout.step_name(step)
         started = time.perf_counter()
         if rank == 0:
@@ -136,8 +137,10 @@ class CheckpointManager:
                     "ledger": client_state.get("data_ledger"),
                 },
                 "config_hash": client_state.get("config_hash"),
+                "config": client_state.get("config"),  # what a resume compares its config with
                 "model": client_state.get("model"),
                 "tokenizer": client_state.get("tokenizer"),
+                "expert_parallel": client_state.get("expert_parallel"),
                 "world_size": world,
                 "dp_world_size": int(getattr(engine, "dp_world_size", world)),
                 "zero_stage": int(engine.zero_optimization_stage()),
@@ -176,9 +179,11 @@ class CheckpointManager:
     def checkpoints(self) -> list[tuple[int, Path]]:
         return layout.list_checkpoints(self.ckpt_dir)
 
-    def latest_verified(self, warn: bool = True) -> Path | None:
-        """The newest checkpoint that verifies fully; warn about every newer one skipped."""
+    def latest_verified(self, warn: bool = True, exclude: Collection[Path] = ()) -> Path | None:
+        """The newest checkpoint that verifies fully (not in ``exclude``); warn about every newer one skipped."""
         for _step, path in reversed(self.checkpoints()):
+            if path in exclude:
+                continue
             report = verify(path)
             if report.ok:
                 return path
@@ -186,15 +191,16 @@ class CheckpointManager:
                 self.warn(f"skipping checkpoint {path}: {report.first_problem()}")
         return None
 
-    def resolve(self, spec: str | os.PathLike) -> Path | None:
+    def resolve(self, spec: str | os.PathLike, exclude: Collection[Path] = ()) -> Path | None:
         """``auto`` | ``latest`` | ``STEP`` | ``PATH`` -> a verified checkpoint folder.
 
-        ``auto`` returns None when there is none (start fresh); the others raise InputError when the
-        checkpoint is missing or broken. Under torch.distributed rank 0 decides and tells the others.
+        ``auto`` returns None when there is none (start fresh; ``exclude``: ones that failed to load); the
+        others raise InputError when the checkpoint is missing or broken. Under torch.distributed rank 0
+        decides and tells the others.
         """
         if dist.rank() == 0:
             try:
-                result: Any = self._resolve_here(str(spec))
+                result: Any = self._resolve_here(str(spec), exclude)
             except InputError as error:
                 result = error
         else:
@@ -204,10 +210,10 @@ class CheckpointManager:
             raise result
         return result
 
-    def _resolve_here(self, spec: str) -> Path | None:
+    def _resolve_here(self, spec: str, exclude: Collection[Path] = ()) -> Path | None:
         spec = spec.strip()
         if spec == "auto":
-            return self.latest_verified()
+            return self.latest_verified(exclude=exclude)
         if spec == "latest":
             tag = layout.read_latest(self.ckpt_dir)
             if tag is None:
@@ -232,11 +238,14 @@ class CheckpointManager:
         return path
 
     # ------------------------------------------------------------------ load
-    def load(self, engine, path: str | os.PathLike, load_optimizer_states: bool = True) -> dict[str, Any]:
+    def load(
+        self, engine, path: str | os.PathLike, load_optimizer_states: bool = True, reshard: bool = False
+    ) -> dict[str, Any]:
         """Load a checkpoint into ``engine`` (ALL ranks) and restore this rank's RNG states.
 
         Returns the trainer's client_state. A checkpoint saved with a different world size is resharded
-        through DeepSpeed's universal format (model and optimizer state kept; see :mod:`reshard`).
+        through DeepSpeed's universal format (model and optimizer state kept; see :mod:`reshard`); so is
+        one saved with another ZeRO stage when ``reshard`` is given (ZeRO-1 <-> ZeRO-2).
         """
         import torch
 
@@ -252,13 +261,13 @@ class CheckpointManager:
                 k: meta.get(k) for k in ("step", "consumed_samples", "consumed_tokens", "model", "tokenizer")
             }
         saved_stage, stage = int(meta["zero_stage"]), int(engine.zero_optimization_stage())
-        if saved_stage != stage:
+        if saved_stage != stage and not reshard:
             raise InputError(
                 f"{path / layout.META}[zero_stage]: the checkpoint was saved with ZeRO-{saved_stage}, this run "
-                f"uses ZeRO-{stage}; resume with the same stage (or start a new run from its weights: "
-                "llm-ckpt import-hf / convert --to hf)"
+                f"uses ZeRO-{stage}; resume with the same stage, reshard ZeRO-1 <-> ZeRO-2 (--reshard), or start "
+                "a new run from its weights (llm-ckpt import-hf / convert --to hf)"
             )
-        if saved_world != current_dp and saved_stage > 0:
+        if (saved_world != current_dp and saved_stage > 0) or saved_stage != stage:
             from llmtools.ckpt.reshard import load_resharded
 
             client_state = load_resharded(engine, path, meta, load_optimizer_states=load_optimizer_states)

@@ -48,6 +48,19 @@ class Source:
         numel = math.prod(self.shape)
         return flat[:numel].view(self.shape) if flat.numel() != numel else flat.view(self.shape)
 
+    def slice(self, offset: int, count: int, shape: tuple[int, ...]) -> Source:
+        """Elements ``[offset, offset + count)`` of the flattened tensor as a source of ``shape``: one
+        expert of a fused expert tensor is read without reading the others."""
+        if offset < 0 or count != math.prod(shape) or offset + count > math.prod(self.shape):
+            raise ValueError(f"slice [{offset}, {offset + count}) of {self.shape} as {shape}")
+        pieces, at = [], 0
+        for f, t, start, length in self.pieces:
+            lo, hi = max(offset, at), min(offset + count, at + length)
+            if lo < hi:
+                pieces.append((f, t, start + lo - at, hi - lo))
+            at += length
+        return Source(tuple(shape), self.dtype, self.reader, tuple(pieces))
+
 
 class CheckpointReader:
     """Open a checkpoint folder; ``sources()`` maps parameter names to lazily loaded fp32 tensors."""

@@ -1,4 +1,5 @@
-"""Stop cleanly on SIGTERM / SIGINT: finish the current step, save, exit 0 with a resume hint.
+"""Stop cleanly on SIGTERM / SIGINT / SIGHUP / SIGQUIT: finish the current step, save, exit 0 with a
+resume hint.
 
 Batch schedulers send SIGTERM some time before they kill a job. The handler only sets a flag; the training
 loop asks :meth:`StopRequested.should_stop` after each step (all ranks together, so they agree) and, when
@@ -20,7 +21,11 @@ import sys
 
 from llmtools.ckpt import dist
 
-DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGHUP (the terminal or ssh session closed) and SIGQUIT (some schedulers' quit) would otherwise end the
+# run at once without a checkpoint; they are a request to stop like SIGTERM.
+DEFAULT_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, name)
+)
 
 
 class StopRequested:

@@ -57,7 +57,10 @@ app = new_app("llm-train", "Pretrain a LLaMA-family model with DeepSpeed ZeRO.",
     "log step and eval; schemas/metrics.schema.json), RUN/checkpoints/ and, with --tensorboard, "
     "RUN/tensorboard/. Prints metrics.jsonl and the last checkpoint on stdout; progress on stderr. "
     "Bad config keys, types, DeepSpeed contradictions, a tokenizer that does not fit the model, or "
-    "data that ends too early fail before any compute (exit 2).\n" + EXAMPLES,
+    "data that ends too early fail before any compute (exit 2). One llm-train per run folder: a second one "
+    "exits 2 naming the first (RUN/run.lock). With --resume the config is compared with the checkpoint's: a "
+    "key that may change is applied and announced (stderr, metrics.jsonl), one that may not is refused "
+    "before anything is written, naming the flag that would allow it (--reset-data, --reshard).\n" + EXAMPLES,
     no_args_is_help=True,
 )
 def train(
@@ -88,6 +91,12 @@ def train(
         help="With --resume: keep the step count and LR schedule, start the (new) data from its beginning "
         "(without it, a changed mix continues every source where it stopped).",
     ),
+    reshard: bool = typer.Option(
+        False,
+        "--reshard",
+        help="With --resume: accept another ZeRO stage (1 <-> 2); the optimizer state is converted through a "
+        "DeepSpeed universal checkpoint.",
+    ),
     tensorboard: bool = typer.Option(
         False, "--tensorboard", help="Also write TensorBoard events to RUN/tensorboard/."
     ),
@@ -111,6 +120,10 @@ def train(
         from llmtools.errors import UsageError
 
         raise UsageError("--reset-data: only with --resume (it restarts the data of a resumed run)")
+    if reshard and resume is None:
+        from llmtools.errors import UsageError
+
+        raise UsageError("--reshard: only with --resume (it converts the checkpoint a run resumes from)")
     if init_from is not None:  # a spelled-out flag for the most common override
         set_ = [*set_, f"model.init_from={init_from}"]
     cfg = load_train_config(config, set_)
@@ -154,6 +167,7 @@ def train(
                 resume=resume,
                 force=force,
                 reset_data=reset_data,
+                reshard=reshard,
             ),
         )
     finally:

@@ -389,6 +389,8 @@ class RunData:
         self.seq_length = plan.seq_length
         self.tokenizer = plan.tokenizer
         self.vocab_size = plan.vocab_size
+        self.fingerprint = f"{plan.identity}-train"
+        """The plan the run now reads (a checkpoint's config records it: ``data.plan``)."""
         self.base = built.base
         order = list(sources)
         self._index = {key: i for i, key in enumerate(order)}
@@ -402,6 +404,10 @@ class RunData:
     def batch(self, indices) -> np.ndarray:
         """Samples at global positions ``indices`` (>= the resumed position)."""
         return self.dataset.batch(np.asarray(indices, dtype=np.int64) - self.base)
+
+    def check_ids(self, batch: np.ndarray, indices) -> None:
+        """Refuse token ids outside the tokenizer's vocabulary (see BlendedGPTDataset.check_ids)."""
+        self.dataset.check_ids(batch, np.asarray(indices, dtype=np.int64) - self.base)
 
     def _local(self, lo: int, hi: int) -> np.ndarray:
         return self.built.dataset_index[max(lo - self.base, 0) : max(hi - self.base, 0)]

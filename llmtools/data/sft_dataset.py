@@ -22,9 +22,9 @@ import os
 
 import numpy as np
 
-from llmtools.prep.sft import KEYS, position_ids_from_segments
 from llmtools.errors import InputError
 from llmtools.formats.indexed import IndexedDatasetReader, exists
+from llmtools.prep.sft import KEYS, position_ids_from_segments
 
 
 class SftDataset:

@@ -130,7 +130,25 @@ class JsonlParser(Parser):
                     for name, item in value.items():
                         if type(item) in _NUMBER_TYPES:
                             values[f"{key}/{name}"] = item
+            values.update(_moe_layer_values(data.get("moe_layers")))
         return kind, [Record(kind, step, wall, values, line=number)]
+
+
+_MOE_LAYER_KEYS = ("cv", "max_load", "dropped", "aux_loss", "z_loss")
+
+
+def _moe_layer_values(layers) -> dict[str, float]:
+    """llm-train's per-layer router metrics (``moe_layers``) as scalars ``moe_layer<N>_<key>``."""
+    values: dict[str, float] = {}
+    if not isinstance(layers, list):
+        return values
+    for entry in layers:
+        if not isinstance(entry, dict) or type(entry.get("layer")) is not int:
+            continue
+        for key in _MOE_LAYER_KEYS:
+            if type(entry.get(key)) in _NUMBER_TYPES:
+                values[f"moe_layer{entry['layer']}_{key}"] = entry[key]
+    return values
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,10 +1,14 @@
-"""``llm-log plot``: training curves of one or more runs, overlaid, in four panels (six with data shares).
+"""``llm-log plot``: training curves of one or more runs, overlaid, in four panels (more for MoE runs and
+for logs with tokens per source).
 
 Panels: loss (raw, faint, and an exponential moving average, bold; eval loss as markers), learning
-rate, gradient norm, throughput (tokens/s, or samples/s when a log has no token counts). When the logs
-carry tokens per source (llm-train's ``source_tokens``), two more: each source's share of the tokens
-consumed between two records (the realized mix, stage by stage) and its tokens consumed so far. The x
-axis is steps or consumed tokens. matplotlib runs headless (Agg); the PNG is written atomically.
+rate, gradient norm, throughput (tokens/s, or samples/s when a log has no token counts). When a log has
+llm-train's router metrics (a mixture-of-experts run), a row more: the router's load-balancing loss,
+and the expert-load imbalance (coefficient of variation of the load: mean over layers, solid; worst
+layer, dashed). When the logs carry tokens per source (llm-train's ``source_tokens``), a last row: each
+source's share of the tokens consumed between two records (the realized mix, stage by stage) and its
+tokens consumed so far. The x axis is steps or consumed tokens. matplotlib runs headless (Agg); the PNG
+is written atomically.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from llmtools.logs.records import Record
 PANELS = ("loss", "lr", "grad_norm", "throughput")
 SOURCE_PANELS = ("share", "source_tokens")  # drawn when the logs carry tokens per source
 SOURCE_TOKENS = "source_tokens/"
+MOE_PANELS = ("moe_aux_loss", "moe_load_cv")
+MOE_SERIES = ("moe_aux_loss", "moe_z_loss", "moe_load_cv", "moe_load_cv_max")
 
 
 @dataclass
@@ -87,7 +93,7 @@ class Curves:
             value = values.get(name)
             if value is not None and math.isfinite(value):
                 self._append(name, x, value)
-        for name in ("tokens_per_s", "samples_per_s"):
+        for name in ("tokens_per_s", "samples_per_s", *MOE_SERIES):
             value = values.get(name)
             if value is not None and math.isfinite(value):
                 self._append(name, x, value)
@@ -170,6 +176,20 @@ def _draw_sources(runs: list[Curves], ax_share, ax_tokens, colors, drawn: dict) 
     ax_tokens.set_title("tokens consumed per source")
 
 
+def _draw_moe(row, run: Curves, color: str, drawn: dict) -> None:
+    ax_aux, ax_cv = row
+    if run.points("moe_aux_loss"):
+        xs, ys = run.series["moe_aux_loss"]
+        ax_aux.plot(xs, ys, color=color, linewidth=1.2, label=run.name)
+        drawn["moe_aux_loss"][run.name] = len(xs)
+    for key, style in (("moe_load_cv", "-"), ("moe_load_cv_max", "--")):
+        if run.points(key):
+            xs, ys = run.series[key]
+            label = run.name if key == "moe_load_cv" else f"{run.name} (worst layer)"
+            ax_cv.plot(xs, ys, style, color=color, linewidth=1.2, label=label)
+            drawn["moe_load_cv"][run.name] = drawn["moe_load_cv"].get(run.name, 0) + len(xs)
+
+
 def auto_smoothing(points: int) -> float:
     """An EMA weight whose time constant is ~0.5% of the points: none for a short log, strong for a long one."""
     return max(0.0, 1.0 - 200.0 / points) if points else 0.0
@@ -201,13 +221,16 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    moe = any(run.points("moe_aux_loss") for run in runs)
     with_sources = any(run.sources() for run in runs)
-    rows = 3 if with_sources else 2
-    height = config.height * rows / 2
-    fig, axes = plt.subplots(rows, 2, figsize=(config.width, height), dpi=config.dpi, sharex=True)
+    rows = 2 + int(moe) + int(with_sources)
+    fig, axes = plt.subplots(
+        rows, 2, figsize=(config.width, config.height * rows / 2), dpi=config.dpi, sharex=True
+    )
     ax_loss, ax_lr, ax_gn, ax_tp = axes.flat[:4]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    drawn = {panel: {} for panel in PANELS + (SOURCE_PANELS if any(run.sources() for run in runs) else ())}
+    panels = PANELS + (MOE_PANELS if moe else ()) + (SOURCE_PANELS if with_sources else ())
+    drawn = {panel: {} for panel in panels}
     throughput_label = "tokens/s"
     for index, run in enumerate(runs):
         color = colors[index % len(colors)]
@@ -241,8 +264,13 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
                 xs, ys, color=color, linewidth=1.0, label=f"{run.name} ({key.replace('_per_s', '/s')})"
             )
             drawn["throughput"][run.name] = len(xs)
+        if moe:
+            _draw_moe(axes[2], run, color, drawn)
+    if moe:
+        axes[2][0].set_title("router load-balancing loss (k when balanced)")
+        axes[2][1].set_title("expert load CV (layer mean solid, worst dashed)")
     if with_sources:
-        _draw_sources(runs, axes.flat[4], axes.flat[5], colors, drawn)
+        _draw_sources(runs, axes[-1][0], axes[-1][1], colors, drawn)
     ax_loss.set_title("loss (raw, smoothed; eval o, spikes x)")
     ax_lr.set_title("learning rate")
     ax_gn.set_title("grad norm")

@@ -1,4 +1,4 @@
-"""The LLaMA-family decoder, its presets and Hugging Face interop.
+"""The LLaMA-family decoder (dense, or with mixture-of-experts layers), its presets and Hugging Face interop.
 
 ``ModelConfig`` and ``load_model_config`` import without torch; ``LlamaForCausalLM`` and
 ``flops_per_token`` load torch on first use, so importing this package stays cheap for the CLI.

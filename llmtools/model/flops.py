@@ -4,9 +4,14 @@ The formula (Kaplan et al. 2020, PaLM appendix B, Megatron-LM's ``num_floating_p
 
     flops_per_token = 6 * N + 12 * L * H * Q * T
 
-* ``N``: weights that take part in a matrix multiply — every projection of every layer
+* ``N``: weights that take part in a matrix multiply *for one token* — every projection of every layer
   (q, k, v, o, gate, up, down) plus the output projection ``lm_head`` (counted even when tied to the
   embedding, because the multiply happens). Not counted: the embedding lookup and norm weights.
+  In a MoE layer a token meets the router (``E * h``), its ``k = num_experts_per_tok`` experts
+  (``k * 3 * h * moe_intermediate_size``) and the shared expert with its gate when there is one
+  (``3 * h * shared_expert_intermediate_size + h``): only these *active* weights count, not the other
+  ``E - k`` experts (the convention of Megatron-LM's MoE FLOPs and of MoE model cards' "active
+  parameters"). Tokens dropped by a capacity factor are still counted (MFU is model FLOPs).
 * ``6 = 2 (multiply + add) * 3 (forward + two backward matmuls)``.
 * ``12 * L * H * Q * T``: attention scores ``Q K^T`` and the weighted sum ``A V``; per token and
   layer each is ``2 * H * Q * T`` FLOPs forward (H query heads of width Q over T positions), times 3
@@ -23,11 +28,23 @@ from llmtools.model.config import ModelConfig
 
 
 def matmul_parameters(config: ModelConfig) -> int:
-    """N of the formula: weights used in matrix multiplies (layers + lm_head, no embedding lookup)."""
+    """N of the formula: weights one token multiplies by (layers' active weights + lm_head, no embedding
+    lookup, no norms)."""
     h, d = config.hidden_size, config.head_dim
     q, kv = config.num_attention_heads, config.num_key_value_heads
-    per_layer = h * q * d + 2 * h * kv * d + q * d * h + 3 * h * config.intermediate_size
-    return config.num_hidden_layers * per_layer + config.vocab_size * h
+    attention = h * q * d + 2 * h * kv * d + q * d * h
+    total = config.vocab_size * h
+    for index in range(config.num_hidden_layers):
+        total += attention
+        if config.is_moe_layer(index):
+            total += (
+                config.num_experts * h + config.num_experts_per_tok * 3 * h * config.moe_intermediate_size
+            )
+            if config.shared_expert_intermediate_size:
+                total += 3 * h * config.shared_expert_intermediate_size + h
+        else:
+            total += 3 * h * config.intermediate_size
+    return total
 
 
 def flops_per_token(config: ModelConfig, seq_length: int) -> float:

@@ -25,8 +25,9 @@ import torch
 
 from llmtools.errors import InputError
 from llmtools.fsutil import atomic_dir
-from llmtools.model.config import SHAPE_FIELDS, ModelConfig
+from llmtools.model.config import ModelConfig, shape_mismatch
 from llmtools.model.hf_config import from_hf_config, read_hf_config, to_hf_config
+from llmtools.model.hf_layout import parameter_names, to_memory_layout, to_saved_layout
 
 SAFETENSORS_DTYPES = {
     torch.float32: "F32",
@@ -51,22 +52,12 @@ IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
 def expected_parameter_names(config: ModelConfig, include_tied: bool = False) -> list[str]:
-    """Hugging Face's parameter names for this shape, in state-dict order.
+    """Hugging Face's parameter names for this shape (transformers 5's in-memory names, which are
+    ours), in state-dict order. ``lm_head.weight`` is left out when tied unless ``include_tied``.
 
-    ``lm_head.weight`` is left out when tied (HF does not save it) unless ``include_tied``.
+    A saved folder of a MoE model names its experts one by one instead: :mod:`llmtools.model.hf_layout`.
     """
-    names = ["model.embed_tokens.weight"]
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
-        if config.qk_norm:
-            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-        names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
-        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
-    names.append("model.norm.weight")
-    if include_tied or not config.tie_word_embeddings:
-        names.append("lm_head.weight")
-    return names
+    return parameter_names(config, include_tied)
 
 
 # ---- loading -----------------------------------------------------------------------------------------
@@ -126,9 +117,11 @@ def load_state_dict_into(
     model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str, assign: bool = False
 ) -> None:
     """``model.load_state_dict`` with errors that name the source and the tensor, and tied
-    embeddings handled (a checkpoint may or may not carry ``lm_head.weight``)."""
+    embeddings handled (a checkpoint may or may not carry ``lm_head.weight``). A MoE folder's experts
+    may be saved one by one (``save_pretrained``'s layout) or fused (ours, transformers 5 in memory)."""
     config: ModelConfig = model.config
     state = {k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)}
+    state = to_memory_layout(state, config, source)
     expected = expected_parameter_names(config, include_tied=True)
     wanted = set(expected)
     for name in state:
@@ -182,12 +175,10 @@ def load_hf_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
 
 
 def check_same_shape(ours: ModelConfig, theirs: ModelConfig, source: str) -> None:
-    for name in SHAPE_FIELDS:
-        if getattr(ours, name) != getattr(theirs, name):
-            raise InputError(
-                f"{source}[{name}]: {getattr(theirs, name)!r} but the model config has "
-                f"{getattr(ours, name)!r}"
-            )
+    mismatch = shape_mismatch(ours, theirs)
+    if mismatch:
+        name, mine, other = mismatch
+        raise InputError(f"{source}[{name}]: {other!r} but the model config has {mine!r}")
 
 
 # ---- saving ------------------------------------------------------------------------------------------
@@ -222,9 +213,10 @@ def save_hf_folder(
     generation_config.json, model.safetensors (or shards of at most ``max_shard_size`` bytes with
     model.safetensors.index.json), and ``extra_files`` (e.g. tokenizer.json) copied in.
 
-    ``state`` uses HF names (a module is taken by its state_dict); a tied ``lm_head.weight`` is
-    dropped. ``dtype`` casts floating tensors (None keeps each as it is). The folder appears only
-    when complete; an existing one is replaced only with ``force``.
+    ``state`` uses the model's names (a module is taken by its state_dict); a tied ``lm_head.weight``
+    is dropped; a MoE model's fused experts are written one tensor per expert, as transformers'
+    ``save_pretrained`` writes them. ``dtype`` casts floating tensors (None keeps each as it is). The
+    folder appears only when complete; an existing one is replaced only with ``force``.
     """
     if isinstance(state, torch.nn.Module):
         state = state.state_dict()
@@ -241,9 +233,9 @@ def save_hf_folder(
     if extra:
         raise InputError(f"save_hf_folder: unexpected tensor {extra[0]!r} for this model shape")
     target = _as_dtype(dtype) if dtype is not None else None
+    saved = to_saved_layout({name: state[name] for name in names}, config)
     specs = []
-    for name in names:
-        value = state[name]
+    for name, value in saved.items():
         shape = tuple(value.shape)
         src_dtype = value.dtype
         out_dtype = target if target is not None and src_dtype.is_floating_point else src_dtype

@@ -1,4 +1,5 @@
-"""``config.json`` of Hugging Face Llama / Qwen3 models, both ways — no torch needed.
+"""``config.json`` of Hugging Face Llama / Qwen3 / Mixtral / Qwen3-MoE / Qwen2-MoE models, both ways —
+no torch needed.
 
 :mod:`llmtools.model.hf` re-exports these beside the weight loading and saving.
 """
@@ -14,7 +15,14 @@ from llmtools.errors import InputError
 from llmtools.formats.jsonfile import read_json_object
 from llmtools.model.config import ModelConfig
 
-SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+SUPPORTED_MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+}
+MOE_MODEL_TYPES = ("mixtral", "qwen3_moe", "qwen2_moe")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -37,12 +45,13 @@ def to_hf_config(
     bos_token_id: int | None = None,
     eos_token_id: int | list[int] | None = None,
 ) -> dict[str, Any]:
-    """The ``config.json`` of a Llama (or, with ``qk_norm``, Qwen3) model of this shape.
+    """The ``config.json`` of this shape's family (:attr:`ModelConfig.model_type`: Llama, Qwen3,
+    Mixtral, Qwen3-MoE or Qwen2-MoE).
 
     Written in the ``rope_theta`` / ``rope_scaling`` / ``torch_dtype`` spelling, which transformers
     4.x and 5.x and the usual converters (vLLM, llama.cpp) all read.
     """
-    model_type = "qwen3" if config.qk_norm else "llama"
+    model_type = config.model_type
     data: dict[str, Any] = {
         "architectures": [SUPPORTED_MODEL_TYPES[model_type]],
         "model_type": model_type,
@@ -69,6 +78,8 @@ def to_hf_config(
     }
     if model_type == "llama":
         data.update({"mlp_bias": False, "pretraining_tp": 1})
+    elif model_type == "mixtral":
+        data.update({"sliding_window": None, "router_jitter_noise": 0.0})
     else:
         data.update(
             {
@@ -77,7 +88,40 @@ def to_hf_config(
                 "max_window_layers": config.num_hidden_layers,
             }
         )
+    if config.is_moe:
+        data.update(_moe_fields(config))
     return data
+
+
+def _moe_fields(config: ModelConfig) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "num_experts_per_tok": config.num_experts_per_tok,
+        "router_aux_loss_coef": config.router_aux_loss_coef,
+        "output_router_logits": False,
+    }
+    if config.model_type == "mixtral":
+        fields["num_local_experts"] = config.num_experts  # experts sized by intermediate_size
+    else:
+        fields.update(
+            {
+                "num_experts": config.num_experts,
+                "moe_intermediate_size": config.moe_intermediate_size,
+                "norm_topk_prob": config.norm_topk_prob,
+                "decoder_sparse_step": config.decoder_sparse_step,
+                "mlp_only_layers": list(config.mlp_only_layers),
+            }
+        )
+    if config.model_type == "qwen2_moe":
+        # Qwen2-MoE's attention has q/k/v biases unless told otherwise; ours has none.
+        fields.update(
+            {"shared_expert_intermediate_size": config.shared_expert_intermediate_size, "qkv_bias": False}
+        )
+    # Training-only knobs transformers does not know: kept so that a round trip gives the same config.
+    if config.router_z_loss_coef:
+        fields["router_z_loss_coef"] = config.router_z_loss_coef
+    if config.moe_capacity_factor is not None:
+        fields["moe_capacity_factor"] = config.moe_capacity_factor
+    return fields
 
 
 def from_hf_config(data: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
@@ -98,6 +142,17 @@ def from_hf_config(data: Mapping[str, Any], source: str = "config.json") -> Mode
     for key in ("attention_bias", "mlp_bias", "use_sliding_window"):
         if data.get(key):
             raise InputError(f"{source}[{key}]: true is not supported by this model")
+    if model_type == "qwen2_moe" and data.get("qkv_bias", True):  # transformers' default is true
+        raise InputError(f"{source}[qkv_bias]: q/k/v biases are not supported by this model (need false)")
+    if model_type == "mixtral":
+        if data.get("sliding_window") is not None:
+            raise InputError(
+                f"{source}[sliding_window]: {data['sliding_window']!r} is not supported (need null)"
+            )
+        if data.get("router_jitter_noise"):
+            raise InputError(
+                f"{source}[router_jitter_noise]: {data['router_jitter_noise']!r} is not supported (need 0)"
+            )
     # transformers 5 nests theta and the scaling in rope_parameters; 4.x has rope_theta + rope_scaling.
     rope = data.get("rope_parameters")
     if isinstance(rope, Mapping):
@@ -117,12 +172,14 @@ def from_hf_config(data: Mapping[str, Any], source: str = "config.json") -> Mode
         "head_dim": data.get("head_dim"),
         "rope_theta": theta,
         "rope_scaling": scaling,
-        "rms_norm_eps": data.get("rms_norm_eps", 1e-6),
+        "rms_norm_eps": data.get("rms_norm_eps", 1e-5 if model_type == "mixtral" else 1e-6),
         "tie_word_embeddings": bool(data.get("tie_word_embeddings", False)),
-        "qk_norm": model_type == "qwen3",
+        "qk_norm": model_type in ("qwen3", "qwen3_moe"),
         "max_position_embeddings": data.get("max_position_embeddings", 2048),
         "initializer_range": data.get("initializer_range", 0.02),
     }
+    if model_type in MOE_MODEL_TYPES:
+        fields.update(_moe_from_hf(data, model_type, source))
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
         if fields[key] is None:
             raise InputError(f"{source}[{key}]: missing")
@@ -132,6 +189,37 @@ def from_hf_config(data: Mapping[str, Any], source: str = "config.json") -> Mode
         raise InputError(f"{source}: {error}") from None
 
 
+def _moe_from_hf(data: Mapping[str, Any], model_type: str, source: str) -> dict[str, Any]:
+    """The MoE fields of a Mixtral / Qwen3-MoE / Qwen2-MoE config.json (transformers' defaults when absent)."""
+    # transformers 5 writes Qwen3-MoE's num_experts as num_local_experts (Mixtral's name): read either.
+    if model_type == "mixtral":
+        fields: dict[str, Any] = {
+            "num_experts": data.get("num_local_experts", data.get("num_experts", 8)),
+            "num_experts_per_tok": data.get("num_experts_per_tok", 2),
+            "norm_topk_prob": True,
+        }
+    else:
+        defaults = {"qwen3_moe": (128, 8, 768), "qwen2_moe": (60, 4, 1408)}[model_type]
+        fields = {
+            "num_experts": data.get("num_experts", data.get("num_local_experts", defaults[0])),
+            "num_experts_per_tok": data.get("num_experts_per_tok", defaults[1]),
+            "moe_intermediate_size": data.get("moe_intermediate_size", defaults[2]),
+            "norm_topk_prob": bool(data.get("norm_topk_prob", False)),
+            "decoder_sparse_step": data.get("decoder_sparse_step", 1),
+            "mlp_only_layers": list(data.get("mlp_only_layers") or []),
+        }
+    if model_type == "qwen2_moe":
+        fields["shared_expert_intermediate_size"] = data.get("shared_expert_intermediate_size", 5632)
+        if not fields["shared_expert_intermediate_size"]:
+            raise InputError(f"{source}[shared_expert_intermediate_size]: Qwen2-MoE needs a shared expert")
+    fields["router_aux_loss_coef"] = data.get("router_aux_loss_coef", 0.001)
+    fields["router_z_loss_coef"] = data.get("router_z_loss_coef", 0.0)
+    fields["moe_capacity_factor"] = data.get("moe_capacity_factor")
+    if not fields["num_experts"]:
+        raise InputError(f"{source}[num_experts]: a {model_type} model needs experts")
+    return fields
+
+
 def read_hf_config(folder: str | os.PathLike) -> dict[str, Any]:
     path = Path(folder) / "config.json"
     if not path.is_file():
@@ -139,4 +227,11 @@ def read_hf_config(folder: str | os.PathLike) -> dict[str, Any]:
     return read_json_object(path, "config.json")
 
 
-__all__ = ["to_hf_config", "from_hf_config", "read_hf_config", "dtype_name", "SUPPORTED_MODEL_TYPES"]
+__all__ = [
+    "to_hf_config",
+    "from_hf_config",
+    "read_hf_config",
+    "dtype_name",
+    "SUPPORTED_MODEL_TYPES",
+    "MOE_MODEL_TYPES",
+]

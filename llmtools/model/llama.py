@@ -1,8 +1,9 @@
 """A LLaMA-family decoder in plain PyTorch, parameter for parameter Hugging Face's.
 
 Module and parameter names are those of ``transformers``' ``LlamaForCausalLM`` (and
-``Qwen3ForCausalLM`` when ``qk_norm`` is on: ``self_attn.q_norm`` / ``k_norm``), so a Hugging Face
-``state_dict`` loads with ``load_state_dict`` as is and export is no more than dropping a tied
+``Qwen3ForCausalLM`` when ``qk_norm`` is on: ``self_attn.q_norm`` / ``k_norm``; the MoE families'
+``mlp.gate`` / ``mlp.experts`` when ``num_experts`` is set, see :mod:`llmtools.model.moe`), so a Hugging
+Face ``state_dict`` loads with ``load_state_dict`` as is and export is no more than dropping a tied
 ``lm_head.weight``. The numerics follow Hugging Face's too (RMSNorm in fp32, RoPE tables in fp32,
 logits upcast to fp32 for the loss), which is what the comparison tests pin down.
 
@@ -13,12 +14,14 @@ flash / memory-efficient kernels on GPU, the fused CPU kernel otherwise.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from llmtools.model.config import ModelConfig
+from llmtools.model.moe import Experts, RouterInfo, RouterStats, SparseMoeBlock, TopKRouter, router_losses
 
 IGNORE_INDEX = -100
 
@@ -164,18 +167,31 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, index: int = 0) -> None:
         super().__init__()
         self.self_attn = Attention(config)
-        self.mlp = MLP(config)
+        self.mlp = SparseMoeBlock(config) if config.is_moe_layer(index) else MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        token_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, RouterInfo | None]:
+        """The new hidden states, and what the router did when this is a MoE layer."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        if isinstance(self.mlp, SparseMoeBlock):
+            out, info = self.mlp(self.post_attention_layernorm(x), token_mask)
+            return x + out, info
+        out = self.mlp(self.post_attention_layernorm(x))
+        if isinstance(out, tuple):  # a block put in our MoE block's place reports its router the same way
+            out, info = out
+            return x + out, info
+        return x + out, None
 
 
 def segment_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
@@ -196,7 +212,7 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
         self.gradient_checkpointing = False
@@ -206,18 +222,33 @@ class LlamaModel(nn.Module):
         input_ids: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, list[RouterInfo]]:
+        """The final hidden states, and each MoE layer's :class:`RouterInfo` (none for a dense model)."""
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(position_ids, input_ids.shape[1], x.device, x.dtype)
         mask = segment_causal_mask(segment_ids) if segment_ids is not None else None
+        token_mask = segment_ids != 0 if segment_ids is not None else None  # segment 0 = padding
+        routers = []
         for layer in self.layers:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 from torch.utils.checkpoint import checkpoint
 
-                x = checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
+                x, info = checkpoint(layer, x, cos, sin, mask, token_mask, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, mask)
-        return self.norm(x)
+                x, info = layer(x, cos, sin, mask, token_mask)
+            if info is not None:
+                routers.append(info)
+        return self.norm(x), routers
+
+
+class ModelOutput(NamedTuple):
+    """What ``forward(..., output_router=True)`` returns (a tuple, so DeepSpeed's hooks walk it)."""
+
+    logits: torch.Tensor
+    aux_loss: torch.Tensor | None
+    """MoE: the router's auxiliary loss, coefficients applied — add it to the training loss. None if dense."""
+    router: RouterStats | None
+    """MoE: per-layer load, drops and losses of this forward (no gradient), for the metrics."""
 
 
 class LlamaForCausalLM(nn.Module):
@@ -241,10 +272,13 @@ class LlamaForCausalLM(nn.Module):
         ~ N(0, initializer_range), norm weights 1. Deterministic under ``torch.manual_seed``."""
         std = self.config.initializer_range
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
+            if isinstance(module, (nn.Linear, nn.Embedding, TopKRouter)):
                 if module is self.lm_head and self.config.tie_word_embeddings:
                     continue  # shares the embedding's weight, initialised once
                 nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, Experts):
+                nn.init.normal_(module.gate_up_proj, mean=0.0, std=std)
+                nn.init.normal_(module.down_proj, mean=0.0, std=std)
             elif isinstance(module, RMSNorm):
                 module.reset_parameters()
 
@@ -262,10 +296,23 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        output_router: bool = False,
+    ) -> torch.Tensor | ModelOutput:
         """Logits. ``segment_ids`` (b, t) marks packed samples (1, 2, ...; 0 = padding): attention then
-        stays inside a sample (pass ``position_ids`` restarting per sample too)."""
-        return self.lm_head(self.model(input_ids, position_ids, segment_ids))
+        stays inside a sample (pass ``position_ids`` restarting per sample too); padding is left out of
+        the router's losses and load.
+
+        ``output_router``: a :class:`ModelOutput` instead, with the MoE auxiliary loss to add to the
+        training loss and the router's statistics (``aux_loss`` and ``router`` are None for a dense model).
+        """
+        hidden, routers = self.model(input_ids, position_ids, segment_ids)
+        logits = self.lm_head(hidden)
+        if not output_router:
+            return logits
+        if not routers:
+            return ModelOutput(logits, None, None)
+        losses = router_losses(routers, self.config)
+        return ModelOutput(logits, losses.aux_loss, losses.stats)
 
     def loss(
         self, input_ids: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor | None = None
@@ -274,7 +321,8 @@ class LlamaForCausalLM(nn.Module):
 
         ``labels`` are already shifted (Megatron's convention: ``tokens = sample[:-1]``,
         ``labels = sample[1:]``); ids equal to -100 are ignored. With ``loss_mask`` (1 = counts)
-        the loss is ``sum(ce * mask) / sum(mask)``.
+        the loss is ``sum(ce * mask) / sum(mask)``. The language-model loss only: a MoE model's
+        auxiliary loss comes from ``forward(..., output_router=True)``.
         """
         logits = self(input_ids).float().flatten(0, 1)
         labels = labels.flatten()
@@ -300,6 +348,7 @@ class LlamaForCausalLM(nn.Module):
 __all__ = [
     "LlamaForCausalLM",
     "LlamaModel",
+    "ModelOutput",
     "segment_causal_mask",
     "RMSNorm",
     "RotaryEmbedding",

@@ -33,8 +33,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmtools.prep.sources import BadRecord, DocBatch, FlatTexts
 from llmtools.errors import InputError
+from llmtools.prep.sources import BadRecord, DocBatch, FlatTexts
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"

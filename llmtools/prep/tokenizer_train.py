@@ -58,8 +58,8 @@ def build_tokenizer(texts: Iterable[str], config: TrainConfig):
 
 def iter_jsonl_texts(inputs: Sequence[str], keys: Sequence[str], skip_bad: bool = False) -> Iterator[str]:
     """Every text of every key in JSONL inputs (same reader and errors as json2bin)."""
-    from llmtools.prep.jsonl import JsonlSource
     from llmtools.errors import InputError
+    from llmtools.prep.jsonl import JsonlSource
 
     source = JsonlSource(inputs, skip_bad=skip_bad)
     for chunk in source.batches():
@@ -79,10 +79,12 @@ def train_tokenizer(
 ) -> dict:
     """Train from JSONL ``inputs`` and write ``output`` (tokenizer.json) atomically. Returns a summary."""
     from llmtools.fsutil import check_writable, write_text_atomic
+    from llmtools.locks import lock_output
 
-    check_writable([output], force)
-    tok = build_tokenizer(iter_jsonl_texts(inputs, config.json_keys, skip_bad), config)
-    write_text_atomic(output, tok.to_str(pretty=False))
+    with lock_output(output):  # one writer per output, from the existence check on
+        check_writable([output], force)
+        tok = build_tokenizer(iter_jsonl_texts(inputs, config.json_keys, skip_bad), config)
+        write_text_atomic(output, tok.to_str(pretty=False))
     return {
         "path": str(output),
         "vocab_size": tok.get_vocab_size(with_added_tokens=True),

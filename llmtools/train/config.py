@@ -56,6 +56,9 @@ class ModelSection:
     or the shape all inline."""
     init_from: str | None = None
     """A Hugging Face folder (config.json + safetensors) whose weights start the run (continued pretraining)."""
+    expert_parallel: int | None = None
+    """MoE models: spread each layer's experts over groups of N data-parallel ranks (DeepSpeed's
+    expert-parallel layer); N divides the world size and num_experts. null: every rank holds every expert."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Inline ModelConfig fields (hidden_size, num_hidden_layers, ...); they override the preset's."""
 
@@ -341,6 +344,7 @@ class TrainConfig:
                 section = {
                     "preset": section["preset"],
                     "init_from": section["init_from"],
+                    **({"expert_parallel": section["expert_parallel"]} if section["expert_parallel"] else {}),
                     **section["overrides"],
                 }
             out[f.name] = section
@@ -475,7 +479,7 @@ def _section_from_dict(name: str, cls: type, raw: Any, where: str):
     if cls is ModelSection:
         overrides = {}
         for key, value in raw.items():
-            if key in ("preset", "init_from"):
+            if key in ("preset", "init_from", "expert_parallel"):
                 kwargs[key] = coerce(value, hints[key], f"model.{key}", where)
             else:
                 overrides[str(key)] = value  # checked against ModelConfig's fields when the model resolves

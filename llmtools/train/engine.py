@@ -8,8 +8,10 @@ from llmtools.train.distributed import log0
 from llmtools.train.plan import TrainPlan
 
 
-def param_groups(model, weight_decay: float) -> list[dict]:
-    """Decay matrices (linear and embedding weights); never norms, biases or any 1-D parameter."""
+def param_groups(model, weight_decay: float, named: bool = False) -> list[dict]:
+    """Decay matrices (linear and embedding weights); never norms, biases or any 1-D parameter.
+
+    ``named``: each group gets a ``name`` (DeepSpeed's MoE support splits groups by name)."""
     decay, no_decay = [], []
     for _name, param in model.named_parameters():
         if not param.requires_grad:
@@ -18,6 +20,9 @@ def param_groups(model, weight_decay: float) -> list[dict]:
     groups = [{"params": decay, "weight_decay": weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
+    if named:
+        for group, name in zip(groups, ("decay", "no_decay"), strict=False):
+            group["name"] = name
     return groups
 
 
@@ -56,7 +61,7 @@ def build_engine(plan: TrainPlan, model, device: str):
     from llmtools.train.schedule import build_lr_scheduler
 
     cfg = plan.config
-    groups = param_groups(model, cfg.optimizer.weight_decay)
+    groups = param_groups(model, cfg.optimizer.weight_decay, named=cfg.model.expert_parallel is not None)
     optimizer = scheduler = None
     if "optimizer" not in plan.ds_config and cfg.optimizer.name != "adamw":
         from llmtools.train.optim import allow_in_deepspeed, build_optimizer
@@ -87,6 +92,12 @@ def build_engine(plan: TrainPlan, model, device: str):
         config=plan.ds_config,
         dist_init_required=False,
     )
+    if cfg.model.expert_parallel is not None:
+        # DeepSpeed swapped our MoE blocks for its expert-parallel layer: have it report its router as ours does.
+        from llmtools.train.moe import tap_expert_parallel_routers
+
+        if not tap_expert_parallel_routers(engine.module, plan.model_config):
+            raise RuntimeError("model.expert_parallel: DeepSpeed replaced no MoE block (AutoEP found none)")
     return engine
 
 
@@ -103,6 +114,8 @@ def coalesce_reductions(engine, grad_accumulation: int, world: int) -> bool:
     reduction is kept. ``LLMTOOLS_COALESCE=0`` turns this off (for comparisons).
     """
     if os.environ.get("LLMTOOLS_COALESCE", "1") == "0" or world != 1 or grad_accumulation == 1:
+        return False
+    if getattr(engine, "has_moe_layers", False):  # expert groups: DeepSpeed's own reduction path
         return False
     if engine.zero_optimization_stage() not in (1, 2) or not hasattr(
         engine.optimizer, "_coalesce_grad_reduction"

@@ -41,7 +41,13 @@ from llmtools.train.deepspeed_config import prefer_torch_adam
 from llmtools.train.distributed import all_mean, any_rank, log0
 from llmtools.train.health import HealthGate, wrap_step
 from llmtools.train.plan import TrainPlan, check_data_length, make_plan
-from llmtools.train.rundir import prepare_run_dir, write_resolved
+from llmtools.train.rundir import (
+    clear_run_dir,
+    locked_run_dir,
+    prepare_run_dir,
+    resolved_config,
+    write_resolved,
+)
 
 
 @dataclass
@@ -56,6 +62,8 @@ class RunOptions:
     """Called on every rank after each step with (step, loss); for benchmarks and embedding programs."""
     reset_data: bool = False
     """Resume on changed data: keep the step count and schedule, start the data from its beginning."""
+    reshard: bool = False
+    """With --resume: allow another ZeRO stage (1 <-> 2) through a DeepSpeed universal checkpoint."""
 
 
 @dataclass
@@ -123,22 +131,13 @@ def _resume_data(plan: TrainPlan, options: RunOptions, path: Path, meta: dict):
                 "llmtools); pass --reset-data to continue the step count and schedule on the new data "
                 "from its beginning"
             )
-    decided = plan.task.resume_data(
+    return plan.task.resume_data(
         saved,
         consumed,
         reset=options.reset_data,
         quarantine=records,
         where=f"{path}/meta.json[data.ledger]",
     )
-    before = data.get("fingerprint")
-    if decided.event is None and before is not None and before != _data_fingerprint(plan):
-        note = (
-            f"data: the config's data section changed since {path.name} ({before} -> "
-            f"{_data_fingerprint(plan)}), but it names the same plan: the data continues unchanged"
-        )
-        event = {"change": "unchanged", "position": consumed, "sources": {}, "quarantined_documents": {}}
-        decided = decided._replace(lines=[*decided.lines, note], event=event)
-    return decided
 
 
 def precheck_data(plan: TrainPlan, options: RunOptions) -> None:
@@ -191,6 +190,13 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
         check_length=options.resume is None,
     )
     prepare_run_dir(options.run_dir, options.resume, options.force, rank)
+    from llmtools.train import checkpointing
+
+    # The resume policy's verdict, before torch loads: a refused config change exits in about a second.
+    checkpointing.precheck(
+        options.run_dir, options.resume, resolved_config(plan), **_review_options(plan, options)
+    )
+    # How the data continues (the task's data ledger), also before torch.
     precheck_data(plan, options)
     import torch
 
@@ -198,7 +204,19 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
         prefer_torch_adam(plan.ds_config)
     # The process group outlives the run (DeepSpeed keeps its own handle on it); the CLI tears it down.
     dist_info = init_distributed()
-    return _train(plan, options, dist_info)
+    # One writer per run folder: rank 0 holds RUN/run.lock from before anything is written until the end.
+    with locked_run_dir(options.run_dir, dist_info.rank):
+        return _train(plan, options, dist_info)
+
+
+def _review_options(plan: TrainPlan, options: RunOptions) -> dict:
+    """What the resume policy needs to know besides the two configs (llmtools.train.resume.review)."""
+    return {
+        "reset_data": options.reset_data,
+        "reshard": options.reshard,
+        "own_scheduler": "scheduler" in plan.ds_config,
+        "data_ledger": plan.task.ledger() is not None,
+    }
 
 
 def _quiet_deepspeed() -> None:
@@ -228,22 +246,33 @@ def _event(metrics, step: int, event: str, message: str, **extra) -> None:
     )
 
 
-def accumulate_and_update(engine, plan: TrainPlan, batches, gate: HealthGate, coalesce: bool, own_norm: bool):
+def accumulate_and_update(
+    engine, plan: TrainPlan, batches, gate: HealthGate, coalesce: bool, own_norm: bool, router=None
+):
     """One optimizer step: every micro-batch's forward and backward, the health checks, the update.
 
-    Returns the micro-batch losses and the task's metrics per micro-batch (detached)."""
+    ``router`` (a MoE model's :class:`~llmtools.train.moe.RouterLoss`) is the model the task calls: the
+    router's auxiliary loss of that forward joins the micro-batch's loss before backward (the task's
+    loss alone is what is reported). Returns the micro-batch losses and the task's metrics per
+    micro-batch (detached)."""
     import torch
 
     gas = plan.grad_accumulation
+    model = engine if router is None else router
     losses, metrics = [], []
     if coalesce:  # DeepSpeed's documented manual boundary: not one until all micro-batches are in
         engine.set_gradient_accumulation_boundary(False)
     with engine.coalesce_grad_reduction() if coalesce else contextlib.nullcontext():
         for m in range(gas):
-            out = plan.task.loss(engine, plan.train_data.batch(next(batches)), engine.device)
+            indices = next(batches)
+            batch = plan.train_data.batch(indices)
+            if hasattr(plan.train_data, "check_ids"):
+                plan.train_data.check_ids(batch, indices)
+            out = plan.task.loss(model, batch, engine.device)
             losses.append(out.loss.detach())
             metrics.append({name: value.detach() for name, value in out.metrics.items()})
-            engine.backward(out.loss)
+            aux = router.take_aux() if router is not None else None
+            engine.backward(out.loss if aux is None else out.loss + aux)
             if m < gas - 1 and not coalesce:
                 engine.step()  # DeepSpeed counts micro-steps; the update waits for the boundary
     # the accumulation boundary: health checks, then the update
@@ -301,11 +330,19 @@ class _Trainer:
         wrap_step(engine.basic_optimizer, self.gate)
         self.own_norm = engine.optimizer is engine.basic_optimizer  # ZeRO-0 fp32: DeepSpeed keeps no norm
         self.coalesce = coalesce_reductions(engine, plan.grad_accumulation, self.world)
+        # MoE: the tasks call the model through RouterLoss (the router's auxiliary loss joins each
+        # micro-batch's loss); its meter sums the router's statistics into the train records.
+        self.router = None
+        if plan.model_config.is_moe:
+            from llmtools.train.moe import RouterLoss, RouterMeter
+
+            self.router = RouterLoss(engine, RouterMeter(plan.model_config))
 
         self.manager = checkpointing.make_manager(
             self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every
         )
         self.model_identity = plan.model_config.to_dict()
+        self.resolved: dict | None = None  # the resolved config, recorded in every checkpoint (resume())
         self.progress = Progress()
         self.last_saved: Path | None = None
         self.metrics = None  # opened by resume(), once a checkpoint asked for has loaded
@@ -329,21 +366,28 @@ class _Trainer:
         return float(value)
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def resume(self) -> None:
-        """Load the checkpoint ``--resume`` names, if any, and continue its step count and data."""
+    def resume(self, chosen, resolved: dict, review: dict) -> None:
+        """Load the checkpoint :func:`checkpointing.choose` picked (falling back to an older one when it
+        fails to load, with ``--resume auto``), apply and announce the config changes the resume policy
+        accepted, and continue its step count and data."""
         from llmtools.train import checkpointing
+        from llmtools.train import resume as policy
         from llmtools.train.metrics import build_metrics_logger
 
         plan, options = self.plan, self.options
-        path, client_state = checkpointing.resume(
-            self.manager, self.engine, options.resume, model=self.model_identity, tokenizer=plan.tokenizer
+        self.resolved = resolved
+        accepted, client_state = checkpointing.resume(
+            self.manager, self.engine, chosen, options.resume, resolved, **review
         )
+        if accepted is not None and self.rank == 0:  # accepted and loaded: the run folder now says so
+            for kept in write_resolved(plan, self.run_dir, resumed_step=accepted.step):
+                self.log(f"the previous config is kept as {kept}")
         # Only now: a --resume that fails leaves no metrics.jsonl, so the folder does not look like a run.
         self.metrics = build_metrics_logger(
             self.run_dir, self.rank, tensorboard=options.tensorboard or self.cfg.logging.tensorboard
         )
         ledger = plan.task.ledger()
-        if not client_state:
+        if accepted is None:
             if ledger is not None:
                 self._name_run(ledger)
             _event(
@@ -360,12 +404,22 @@ class _Trainer:
             int(client_state.get("consumed_tokens", 0)),
         )
         plan.task.load_state_dict(client_state.get("task_state") or {})
-        if ledger is None:
-            self._check_data(path, client_state.get("data_fingerprint"))
-        self.log(
-            f"resumed from {path} at step {self.progress.step} ({self.progress.consumed_samples} samples)"
-        )
-        _event(self.metrics, self.progress.step, "resume", f"resumed from {path}")
+        if options.reset_data:
+            self.progress.consumed_samples = 0
+            self.log(
+                f"--reset-data: step {self.progress.step} and the schedule continue; "
+                "the data starts from its beginning"
+            )
+        path, step = accepted.path, self.progress.step
+        self.log(f"resumed from {path} at step {step} ({self.progress.consumed_samples} samples)")
+        _event(self.metrics, step, "resume", f"resumed from {path}")
+        notes = policy.apply(self.engine, accepted.changes, self.cfg)
+        for change in accepted.changes:
+            self.log(f"resume: {change.describe()}", always=True)
+            _event(self.metrics, step, "config_change", change.describe(), key=change.key, old=change.old,
+                   new=change.new)  # fmt: skip
+        for note in notes:
+            self.log(f"resume: {note}", always=True)
         if ledger is not None:
             self._continue_data(Path(path))
 
@@ -390,34 +444,11 @@ class _Trainer:
             decided = _resume_data(plan, self.options, path, read_meta(path))
             check_data_length(self.cfg, decided.data, plan.steps)
         plan.train_data = decided.data
-        if self.options.reset_data:
-            self.progress.consumed_samples = 0
-            self.log(
-                f"--reset-data: step {self.progress.step} and the schedule continue; "
-                "the data starts from its beginning"
-            )
         self._name_run(decided.data)
         for line in decided.lines:
             self.log(line, always=decided.event is not None)
         if decided.event is not None:
             _event(self.metrics, self.progress.step, "data", "; ".join(decided.lines), **decided.event)
-
-    def _check_data(self, path: Path, saved: str | None) -> None:
-        """Resuming on other data than the checkpoint's would silently change the run; refuse it unless
-        ``--reset-data`` asks to keep the step count and schedule and start the new data from its beginning."""
-        current = _data_fingerprint(self.plan)
-        if self.options.reset_data:
-            self.progress.consumed_samples = 0
-            self.log(
-                f"--reset-data: step {self.progress.step} and the schedule continue; "
-                "the data starts from its beginning"
-            )
-        elif saved is not None and saved != current:
-            raise InputError(
-                f"{path}/meta.json[data]: the checkpoint was trained on data {saved}, the config "
-                f"now has {current}; pass --reset-data to continue the step count and schedule "
-                "on the new data from its beginning"
-            )
 
     def client_state(self) -> dict[str, Any]:
         cfg, plan = self.cfg, self.plan
@@ -429,9 +460,12 @@ class _Trainer:
             "model": self.model_identity,
             "tokenizer": plan.tokenizer,
             "data_fingerprint": _data_fingerprint(plan),
+            "config": self.resolved,  # what a resume compares its config with
             # llm-ckpt convert merges the adapters (or writes them alone) from this record
             "lora": cfg.lora.to_dict() if cfg.lora is not None else None,
             "task_state": plan.task.state_dict(),
+            # the checkpoint holds DeepSpeed's expert-parallel layout (resume and llm-ckpt read it)
+            "expert_parallel": cfg.model.expert_parallel,
             **self._ledger_state(),
         }
 
@@ -530,7 +564,9 @@ class _Trainer:
         gate.reset()
         self.step_batches = []
         self.lr = engine.get_lr()[0] if engine.get_lr() else self.cfg.optimizer.lr
-        losses, metrics = accumulate_and_update(engine, plan, batches, gate, self.coalesce, self.own_norm)
+        losses, metrics = accumulate_and_update(
+            engine, plan, batches, gate, self.coalesce, self.own_norm, self.router
+        )
         self.step_losses = losses
         loss, self.step_metrics = step_means(losses, metrics, plan.task.metric_names, engine.device)
         self.progress.step += 1
@@ -580,6 +616,8 @@ class _Trainer:
             peak_tflops=self.peak,
             world=self.world,
         )
+        if self.router is not None:
+            record.update(self.router.meter.record(self.device))  # every rank: one all-reduce
         ledger = plan.task.ledger()
         if ledger is not None:
             record["source_tokens"] = ledger.consumed_tokens(self.progress.consumed_samples)
@@ -697,12 +735,24 @@ class _Trainer:
 
 
 def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
+    from llmtools.train import checkpointing
+
     _quiet_deepspeed()
     if dist_info.rank == 0:
         options.run_dir.mkdir(parents=True, exist_ok=True)
-        write_resolved(plan, options.run_dir)
+        if options.force and options.resume is None:
+            clear_run_dir(options.run_dir)  # --force starts over: only now, with the folder locked
         for warning in plan.warnings:
             log0(f"warning: {warning}", dist_info.rank)
+    # The checkpoint to resume from and the resume policy's verdict, before the engine costs anything:
+    # a refused change exits without writing (config.yaml included; it is written once a resume loads).
+    manager = checkpointing.make_manager(
+        options.run_dir, plan.config.checkpoint.keep_last, plan.config.checkpoint.keep_every
+    )
+    resolved, review = resolved_config(plan), _review_options(plan, options)
+    chosen = checkpointing.choose(manager, options.resume, resolved, **review)
+    if chosen is None and dist_info.rank == 0:
+        write_resolved(plan, options.run_dir)
     trainer = _Trainer(plan, options, dist_info)
-    trainer.resume()
+    trainer.resume(chosen, resolved, review)
     return trainer.run()

@@ -210,8 +210,12 @@ def step_line(record: dict, total_steps: int) -> str:
     mfu = f" | mfu {record['mfu']:.1%}" if record["mfu"] is not None else ""
     norm = f"{record['grad_norm']:.3f}" if record["grad_norm"] is not None else "n/a"
     mem = f" | mem {record['memory_mb']:.0f} MB" if record["memory_mb"] is not None else ""
+    moe = ""
+    if "moe_aux_loss" in record:
+        dropped = f" drop {record['moe_dropped']:.1%}" if record["moe_dropped"] else ""
+        moe = f" | router aux {record['moe_aux_loss']:.3f} load cv {record['moe_load_cv']:.2f}{dropped}"
     return (
         f"step {record['step']:>6}/{total_steps} | loss {record['loss']:.4f} | lr {record['lr']:.3e} | "
         f"grad norm {norm} | {record['tokens_per_s']:,.0f} tok/s | {1000 * record['step_time_s']:.0f} ms/step"
-        f"{mfu}{mem}"
+        f"{mfu}{mem}{moe}"
     )

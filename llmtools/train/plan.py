@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,12 +67,13 @@ def resolve_model_config(config: TrainConfig):
             close = difflib.get_close_matches(key, fields + ["preset", "init_from"], n=1, cutoff=0.6)
             hint = f" (did you mean 'model.{close[0]}'?)" if close else ""
             raise InputError(f"{where}: unknown key model.{key}{hint}")
-    init_base = None
+    init_base = init_config = None
     if section.init_from is not None:
         from llmtools.ckpt.init_from import init_model_source  # an HF folder, or one of our checkpoints
 
         # Read even when a preset names the shape: a missing or broken folder fails here, before compute.
-        init_base = load_model_config(init_model_source(section.init_from)).to_dict()
+        init_config = load_model_config(init_model_source(section.init_from))
+        init_base = init_config.to_dict()
     if section.preset is not None:
         base = load_model_config(section.preset).to_dict()
     elif init_base is not None:
@@ -82,9 +84,19 @@ def resolve_model_config(config: TrainConfig):
     if not merged:
         raise InputError(f"{where}: model: give model.preset, model.init_from, or the model fields inline")
     try:
-        return load_model_config(merged)
+        model_config = load_model_config(merged)
     except InputError as error:
         raise InputError(f"{where}: model: {error}") from None
+    if init_config is not None:  # the weights must fit the shape (a MoE preset with a dense folder, ...)
+        from llmtools.model.config import shape_mismatch
+
+        mismatch = shape_mismatch(model_config, init_config)
+        if mismatch:
+            name, ours, theirs = mismatch
+            folder = os.path.join(section.init_from, "config.json")
+            source = folder if os.path.isfile(folder) else f"model.init_from {section.init_from}"
+            raise InputError(f"{source}[{name}]: {theirs!r} but the model config has {ours!r}")
+    return model_config
 
 
 def make_plan(
@@ -154,7 +166,7 @@ def make_plan(
             valid = None
 
     ds_config = resolve_ds_config(
-        ds_raw,
+        _with_expert_parallel_defaults(ds_raw, config),
         config,
         world_size=world_size,
         total_steps=total_steps,
@@ -162,6 +174,7 @@ def make_plan(
         cpu=cpu,
         ds_source=ds_source,
     )
+    _plan_expert_parallel(config, model_config, ds_config, world_size, ds_source)
     return TrainPlan(
         config=config,
         task=task,
@@ -206,6 +219,69 @@ def check_data_length(config: TrainConfig, train: TaskData, steps: int) -> None:
         f"are needed (fewer steps: --set training.train_steps={available // t.global_batch_size}, "
         "or a mix with more samples: llm-mix --num-samples)"
     )
+
+
+def _with_expert_parallel_defaults(ds_raw: dict, config: TrainConfig) -> dict:
+    """DeepSpeed's MoE support needs contiguous gradients at ZeRO-1/2 (our CPU default is off)."""
+    zero = ds_raw.get("zero_optimization")
+    if config.model.expert_parallel is None or not isinstance(zero, dict):
+        return ds_raw
+    if zero.get("contiguous_gradients", "auto") == "auto":
+        return {**ds_raw, "zero_optimization": {**zero, "contiguous_gradients": True}}
+    return ds_raw
+
+
+def _plan_expert_parallel(
+    config: TrainConfig, model_config, ds_config: dict, world_size: int, ds_source: str
+):
+    """Check ``model.expert_parallel`` against the model, the world and the DeepSpeed config, and turn on
+    DeepSpeed's expert-parallel layer (with its AdamW, which splits the expert parameters into their own
+    groups: a client optimizer cannot know them before DeepSpeed has built them)."""
+    where = config.source or "<train config>"
+    ep = config.model.expert_parallel
+    if ep is None:
+        if "expert_parallel" in ds_config:
+            raise InputError(
+                f"{ds_source}[expert_parallel]: set model.expert_parallel in the train config instead "
+                "(llm-train fills this section from it)"
+            )
+        return
+    from llmtools.train.moe import check_expert_parallel, expert_parallel_ds_config
+
+    check_expert_parallel(model_config, ep, world_size, where)
+    stage = zero_stage(ds_config)
+    if stage == 0:
+        raise InputError(
+            f"{where}: model.expert_parallel: needs ZeRO stage 1, 2 or 3 ({ds_source} has stage 0): DeepSpeed "
+            "reduces and partitions expert parameters within their groups only in its ZeRO optimizers"
+        )
+    if config.lora is not None:
+        raise InputError(f"{where}: model.expert_parallel: not with lora (adapters train no expert)")
+    if config.optimizer.name != "adamw":
+        raise InputError(
+            f"{where}: model.expert_parallel: needs optimizer.name adamw, got {config.optimizer.name!r}"
+        )
+    if "expert_parallel" in ds_config:
+        raise InputError(f"{ds_source}[expert_parallel]: remove it; model.expert_parallel={ep} fills it")
+    zero = ds_config.get("zero_optimization") or {}
+    if stage in (1, 2) and zero.get("contiguous_gradients") is False:
+        raise InputError(
+            f"{ds_source}[zero_optimization.contiguous_gradients]: false, but DeepSpeed's MoE support at "
+            f'ZeRO-{stage} needs true (or "auto")'
+        )
+    ds_config["expert_parallel"] = expert_parallel_ds_config(model_config, ep)
+    if "optimizer" not in ds_config:
+        opt = config.optimizer
+        ds_config["optimizer"] = {
+            "type": "AdamW",
+            "params": {
+                "lr": opt.lr,
+                "betas": list(opt.betas),
+                "eps": opt.eps,
+                "weight_decay": opt.weight_decay,
+                "torch_adam": True,
+            },
+        }
 
 
 def _round_vocab(vocab: int, multiple: int = 64) -> int:

@@ -75,7 +75,7 @@ def train_config_schema() -> dict:
             fields[f.name] = entry
         description = " ".join((cls.__doc__ or "").split())
         if name == "model":
-            description += " Any other key is a ModelConfig field (Hugging Face Llama/Qwen3 names) overriding the preset."
+            description += " Any other key is a ModelConfig field (Hugging Face Llama/Qwen3/Qwen3-MoE/Mixtral names) overriding the preset."
         properties[name] = {
             "type": "object",
             "description": description,

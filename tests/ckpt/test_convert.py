@@ -13,6 +13,8 @@ from llmtools.errors import InputError, UsageError
 from tests.ckpt import worker
 
 QWEN_LIKE = dict(worker.TINY_LLAMA, qk_norm=True, tie_word_embeddings=True, head_dim=12)
+MIXTRAL_LIKE = dict(worker.TINY_LLAMA, num_experts=4, num_experts_per_tok=2)
+QWEN3_MOE_LIKE = dict(QWEN_LIKE, num_experts=5, num_experts_per_tok=3, moe_intermediate_size=20)
 
 
 def _save_llama(run, zero, model=None, steps=2):
@@ -64,6 +66,20 @@ def qwen_ckpt(tmp_path_factory, ds_world):
     return path, worker.full_weights(engine)
 
 
+@pytest.fixture(scope="module")
+def mixtral_ckpt(tmp_path_factory, ds_world):
+    run = tmp_path_factory.mktemp("mixtral") / "run"
+    engine, path = _save_llama(run, 3, MIXTRAL_LIKE)
+    return path, worker.full_weights(engine)
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe_ckpt(tmp_path_factory, ds_world):
+    run = tmp_path_factory.mktemp("qwen3moe") / "run"
+    engine, path = _save_llama(run, 2, QWEN3_MOE_LIKE)
+    return path, worker.full_weights(engine)
+
+
 def _our_model(weights, model):
     import torch
 
@@ -82,7 +98,15 @@ def _our_model(weights, model):
     return net
 
 
-@pytest.mark.parametrize("which, model", [("llama_ckpt", worker.TINY_LLAMA), ("qwen_ckpt", QWEN_LIKE)])
+@pytest.mark.parametrize(
+    "which, model",
+    [
+        ("llama_ckpt", worker.TINY_LLAMA),
+        ("qwen_ckpt", QWEN_LIKE),
+        ("mixtral_ckpt", MIXTRAL_LIKE),
+        ("qwen3_moe_ckpt", QWEN3_MOE_LIKE),
+    ],
+)
 def test_hf_export_loads_in_transformers_with_equal_logits(request, tmp_path, which, model):
     import torch
     import transformers
@@ -90,7 +114,9 @@ def test_hf_export_loads_in_transformers_with_equal_logits(request, tmp_path, wh
     path, weights = request.getfixturevalue(which)
     out = to_hf(path, tmp_path / "hf")
     config = json.loads((out / "config.json").read_text())
-    assert config["model_type"] == ("qwen3" if model.get("qk_norm") else "llama")
+    family = ("qwen3" if model.get("qk_norm") else "llama") if not model.get("num_experts") else None
+    family = family or ("qwen3_moe" if model.get("qk_norm") else "mixtral")
+    assert config["model_type"] == family
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32)
     hf.eval()
     ours = _our_model(weights, model)
@@ -136,7 +162,23 @@ def test_safetensors_export_equals_zero_to_fp32(llama_ckpt, tmp_path):
     assert all(torch.equal(ours[k], reference[k].contiguous()) for k in reference)
 
 
-@pytest.mark.parametrize("which", ["llama_ckpt", "qwen_ckpt"])
+def test_moe_experts_are_read_one_by_one(mixtral_ckpt):
+    """Splitting a fused expert tensor reads only each expert's bytes from the ZeRO-3 partitions."""
+    import torch
+
+    path, weights = mixtral_ckpt
+    with CheckpointReader(path) as reader:
+        fused = reader.sources()["model.layers.1.mlp.experts.gate_up_proj"]
+        rows, width = fused.shape[1], fused.shape[2]
+        for expert in range(fused.shape[0]):
+            up = fused.slice((expert * rows + rows // 2) * width, rows // 2 * width, (rows // 2, width))
+            assert sum(count for *_, count in up.pieces) == rows // 2 * width
+            assert torch.equal(
+                up.load(), weights["model.layers.1.mlp.experts.gate_up_proj"][expert, rows // 2 :]
+            )
+
+
+@pytest.mark.parametrize("which", ["llama_ckpt", "qwen_ckpt", "mixtral_ckpt", "qwen3_moe_ckpt"])
 def test_round_trip_hf_ours_hf_is_identical(request, tmp_path, which):
     from safetensors.torch import load_file
 

@@ -125,8 +125,10 @@ def test_a_changed_data_section_naming_the_same_plan_continues_and_says_so(byte_
     run = _resume_from_step6(uninterrupted, tmp_path)
     resumed = _train(byte_mix["mix"], run, resume="auto", data__seed=99)
     assert resumed.losses == full.losses[6:]
-    (event,) = [e for e in _records(run, "event") if e["event"] == "data"]
-    assert event["change"] == "unchanged" and "names the same plan" in event["message"]
+    (event,) = [e for e in _records(run, "event") if e["event"] == "config_change"]
+    assert (event["key"], event["old"], event["new"]) == ("data.seed", 1234, 99)
+    assert "continued by the data ledger" in event["message"]
+    assert not [e for e in _records(run, "event") if e["event"] == "data"]  # the plan, so the data: unchanged
 
 
 def test_reset_data_keeps_steps_and_schedule_restarts_data(byte_mix, uninterrupted, tmp_path):

@@ -8,9 +8,9 @@ import shutil
 import numpy as np
 import pytest
 
-from llmtools.prep.sft import SftConfig, build_sft
 from llmtools.data.sft_dataset import SftDataset
 from llmtools.errors import InputError
+from llmtools.prep.sft import SftConfig, build_sft
 
 CHATS = [
     {

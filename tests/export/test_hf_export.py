@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from llmtools.export.hf_export import ExportConfig, export_hf, narrowest_dtype, parse_size
 from llmtools.errors import InputError, OutputExistsError, UsageError
+from llmtools.export.hf_export import ExportConfig, export_hf, narrowest_dtype, parse_size
 from llmtools.formats.indexed import IndexedDatasetReader, IndexedDatasetWriter
 from llmtools.formats.sidecar import write_sidecar
 from tests.conftest import shared

@@ -71,3 +71,55 @@ def test_resume_supersedes_and_ema_starts_at_first_value():
         curves.add(Record("train", step, None, {"loss": loss}), "steps", [None])
     assert list(curves.series["loss"][0]) == [1, 2, 3] and list(curves.series["loss"][1]) == [5.0, 3.5, 3.2]
     assert ema([2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0])
+
+
+def test_moe_runs_get_router_panels(tmp_path):
+    """A metrics.jsonl with llm-train's router metrics: two more panels (load-balancing loss, load CV)."""
+    import json
+
+    import matplotlib.image as mpimg
+
+    lines = []
+    for step in range(1, 31):
+        layers = [
+            {
+                "layer": i,
+                "load": [0.25] * 4,
+                "cv": 0.5 / step + i,
+                "max_load": 1.5,
+                "dropped": 0.0,
+                "aux_loss": 2.1,
+                "z_loss": 3.0,
+            }
+            for i in range(2)
+        ]
+        record = {
+            "kind": "train",
+            "step": step,
+            "time": 1.0 + step,
+            "consumed_samples": 8 * step,
+            "consumed_tokens": 512 * step,
+            "loss": 5.0 - step / 10,
+            "grad_norm": 1.0,
+            "lr": 1e-3,
+            "step_time_s": 0.1,
+            "tokens_per_s": 5000.0,
+            "mfu": None,
+            "memory_mb": None,
+            "moe_aux_loss": 2.0 + 1 / step,
+            "moe_z_loss": 3.0,
+            "moe_load_cv": 0.5,
+            "moe_load_cv_max": 1.5,
+            "moe_dropped": 0.0,
+            "moe_layers": layers,
+        }
+        lines.append(json.dumps(record))
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    runs, _ = collect_curves([str(tmp_path / "metrics.jsonl")])
+    out = tmp_path / "moe.png"
+    drawn = plot_runs(runs, PlotConfig(output=out, dpi=40))
+    assert list(drawn["moe_aux_loss"].values()) == [30] and list(drawn["moe_load_cv"].values()) == [60]
+    assert mpimg.imread(out).shape[:2] == (12 * 40, 12 * 40)  # a third row of panels
+    # and a dense run keeps its four panels
+    dense, _ = collect_curves([str(FIXTURES / "metrics.jsonl")])
+    assert "moe_aux_loss" not in plot_runs(dense, PlotConfig(output=tmp_path / "dense.png", dpi=40))

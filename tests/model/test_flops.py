@@ -69,3 +69,49 @@ def test_mfu():
     config = load_model_config("tiny")
     per_token = flops_per_token(config, 128)
     assert mfu(1000.0, config, 128, peak_flops=per_token * 2000.0) == 0.5
+
+
+def hand_count_moe_forward(c: ModelConfig, seq: int) -> int:
+    """A MoE token's forward FLOPs: attention as above, then per MoE layer the router (2 h E) and its k
+    experts' three projections (k * 3 * 2 h I); never the E - k experts it does not visit."""
+    h, d, nq, nkv = c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads
+    attention = 2 * h * nq * d + 2 * 2 * h * nkv * d + 2 * nq * d * h + 2 * 2 * nq * d * seq
+    router = 2 * h * c.num_experts
+    experts = c.num_experts_per_tok * 3 * 2 * h * c.moe_intermediate_size
+    dense_mlp = 3 * 2 * h * c.intermediate_size
+    layers = sum(
+        attention + (router + experts if c.is_moe_layer(i) else dense_mlp) for i in range(c.num_hidden_layers)
+    )
+    return layers + 2 * h * c.vocab_size
+
+
+def test_moe_flops_count_active_parameters_only():
+    for name, seq in [("tiny-moe", 256), ("qwen3-30b-a3b", 4096), ("mixtral-8x7b", 4096)]:
+        config = load_model_config(name)
+        assert flops_per_token(config, seq) == 3 * hand_count_moe_forward(config, seq)
+    # Qwen3-30B-A3B: N is the 3.35B active parameters less the embedding lookup and the norm weights.
+    config = load_model_config("qwen3-30b-a3b")
+    norms = (2 * config.hidden_size + 2 * config.head_dim) * config.num_hidden_layers + config.hidden_size
+    assert (
+        matmul_parameters(config) == config.num_active_parameters() - 151936 * 2048 - norms == 3_041_656_832
+    )
+    # A layer with mlp_only_layers keeps its dense MLP in the count.
+    mixed = ModelConfig(**{**config.to_dict(), "mlp_only_layers": [0]})
+    assert matmul_parameters(mixed) - matmul_parameters(config) == 3 * 2048 * 6144 - (
+        128 * 2048 + 8 * 3 * 2048 * 768
+    )
+
+
+def test_torch_flop_counter_agrees_on_a_moe_training_step():
+    config = ModelConfig(
+        **{**load_model_config("tiny-moe").to_dict(), "num_hidden_layers": 2, "mlp_only_layers": [1]}
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    batch, seq = 2, 32
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    counter = FlopCounterMode(display=False)
+    with counter, sdpa_kernel(SDPBackend.MATH):
+        model.loss(ids, ids).backward()
+    # dropless: every token runs exactly k experts, so the measured matmuls are the active-parameter count
+    assert counter.get_total_flops() == flops_per_token(config, seq) * batch * seq

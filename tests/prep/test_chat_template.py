@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from llmtools.errors import InputError, UsageError
 from llmtools.prep.chat_template import (
     BUILTIN_TEMPLATES,
     ChatTemplate,
@@ -14,7 +15,6 @@ from llmtools.prep.chat_template import (
     load_chat_template,
 )
 from llmtools.prep.sft import SampleEncoder
-from llmtools.errors import InputError, UsageError
 from tests.conftest import shared
 
 # A template with a default system turn, trim, raise_exception, bos_token, multi-line blocks (so

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
+from llmtools.errors import InputError, OutputExistsError, UsageError
 from llmtools.export.hf_export import ExportConfig, export_hf
+from llmtools.formats.indexed import IndexedDatasetReader, IndexedDatasetWriter
 from llmtools.prep.hf_import import Hf2BinConfig, HFDocumentSource, hf2bin, open_hf
 from llmtools.prep.json2bin import json2bin
-from llmtools.errors import InputError, OutputExistsError, UsageError
-from llmtools.formats.indexed import IndexedDatasetReader, IndexedDatasetWriter
 from tests.conftest import shared
 
 datasets = pytest.importorskip("datasets")

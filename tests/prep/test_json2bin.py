@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from llmtools.prep.json2bin import Json2BinConfig, append_eod_ids, json2bin
-from llmtools.prep.sources import ListSource
 from llmtools.errors import InputError, OutputExistsError, RuntimeFailure, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader
 from llmtools.formats.sidecar import read_sidecar
+from llmtools.prep.json2bin import Json2BinConfig, append_eod_ids, json2bin
+from llmtools.prep.sources import ListSource
 from tests.conftest import REPO, shared
 
 FIX = "megatron-deepspeed-fixtures"

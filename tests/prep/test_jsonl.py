@@ -9,9 +9,9 @@ import json
 import pytest
 import zstandard
 
+from llmtools.errors import InputError
 from llmtools.prep.jsonl import JsonlSource, expand_inputs
 from llmtools.prep.sources import DocumentSource
-from llmtools.errors import InputError
 
 ROWS = [{"text": f"document {i} " + "x" * (i % 7), "n": i} for i in range(50)]
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from llmtools.errors import OutputExistsError, UsageError
-from llmtools.tokenize import load_tokenizer
 from llmtools.prep.tokenizer_train import TrainConfig, train_tokenizer
+from llmtools.tokenize import load_tokenizer
 from tests.conftest import shared
 
 

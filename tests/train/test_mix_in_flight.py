@@ -331,7 +331,7 @@ def test_bad_input_fails_before_compute_naming_both_sides(
 
 
 # ---------------------------------------------------------------------------------------- quarantine
-POISON = 300  # an id the byte tokenizer never writes; the model's embedding row for it is NaN
+POISON = 255  # byte 0xFF: valid UTF-8 text never holds it; the model's embedding row for it is NaN
 
 
 @pytest.fixture(scope="module")
@@ -454,7 +454,9 @@ def test_a_fresh_run_refuses_a_stale_quarantine_file_and_force_removes_it(data, 
     record = {"format": "llmtools.quarantine", "version": 1, "run": "old", "step": 2, "rank": 0,
               "reason": "nan", "samples": []}  # fmt: skip
     (run / "quarantine.jsonl").write_text(json.dumps(record) + "\n")
-    done = _llm_train(_config_file(tmp_path / "c.yaml", data["mix1"], training__train_steps=A), run, timeout=300)
+    done = _llm_train(
+        _config_file(tmp_path / "c.yaml", data["mix1"], training__train_steps=A), run, timeout=300
+    )
     assert done.returncode == 2
     assert done.stderr.strip().endswith(
         "quarantine.jsonl: holds quarantine records, but this run starts afresh: a quarantine file of "
