@@ -280,7 +280,8 @@ def refusals(data, runs, tmp_path_factory):
         (
             "tokenizer",
             True,
-            ["meta.json[data.ledger]: tokenizer:", "tok.json with " + "0" * 64, "tokenized differently"],
+            # the resume policy names it first (the data ledger would too): meta.json[tokenizer]
+            ["meta.json[tokenizer]: checkpoint has", "0" * 64, "(a different tokenizer)"],
         ),
         (
             "seq",
@@ -447,7 +448,7 @@ def test_a_poisoned_document_is_quarantined_and_never_seen_again(poisoned, runs,
 
 
 def test_a_fresh_run_refuses_a_stale_quarantine_file_and_force_removes_it(data, tmp_path):
-    from llmtools.train.rundir import prepare_run_dir
+    from llmtools.train.rundir import clear_run_dir
 
     run = tmp_path / "run"
     run.mkdir()
@@ -463,5 +464,5 @@ def test_a_fresh_run_refuses_a_stale_quarantine_file_and_force_removes_it(data, 
         "another run (--force starts over and removes it)"
     )
     (run / "metrics.jsonl").write_text("")  # a run folder: --force clears what a run wrote, this file too
-    prepare_run_dir(run, None, force=True)
+    clear_run_dir(run)  # what --force does, rank 0, once the run folder is locked
     assert not (run / "quarantine.jsonl").exists() and not (run / "metrics.jsonl").exists()
