@@ -35,6 +35,12 @@ Examples:
   srun --ntasks-per-node 8 llm-train configs/train/1b.yaml --deepspeed ds.json -o runs/1b
 
 \b
+  # elastic: one torchrun agent per host; a lost worker restarts the job from the newest checkpoint
+  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node1:29400 --rdzv-id run1 \\
+      --max-restarts 3 -m llmtools.cli.train configs/train/1b.yaml --deepspeed ds.json -o runs/1b --resume auto
+  sbatch --nodes 4 configs/slurm/train.sbatch      # the same under Slurm, with requeue on preemption
+
+\b
   # continue an interrupted run from its newest complete checkpoint
   llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json -o runs/tiny --resume auto
 

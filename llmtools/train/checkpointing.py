@@ -4,7 +4,7 @@ Everything goes through :class:`llmtools.ckpt.manager.CheckpointManager` (crash-
 written last, verification, pruning, RNG states). Resuming is two calls: :func:`choose` before the engine
 exists (the checkpoint, and the resume policy's verdict on the new config: a refusal costs no compute and
 writes nothing), then :func:`resume` (load it; with ``auto``, fall back to the previous complete checkpoint
-when loading fails).
+when loading fails). Background saves are finished by the manager's ``poll``/``wait``.
 """
 
 from __future__ import annotations
@@ -16,15 +16,18 @@ from typing import Any
 from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure
 
 
-def make_manager(run_dir, keep_last: int | None = None, keep_every: int | None = None):
+def make_manager(
+    run_dir, keep_last: int | None = None, keep_every: int | None = None, async_save: bool = False
+):
     from llmtools.ckpt.manager import CheckpointManager
 
-    return CheckpointManager(run_dir, keep_last=keep_last, keep_every=keep_every)
+    return CheckpointManager(run_dir, keep_last=keep_last, keep_every=keep_every, async_save=async_save)
 
 
-def save(manager, engine, step: int, client_state: dict[str, Any]) -> Path:
-    """Save on ALL ranks; returns the committed checkpoint folder."""
-    return manager.save(engine, step, client_state)
+def save(manager, engine, step: int, client_state: dict[str, Any], blocking: bool | None = None) -> Path:
+    """Save on ALL ranks; returns the checkpoint folder (committed now, or by a later ``poll``/``wait``
+    when the manager writes in the background and ``blocking`` is not True)."""
+    return manager.save(engine, step, client_state, blocking=blocking)
 
 
 @dataclass

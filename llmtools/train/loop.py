@@ -203,10 +203,15 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
     if not torch.cuda.is_available():
         prefer_torch_adam(plan.ds_config)
     # The process group outlives the run (DeepSpeed keeps its own handle on it); the CLI tears it down.
-    dist_info = init_distributed()
-    # One writer per run folder: rank 0 holds RUN/run.lock from before anything is written until the end.
-    with locked_run_dir(options.run_dir, dist_info.rank):
-        return _train(plan, options, dist_info)
+    from llmtools.train.peers import PeerWatch
+
+    watch = PeerWatch(config.distributed.timeout_s)
+    with watch:  # a rank that is gone is reported as such (one line, exit 1), never as an internal error
+        dist_info = init_distributed(config.distributed.timeout_s)
+        watch.gather()
+        # One writer per run folder: rank 0 holds RUN/run.lock from before anything is written until the end.
+        with locked_run_dir(options.run_dir, dist_info.rank):
+            return _train(plan, options, dist_info, watch)
 
 
 def _review_options(plan: TrainPlan, options: RunOptions) -> dict:
@@ -339,7 +344,10 @@ class _Trainer:
             self.router = RouterLoss(engine, RouterMeter(plan.model_config))
 
         self.manager = checkpointing.make_manager(
-            self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every
+            self.run_dir,
+            cfg.checkpoint.keep_last,
+            cfg.checkpoint.keep_every,
+            async_save=cfg.checkpoint.async_,
         )
         self.model_identity = plan.model_config.to_dict()
         self.resolved: dict | None = None  # the resolved config, recorded in every checkpoint (resume())
@@ -476,14 +484,35 @@ class _Trainer:
         # meta.json[data][ledger]: where every source continues (read back before compute on resume)
         return {"data_ledger": ledger.state(self.progress.consumed_samples, self.progress.step)}
 
-    def save(self) -> Path:
+    def save(self, blocking: bool | None = None) -> Path:
+        """Save this step (in the background with ``checkpoint.async`` unless ``blocking``)."""
         from llmtools.train import checkpointing
 
+        self.finish_background_save()  # at most one in flight: the previous one commits first
         step = self.progress.step
-        self.last_saved = checkpointing.save(self.manager, self.engine, step, self.client_state())
-        _event(self.metrics, step, "checkpoint", str(self.last_saved))
-        self.log(f"checkpoint {self.last_saved}")
+        self.last_saved = checkpointing.save(
+            self.manager, self.engine, step, self.client_state(), blocking=blocking
+        )
+        if self.manager.in_flight == self.last_saved:
+            self.log(f"checkpoint {self.last_saved}: writing in the background")
+        else:
+            self._committed(self.last_saved)
         return self.last_saved
+
+    def poll_background_save(self) -> None:
+        """Commit the background save once every rank has written it (one tiny all-reduce per step)."""
+        if self.manager.in_flight is not None and (done := self.manager.poll()) is not None:
+            self._committed(done)
+
+    def finish_background_save(self) -> None:
+        if self.manager.in_flight is not None:
+            self._committed(self.manager.wait())
+
+    def _committed(self, folder: Path) -> None:
+        from llmtools.ckpt import layout
+
+        _event(self.metrics, layout.parse_step(folder.name), "checkpoint", str(folder))
+        self.log(f"checkpoint {folder}")
 
     def _checkpoint_due(self) -> bool:
         step, c = self.progress.step, self.cfg.checkpoint
@@ -539,12 +568,17 @@ class _Trainer:
                     result.eval_loss = self.evaluate()
                 if self._checkpoint_due():
                     self.save()
+                else:
+                    self.poll_background_save()
+                # Every rank must agree to stop (one all-reduce): a rank whose peer is gone fails here,
+                # before any collective save is attempted, and is reported as a lost peer.
                 if stop.should_stop():
                     self._stop_on_signal(stop, resume_command())
                     result.stopped = stop.signal_name
                     break
         finally:
             stop.restore()
+        self.finish_background_save()
         result.checkpoint = self.last_saved
         self.metrics.close()
         return result
@@ -692,7 +726,7 @@ class _Trainer:
             reason = "health.nan_action=stop" if gate.reason == "nan" else "health.spike_action=stop"
         else:
             reason = f"{gate.consecutive_skips} consecutive skipped steps (health.max_skips)"
-        saved = self.save()
+        saved = self.save(blocking=True)
         _event(self.metrics, step, "stop", f"stopped at step {step}: {reason}; checkpoint {saved}")
         self.metrics.close()
         raise RuntimeFailure(
@@ -723,8 +757,9 @@ class _Trainer:
     def _stop_on_signal(self, stop, command: str) -> None:
         """A signal asked to stop: make sure this step is saved, say how to resume."""
         step = self.progress.step
+        self.finish_background_save()  # the write in flight first
         if self.last_saved is None or self.last_saved.name != f"step_{step:08d}":
-            self.save()
+            self.save(blocking=True)
         _event(
             self.metrics,
             step,
@@ -734,7 +769,7 @@ class _Trainer:
         self.log(stop.resume_hint(command, str(self.last_saved)), always=True)
 
 
-def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
+def _train(plan: TrainPlan, options: RunOptions, dist_info, watch) -> RunResult:
     from llmtools.train import checkpointing
 
     _quiet_deepspeed()
@@ -755,4 +790,5 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
         write_resolved(plan, options.run_dir)
     trainer = _Trainer(plan, options, dist_info)
     trainer.resume(chosen, resolved, review)
+    watch.progress = trainer.progress  # from here on, a lost peer is reported at the step in progress
     return trainer.run()

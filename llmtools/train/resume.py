@@ -90,6 +90,7 @@ POLICY: dict[str, Rule] = {
     "logging.*": Rule(APPLY, "from the next step on"),
     "checkpoint.*": Rule(APPLY, "from the next step on"),
     "health.*": Rule(APPLY, "from the next step on"),
+    "distributed.*": Rule(APPLY, "the process groups of this run use it"),
     "task": Rule(NEVER, "another training task", OTHER_RUN),
     "lora": Rule(NEVER, "other adapters than the checkpoint holds", OTHER_RUN),
     "world_size": Rule(
@@ -107,7 +108,9 @@ _FLAGS = {
     RESET_DATA: "pass --reset-data to continue the step count and schedule on the new data from its beginning",
     RESHARD: "pass --reshard to convert the optimizer state through a DeepSpeed universal checkpoint",
 }
-_SECTIONS = ("model", "data", "training", "optimizer", "schedule", "eval", "logging", "checkpoint", "health")
+_SECTIONS = (
+    "model", "data", "training", "optimizer", "schedule", "eval", "logging", "checkpoint", "health", "distributed"
+)
 _TOKENIZER_IDENTITY = ("hash", "vocab_size", "eod_id")
 
 
