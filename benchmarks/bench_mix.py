@@ -15,8 +15,12 @@
    size (build_blending_indices, what a static plan costs). Paired rounds, alternating order; the best
    of each and the median of the per-round ratios. 1,000 sources take ~1 min a blend (the greedy is
    O(samples x sources), Megatron's too), so they get a third of the rounds.
+5. A blend over many sources (``--sources``, default 1,000, in 4 folders): ``llm-mix 'DIR/*/*'`` end to
+   end (a subprocess: start-up, opening and hashing every source, every index, mix.json and the
+   thousands of cache files made durable), and how many lines ``--explain`` prints.
 
-Usage: python benchmarks/bench_mix.py [--quick] [--repeat N] [--only blend,gpt,reads,continue]
+Usage: python benchmarks/bench_mix.py [--quick] [--repeat N] [--sources N]
+                                      [--only blend,gpt,reads,continue,sources]
 """
 
 from __future__ import annotations
@@ -363,6 +367,33 @@ def megatron_gpt_dataset(prefix, seq, num, folder):
         return BlendedMegatronDatasetBuilder(GPTDataset, [num, 0, 0], lambda: True, config).build()[0]
 
 
+def bench_sources(count: int, folder: str) -> None:
+    """``llm-mix`` over ``count`` generated sources (200 documents of 50-2,000 tokens each)."""
+    import subprocess
+
+    root = Path(folder) / "sources"
+    rng = np.random.default_rng(0)
+    for k in range(count):
+        lengths = rng.integers(50, 2000, 200)
+        with IndexedDatasetWriter(
+            root / ("web", "code", "books", "wiki")[k % 4] / f"s{k:05d}", np.uint16, durable=False
+        ) as w:
+            w.add_documents(rng.integers(0, 50_000, int(lengths.sum())), lengths)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    args = [sys.executable, "-m", "llmtools.cli.mix", f"{root}/*/*", "--seq-length", "1024"]
+    args += ["--num-samples", "1M", "--valid-samples", "10000"]
+    started = time.perf_counter()
+    out = subprocess.run([*args, "-o", f"{folder}/out/mix.json"], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if out.returncode != 0:
+        raise SystemExit(out.stderr)
+    files = len(out.stdout.splitlines())
+    explained = subprocess.run([*args, "--explain"], env=env, capture_output=True, text=True)
+    print(f"\n## a blend over {count:,} sources (llm-mix end to end, 1M + 10k samples, seq 1024)")
+    row("sources", "seconds", "files written", "--explain lines")
+    row(f"{count:,}", f"{seconds:.2f}", f"{files:,}", f"{len(explained.stdout.splitlines())}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -371,9 +402,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=None, help="repeats per timing (best is reported)")
     parser.add_argument(
         "--only",
-        default="blend,gpt,reads,continue",
-        help="comma-separated parts: blend, gpt, reads, continue",
+        default="blend,gpt,reads,continue,sources",
+        help="comma-separated parts: blend, gpt, reads, continue, sources",
     )
+    parser.add_argument("--sources", type=int, default=None, help="sources of the many-source blend (1000)")
     args = parser.parse_args()
     only = {part.strip() for part in args.only.split(",")}
     repeat = args.repeat or (2 if args.quick else 5)
@@ -396,6 +428,9 @@ def main() -> None:
             size = 1_000_000 if args.quick else 10_000_000
             counts = (3, 100) if args.quick else (3, 1000)
             bench_continue(size, counts, args.repeat or (3 if args.quick else 9), folder)
+    if "sources" in only:
+        with tempfile.TemporaryDirectory(prefix="bench_mix-") as folder:
+            bench_sources(args.sources or (100 if args.quick else 1000), folder)
 
 
 if __name__ == "__main__":

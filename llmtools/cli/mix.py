@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from llmtools.cli._common import emit, log, new_app, run
+from llmtools.cli._common import emit, expand_multi_value_flags, log, new_app, run
 
 HELP = """Blend tokenized .bin/.idx sources into a sample plan, exactly as Megatron-LM would.
 
@@ -29,6 +29,12 @@ weights; every source continues its own sample order across stages (nothing repe
 its epoch ends). A weight of 0 leaves a source out of a stage. The valid and test splits take
 --weights, or the last stage's weights. --explain prints each stage.
 
+Many sources: a PREFIX may be a glob ('shards/web-*_text_document', 'shards/*.idx'; sorted) or
+@list.txt (one prefix or glob per line); --weights then needs one weight per dataset named. A
+--data-path value @FILE (or --data-args-path FILE, as Megatron spells it) reads the blend from FILE
+('0.7 A 0.3 B', whitespace or newlines; # comments); globs there are for unweighted lists. With
+more than 20 sources --explain groups them by folder.
+
 \b
 Examples:
   llm-mix data/wiki_text_document data/code_text_document --weights 0.7,0.3 \\
@@ -44,6 +50,8 @@ Examples:
       --stage 90% 0.7,0.3,0 --stage end 0.3,0.2,0.5   # anneal on hq in the last 10% of tokens
   llm-mix data/web data/code --seq-length 1024 --num-samples 64K --global-batch-size 64 \\
       --stage step:800 0.8 0.2 --stage end 0.5 0.5 --explain
+  llm-mix 'shards/*_text_document' --seq-length 2048 --tokens 100B -o out/mix.json --explain
+  llm-mix --data-path @blend.txt --seq-length 4096 --num-samples 1M -o out/mix.json
 """
 
 app = new_app("llm-mix", "Blend tokenized sources into a Megatron-identical sample plan.")
@@ -116,6 +124,9 @@ def mix(
     test_data_path: list[str] = typer.Option(
         None, "--test-data-path", metavar="[W] PREFIX ...", help="Per-split blend for test."
     ),
+    data_args_path: str = typer.Option(
+        None, "--data-args-path", metavar="FILE", help="Megatron: the --data-path blend read from FILE."
+    ),
     explain: bool = typer.Option(
         False, "--explain", help="Print per source: requested vs realized share, epochs, tokens, warnings."
     ),
@@ -161,8 +172,12 @@ def mix(
         raise UsageError("--materialize needs -o/--output")
     if seq_length is None:
         raise UsageError("--seq-length is required")
+    if data_args_path is not None:
+        if data_path:
+            raise UsageError("give either --data-path or --data-args-path, not both")
+        data_path = [f"@{data_args_path}"]
     per_split = {
-        name: mix_args.parse_data_path(values, flag)
+        name: mix_args.read_data_path(values, flag)
         for name, values, flag in (
             ("train", train_data_path, "--train-data-path"),
             ("valid", valid_data_path, "--valid-data-path"),
@@ -174,9 +189,11 @@ def mix(
     if data_path:
         if prefixes or weights:
             raise UsageError("give either PREFIX... [--weights] or --data-path, not both")
-        blend = mix_args.parse_data_path(data_path)
+        blend = mix_args.read_data_path(data_path, "--data-path")
     elif prefixes:
-        blend = lib.Blend(list(prefixes), mix_args.parse_weights(weights))
+        from llmtools.formats.pathlists import expand_prefixes
+
+        blend = lib.Blend(expand_prefixes(prefixes), mix_args.parse_weights(weights))
     elif weights:
         raise UsageError("--weights given but no PREFIX")
     if blend is not None and per_split:
@@ -206,6 +223,7 @@ def mix(
     outputs = [output] if output else []
     if materialize:
         outputs += [Path(f"{materialize}.bin"), Path(f"{materialize}.idx")]
+    from llmtools.cli import mix_explain
     from llmtools.locks import lock_output
 
     # One writer per mix.json and per materialized prefix, from the existence check to the last rename.
@@ -213,9 +231,9 @@ def mix(
         check_writable(outputs, force)
 
         plan = lib.build_plan(config)
-        for note in plan.notes:
+        for note in mix_explain.fold(plan.notes):
             log(f"llm-mix: note: {note}")
-        for warning in plan.warnings:
+        for warning in mix_explain.fold(plan.warnings):
             log(f"llm-mix: warning: {warning}")
         written: list[Path] = []
         if output is not None:
@@ -232,53 +250,21 @@ def mix(
         summary["written"] = [str(p) for p in written]
         emit(json.dumps(summary))
     elif explain:
-        emit(lib.explain(plan))
-        for path in written:
-            log(f"llm-mix: wrote {path}")
+        emit(mix_explain.explain(plan))
+        if len(written) > mix_explain.GROUP_OVER:
+            log(f"llm-mix: wrote {written[0]} and {len(written) - 1} index cache files beside it")
+        else:
+            for path in written:
+                log(f"llm-mix: wrote {path}")
     else:
         for path in written:
             emit(str(path))
 
 
-def expand_multi_value_flags(argv: list[str]) -> list[str]:
-    """``--data-path 0.7 A 0.3 B`` -> ``--data-path 0.7 --data-path A --data-path 0.3 --data-path B``;
-    ``--stage end 0.5 0.5`` -> ``--stage "end 0.5 0.5"``."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg in GROUPED_FLAGS:
-            j = i + 1
-            while j < len(argv) and (not argv[j].startswith("-") or _looks_numeric(argv[j])):
-                j += 1
-            out += [arg, " ".join(argv[i + 1 : j])] if j > i + 1 else [arg]
-            i = j
-            continue
-        if arg in MULTI_VALUE_FLAGS:
-            j = i + 1
-            # values run to the next option; a negative number (a bad weight) is still a value
-            while j < len(argv) and (not argv[j].startswith("-") or _looks_numeric(argv[j])):
-                out += [arg, argv[j]]
-                j += 1
-            if j == i + 1:
-                out.append(arg)  # let the parser report the missing value
-            i = j
-            continue
-        out.append(arg)
-        i += 1
-    return out
-
-
-def _looks_numeric(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
 def main(argv: list[str] | None = None) -> None:
-    sys.argv[1:] = expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv))
+    sys.argv[1:] = expand_multi_value_flags(
+        list(sys.argv[1:] if argv is None else argv), MULTI_VALUE_FLAGS, grouped=GROUPED_FLAGS
+    )
     run(app, "llm-mix")
 
 

@@ -36,6 +36,30 @@ def parse_data_path(tokens: list[str], flag: str = "--data-path") -> Blend:
     return Blend(prefixes, [float(w) for w in weights], flag)
 
 
+def read_data_path(values: list[str], flag: str = "--data-path") -> Blend:
+    """Megatron's blend spelling, with ``@FILE`` values read from FILE and globs in unweighted lists."""
+    import glob
+
+    from llmtools.formats.pathlists import expand_prefixes, read_list_file
+
+    tokens = []
+    for value in values:
+        if value.startswith("@") and len(value) > 1:
+            tokens += [t for line in read_list_file(value[1:]) for t in line.split()]
+        else:
+            tokens.append(value)
+    blend = parse_data_path(tokens, flag)
+    patterns = [p for p in blend.prefixes if glob.has_magic(p)]
+    if not patterns:
+        return blend
+    if blend.weights is not None:
+        raise UsageError(
+            f"{flag}: {patterns[0]!r} is a glob in a weighted blend; give one weight per dataset "
+            "(or list the prefixes without weights, to weigh them by size)"
+        )
+    return Blend(expand_prefixes(blend.prefixes), None, flag)
+
+
 # -- counts and weights -----------------------------------------------------------------------------
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 

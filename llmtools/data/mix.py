@@ -392,11 +392,12 @@ def build_plan(
     """Open the sources, check them, and compute every index of every split (or of split ``only``)."""
     blends = _split_blends(config)
     sources: list[Source] = []
+    opened: set[str] = set()
     by_abs: dict[str, int] = {}
     for blend, _ in blends.values():
         for prefix in blend.prefixes:
             given = strip_suffix(prefix)
-            if any(s.prefix == given for s in sources):
+            if given in opened:  # a set: blends of thousands of sources
                 continue
             source = open_source(given, base)
             if source.path in by_abs:
@@ -404,6 +405,7 @@ def build_plan(
                     f"{given}: the same dataset is given twice ({sources[by_abs[source.path]].prefix})"
                 )
             by_abs[source.path] = len(sources)
+            opened.add(given)
             sources.append(source)
     tokenizer, notes = check_tokenizers(sources, config.allow_mixed_tokenizers)
     warnings: list[str] = []
@@ -447,7 +449,8 @@ def _plan_split(
     with_arrays: bool,
     per_split: bool = False,
 ) -> SplitPlan:
-    ids = [_index_of(sources, p) for p in blend.prefixes]
+    positions = {s.prefix: i for i, s in reversed(list(enumerate(sources)))}  # first one wins
+    ids = [_index_of(sources, p, positions) for p in blend.prefixes]
     weights = blend.weights
     components: list[Component] = []
     if weights is not None:
@@ -523,7 +526,8 @@ def _plan_staged(
     """The train split of a mixture schedule: each stage Megatron's blend of its weights, the sources'
     streams continued across stages (segment 0 built as Megatron would for the first stage that draws
     from a source; one-epoch segments after it)."""
-    ids = [_index_of(sources, p) for p in blend.prefixes]
+    positions = {s.prefix: i for i, s in reversed(list(enumerate(sources)))}  # first one wins
+    ids = [_index_of(sources, p, positions) for p in blend.prefixes]
     names = source_names(sources)
     keys = [s.idx_sha256 for s in sources]
     ranges = config.stage_ranges

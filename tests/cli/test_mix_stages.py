@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from llmtools.cli.mix import expand_multi_value_flags
+from llmtools.cli._common import expand_multi_value_flags
+from llmtools.cli.mix import GROUPED_FLAGS, MULTI_VALUE_FLAGS
 from llmtools.cli.mix_args import parse_stage_key, parse_stages
 from llmtools.data.stages import StageKey
 from llmtools.errors import UsageError
@@ -24,8 +25,9 @@ def data(tmp_path):
 
 
 def test_stage_spelling():
-    assert expand_multi_value_flags(["--stage", "90%", "0.7", "0.3", "-o", "m.json", "--stage", "end", "1,0"]) == [
-        "--stage", "90% 0.7 0.3", "-o", "m.json", "--stage", "end 1,0",
+    argv = ["--stage", "90%", "0.7", "0.3", "-o", "m.json", "--stage", "end", "1,0", "--data-path", "1", "a"]
+    assert expand_multi_value_flags(argv, MULTI_VALUE_FLAGS, grouped=GROUPED_FLAGS) == [
+        "--stage", "90% 0.7 0.3", "-o", "m.json", "--stage", "end 1,0", "--data-path", "1", "--data-path", "a",
     ]  # fmt: skip
     assert parse_stage_key("step:800") == StageKey("step", 800)
     assert parse_stage_key("Tokens:1.8B") == StageKey("tokens", 1_800_000_000)

@@ -20,8 +20,8 @@ from llmtools.data.blend import blend_weights, build_blending_indices, normalize
 from llmtools.data.ledger import DataPlan, Ledger, ledger_report, open_run_data
 from llmtools.data.stages import StageKey, StageSpec
 from llmtools.errors import InputError, UsageError
-from llmtools.formats.quarantine import make_record
 from llmtools.formats.indexed import IndexedDatasetWriter
+from llmtools.formats.quarantine import make_record
 from llmtools.formats.sidecar import write_sidecar
 
 SEQ = 32
