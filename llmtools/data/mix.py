@@ -971,44 +971,65 @@ def explain(plan: MixPlan) -> str:
     return "\n".join(lines)
 
 
-def _explain_stages(plan: MixPlan, split: SplitPlan) -> list[str]:
-    """Per stage and source: requested and realized share, samples, tokens, epochs read by the stage's end."""
+@dataclass
+class StageRow:
+    """One source in one stage of a schedule (or over the whole schedule), as the explain tables show it."""
+
+    source: int
+    requested: float  # share of the stage's samples asked for
+    drawn: int
+    epochs: float  # epochs of its split read by the end of the stage
+
+
+def stage_rows(plan: MixPlan, split: SplitPlan) -> list[tuple[str, int, list[StageRow]]]:
+    """Per stage of a staged split, then for the whole schedule: (title, samples, one row per source)."""
     seq = plan.config.seq_length
     gbs = plan.config.global_batch_size
-    names = source_names(plan.sources)
-    lines = [
-        f"\n[{split.name}] {split.size} samples (requested {split.requested}), {split.size * seq:,} tokens, "
-        f"{len(split.stages)} stages"
-    ]
     tpe = {c.source: c.indices.tokens_per_epoch for c in split.components}
-    header = (
-        f"    {'source':<32} {'requested':>9} {'realized':>9} {'samples':>10} {'tokens':>15} {'epochs':>7}"
-    )
+    out = []
     for k, st in enumerate(split.stages):
         length = st.stage.end - st.stage.start
         steps = f", steps {st.stage.start // gbs + 1}-{-(-st.stage.end // gbs)}" if gbs else ""
-        lines.append(
-            f"  stage {k}: {st.spec.start.text()} .. {st.spec.until.text()} = samples "
+        title = (
+            f"stage {k}: {st.spec.start.text()} .. {st.spec.until.text()} = samples "
             f"[{st.stage.start}, {st.stage.end}){steps}, {length * seq:,} tokens"
         )
-        lines.append(header)
-        for i, w, n, end in zip(st.sources, st.stage.weights, st.drawn, st.ends, strict=True):
-            name = names[i] if len(names[i]) <= 32 else "…" + names[i][-31:]
-            epochs = (end * seq + 1) / tpe[i] if end else 0.0
-            lines.append(f"    {name:<32} {w:>9.4f} {n / length:>9.4f} {n:>10} {n * seq:>15,} {epochs:>7.2f}")
-    lines.append("  whole schedule:")
-    lines.append(header)
+        rows = [
+            StageRow(i, w, n, (end * seq + 1) / tpe[i] if end else 0.0)
+            for i, w, n, end in zip(st.sources, st.stage.weights, st.drawn, st.ends, strict=True)
+        ]
+        out.append((title, length, rows))
+    whole = []
     for i, (epochs, _) in source_epochs(split, seq).items():
         drawn = sum(c.drawn for c in split.components if c.source == i)
-        name = names[i] if len(names[i]) <= 32 else "…" + names[i][-31:]
         requested = sum(
             w * (st.stage.end - st.stage.start)
             for st in split.stages
             for j, w in zip(st.sources, st.stage.weights, strict=True)
             if j == i
         )
-        lines.append(
-            f"    {name:<32} {requested / split.size:>9.4f} {drawn / split.size:>9.4f} {drawn:>10} "
-            f"{drawn * seq:>15,} {epochs:>7.2f}"
-        )
+        whole.append(StageRow(i, requested / split.size, drawn, epochs))
+    out.append(("whole schedule:", split.size, whole))
+    return out
+
+
+def _explain_stages(plan: MixPlan, split: SplitPlan) -> list[str]:
+    """Per stage and source: requested and realized share, samples, tokens, epochs read by the stage's end."""
+    seq = plan.config.seq_length
+    names = source_names(plan.sources)
+    lines = [
+        f"\n[{split.name}] {split.size} samples (requested {split.requested}), {split.size * seq:,} tokens, "
+        f"{len(split.stages)} stages"
+    ]
+    header = (
+        f"    {'source':<32} {'requested':>9} {'realized':>9} {'samples':>10} {'tokens':>15} {'epochs':>7}"
+    )
+    for title, length, rows in stage_rows(plan, split):
+        lines += [f"  {title}", header]
+        for row in rows:
+            name = names[row.source] if len(names[row.source]) <= 32 else "…" + names[row.source][-31:]
+            lines.append(
+                f"    {name:<32} {row.requested:>9.4f} {row.drawn / length:>9.4f} {row.drawn:>10} "
+                f"{row.drawn * seq:>15,} {row.epochs:>7.2f}"
+            )
     return lines

@@ -118,3 +118,49 @@ def test_the_real_command_refuses_a_bad_schedule(data, cli_env):
         "(samples:60): the stages overlap or are out of order"
     )
     assert not (tmp / "m.json").exists()
+
+
+def test_a_schedule_over_many_sources_named_by_a_glob_is_explained_per_stage_and_folder(tmp_path, cli_env):
+    import numpy as np
+
+    from llmtools.formats.indexed import IndexedDatasetWriter
+
+    rng = np.random.default_rng(0)
+    for k in range(24):  # 8 code shards, 16 web shards: more than --explain lists one by one
+        with IndexedDatasetWriter(
+            tmp_path / ("web" if k % 3 else "code") / f"s{k:02d}_text_document", np.uint16, durable=False
+        ) as writer:
+            lengths = rng.integers(20, 300, 30)
+            writer.add_documents(rng.integers(0, 1000, int(lengths.sum())), lengths)
+    web_only = ["0"] * 8 + ["1"] * 16
+    done = subprocess.run(
+        [sys.executable, "-m", "llmtools.cli.mix", "*/s*_text_document", "--seq-length", "64",
+         "--num-samples", "2000", "--stage", "50%", *web_only, "--stage", "end", *["1"] * 24,
+         "--explain", "-o", "m.json"],
+        capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "24 sources, grouped by folder (llm-mix --json lists every source)" in lines
+    titles = [i for i, line in enumerate(lines) if line.startswith("  stage ") or line == "  whole schedule:"]
+    assert [lines[i].split("=")[0].strip() for i in titles] == [
+        "stage 0: samples:0 .. 50%",
+        "stage 1: 50% .. end",
+        "whole schedule:",
+    ]
+    rows = {}
+    for t, title in enumerate(titles):
+        block = lines[title + 2 : titles[t + 1] if t + 1 < len(titles) else None]
+        rows[t] = {
+            r.split()[0]: r.split() for r in block if r.startswith("    ") and r.split()[0].endswith("/")
+        }
+    assert list(rows[0]) == ["web/"] and rows[0]["web/"][1] == "16"  # code left out of stage 0
+    assert rows[1]["code/"][1] == "8" and rows[1]["web/"][1] == "16"
+    # the whole schedule adds up what the stages drew
+    mix = json.loads((tmp_path / "m.json").read_text())
+    drawn = sum(int(rows[2][f][4]) for f in rows[2])
+    assert (
+        drawn
+        == mix["splits"]["train"]["num_samples"]
+        == int(rows[0]["web/"][4]) + sum(int(r[4]) for r in rows[1].values())
+    )

@@ -470,3 +470,35 @@ def test_random_mix_changes_and_interruptions_keep_every_stream_exact(sources):
         assert {n: c for n, c in state.items() if c} == {n: c for n, c in expected.items() if c}
 
     check()
+
+
+def test_a_many_source_mix_named_by_globs_continues_every_stream(tmp_path):
+    """24 shards in two folders (the same file names in each), named by a glob and an @list file as
+    llm-mix takes them; the run changes to the web shards only: every surviving stream goes on at its
+    cursor, the code shards stop."""
+    from llmtools.formats.pathlists import expand_prefixes
+
+    for k in range(24):
+        folder = tmp_path / ("code" if k % 2 else "web")
+        write_source(folder / f"shard{k // 2:02d}", 15, 100 + k, tokenizer_hash="tokA")
+    (tmp_path / "web.txt").write_text(f"# the web shards\n{tmp_path}/web/shard*\n")
+    every = expand_prefixes([str(tmp_path / "*" / "shard*")])
+    web = expand_prefixes([f"@{tmp_path / 'web.txt'}"])
+    assert len(every) == 24 and len(web) == 12
+    first, second = 700, 500
+    phases = [
+        (save_mix(tmp_path / "all.json", every, None, first), first),
+        (save_mix(tmp_path / "web.json", web, None, second), first + second),
+    ]
+    drawn, data = run(phases, [311, first, first + 3])
+    assert drawn == run(phases, [])[0]
+    per_source = defaultdict(list)
+    for name, position in drawn:
+        per_source[name].append(position)
+    assert len(per_source) == 24  # the same file names, told apart
+    for name, positions in per_source.items():
+        assert positions == list(range(len(positions))), name
+    ledger = data.state(first + second)
+    prefix = {s["name"]: s["prefix"] for s in ledger["sources"]}
+    assert sum(s["drawn"] for s in ledger["sources"]) == first + second
+    assert {prefix[name] for name, _ in drawn[first:]} == set(web)  # code stopped at the change
