@@ -7,7 +7,7 @@ llm-train's router metrics (a mixture-of-experts run), a row more: the router's 
 and the expert-load imbalance (coefficient of variation of the load: mean over layers, solid; worst
 layer, dashed). When the logs carry tokens per source (llm-train's ``source_tokens``), a last row: each
 source's share of the tokens consumed between two records (the realized mix, stage by stage) and its
-tokens consumed so far. The x axis is steps or consumed tokens. matplotlib runs headless (Agg); the PNG
+tokens consumed so far (over 20 sources: the 19 largest by tokens, the others summed into one band). The x axis is steps or consumed tokens. matplotlib runs headless (Agg); the PNG
 is written atomically.
 """
 
@@ -27,6 +27,7 @@ from llmtools.logs.records import Record
 PANELS = ("loss", "lr", "grad_norm", "throughput")
 SOURCE_PANELS = ("share", "source_tokens")  # drawn when the logs carry tokens per source
 SOURCE_TOKENS = "source_tokens/"
+MAX_SOURCES_DRAWN = 20  # more sources than this: the 19 largest, and the rest as one
 MOE_PANELS = ("moe_aux_loss", "moe_load_cv")
 MOE_SERIES = ("moe_aux_loss", "moe_z_loss", "moe_load_cv", "moe_load_cv_max")
 
@@ -132,6 +133,22 @@ class Curves:
     def points(self, key: str) -> int:
         return len(self.series[key][0]) if key in self.series else 0
 
+    def lump_sources(self, keep: set[str], other: str) -> None:
+        """The tokens of every source not in ``keep`` summed into one series named ``other`` (each
+        source's last count carried forward between its own records)."""
+        lumped = [n for n in self.sources() if n not in keep]
+        if not lumped:
+            return
+        table: dict[float, dict[str, float]] = {}
+        for name in lumped:
+            xs, ys = self.series.pop(SOURCE_TOKENS + name)
+            for x, y in zip(xs, ys, strict=True):
+                table.setdefault(x, {})[name] = y
+        last: dict[str, float] = {}
+        for x in sorted(table):
+            last.update(table[x])
+            self._append(SOURCE_TOKENS + other, x, sum(last.values()))
+
 
 def _draw_sources(runs: list[Curves], ax_share, ax_tokens, colors, drawn: dict) -> None:
     """Per-source share of the tokens of each logging window (one run: stacked areas; several: one line
@@ -140,6 +157,15 @@ def _draw_sources(runs: list[Curves], ax_share, ax_tokens, colors, drawn: dict) 
     names: list[str] = []
     for run in runs:
         names += [n for n in run.sources() if n not in names]
+    if len(names) > MAX_SOURCES_DRAWN:
+        # a blend of hundreds of shards: the largest sources by name, the rest as one band
+        tokens = {n: max((r.series[SOURCE_TOKENS + n][1][-1] for r in runs if n in r.sources()), default=0)
+                  for n in names}  # fmt: skip
+        keep = set(sorted(names, key=lambda n: -tokens[n])[: MAX_SOURCES_DRAWN - 1])
+        other = f"{len(names) - len(keep)} other sources"
+        for run in runs:
+            run.lump_sources(keep, other)
+        names = [n for n in names if n in keep] + [other]
     color_of = {name: colors[i % len(colors)] for i, name in enumerate(names)}
     for index, run in enumerate(runs):
         style = styles[index % len(styles)]

@@ -85,3 +85,26 @@ def test_tensorboard_gets_one_scalar_per_source(tmp_path):
     got = scalars(tmp_path / "tb" / "r")
     assert got["train/source_tokens/wiki"][40] == 700 * 20 + 500 * 20
     assert got["train/source_tokens/stories"][21] == 500 and 20 not in got["train/source_tokens/stories"]
+
+
+def test_a_blend_of_many_shards_draws_the_largest_and_one_band_for_the_rest(tmp_path):
+    """30 sources: the 19 largest by tokens keep their band (one of them new halfway through, as a
+    changed mix adds it); the 11 others are summed into one."""
+    lines, totals = [], {}
+    for step in range(1, 11):
+        for k in range(30):
+            if k < 29 or step > 5:  # source 29 starts at step 6
+                totals[f"shard{k:02d}"] = totals.get(f"shard{k:02d}", 0) + (k + 1) * 10
+        lines.append(json.dumps({"kind": "train", "step": step, "time": 1000.0 + step, "loss": 1.0,
+                                 "lr": 1e-3, "grad_norm": 1.0, "source_tokens": dict(totals)}))  # fmt: skip
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    runs, _ = collect_curves([str(log)], x="steps")
+    drawn = plot_runs(runs, PlotConfig(output=tmp_path / "c.png", dpi=40))
+    name = runs[0].name
+    kept = {f"shard{k:02d}" for k in range(11, 30)}  # shard29 started late but is the largest per step
+    assert set(drawn["source_tokens"]) == {f"{name}:{n}" for n in kept | {"11 other sources"}}
+    other = runs[0].series["source_tokens/11 other sources"][1]
+    assert list(other) == [sum((k + 1) * 10 * step for k in range(11)) for step in range(1, 11)]
+    shares = runs[0].shares()
+    assert all(sum(s[1][i] for s in shares.values()) == pytest.approx(1.0) for i in range(10))
