@@ -172,6 +172,30 @@ def test_the_ledger_counts_what_the_two_blends_prescribe(runs):
         _validate(json.loads(line), "metrics")
 
 
+def test_llm_ckpt_inspect_data_prints_the_ledger_of_a_run(data, runs):
+    ca, cb = _counts([0.7, 0.3], A * GBS)
+    db, dc = _counts([0.5, 0.5], B * GBS)
+    done = subprocess.run(
+        [sys.executable, "-m", "llmtools.cli.ckpt", "inspect", str(runs["once"]), "--data"],
+        env=_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith(f"checkpoint {runs['once']}/checkpoints/step_{A + B:08d} (step {A + B}, ")
+    assert f"{(A + B) * GBS:,} samples, {(A + B) * GBS * SEQ:,} tokens of {SEQ} per sample" in lines[1]
+    table = {line.split()[0]: line.split() for line in lines[4 : lines.index("stages")]}
+    # source, samples, tokens, share, epochs, position, skipped, quarantined, repeated, now
+    assert table["shakespeare"][1:3] == [f"{ca:,}", f"{ca * SEQ:,}"] and table["shakespeare"][-1] == "stopped"
+    assert table["wiki"][1] == f"{cb + db:,}" and table["wiki"][-2:] == ["weight", "0.5"]
+    assert table["stories"][1] == f"{dc:,}" and table["stories"][5] == f"{dc:,}"  # at its cursor
+    assert all(row[6:9] == ["0", "0", "0"] for row in table.values())  # nothing skipped or repeated
+    assert lines[lines.index("stages") + 1 :] == [
+        f"  0  samples [0, {A * GBS}) steps 1-{A}  {data['mix1']} stage 0: shakespeare 0.700, wiki 0.300",
+        f"  1  samples [{A * GBS}, {(A + B) * GBS}) steps {A + 1}-{A + B}  {data['mix2']} stage 0: "
+        "wiki 0.500, stories 0.500",
+    ]
+
+
 def _validate(document, schema: str) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate(document, json.loads((REPO / "schemas" / f"{schema}.schema.json").read_text()))
