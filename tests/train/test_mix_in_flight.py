@@ -490,3 +490,44 @@ def test_a_fresh_run_refuses_a_stale_quarantine_file_and_force_removes_it(data, 
     (run / "metrics.jsonl").write_text("")  # a run folder: --force clears what a run wrote, this file too
     clear_run_dir(run)  # what --force does, rank 0, once the run folder is locked
     assert not (run / "quarantine.jsonl").exists() and not (run / "metrics.jsonl").exists()
+
+
+def test_a_grad_norm_spike_quarantines_the_whole_batch_and_the_resumed_run_passes_over_it(
+    byte_data, tmp_path, monkeypatch
+):
+    """No single sample is to blame for a spike: the stop names the step's whole batch, and the resumed
+    run passes over every document of it and finishes."""
+    from llmtools.errors import RuntimeFailure
+    from tests.train.test_health import inject
+
+    inject(monkeypatch, at_call=15, factor=1e4)  # step 8's first micro-batch: gradients x 10^4
+    health = {"health__spike_factor": 5.0, "health__spike_window": 4, "health__spike_action": "stop"}
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeFailure, match="stopped at step 8: health.spike_action=stop"):
+        _train(byte_data["mix"], run, 10, schedule__total_steps=10, **health)
+    (record,) = [json.loads(line) for line in (run / "quarantine.jsonl").read_text().splitlines()]
+    assert (record["step"], record["reason"]) == (8, "spike")
+    assert record["note"] == "the whole batch: a grad-norm spike is not one sample's"
+    assert sorted(s["position"] for s in record["samples"]) == list(range(7 * GBS, 8 * GBS))
+    _validate(record, "quarantine")
+    named = {(s["source"], d["document"]) for s in record["samples"] for d in s["documents"]}
+
+    _train(byte_data["mix"], run, 10, resume="auto", schedule__total_steps=10, **health)
+    steps = [r["step"] for r in _records(run, "train")]
+    assert steps == list(range(1, 11)) and all(r["loss"] is not None for r in _records(run, "train")[8:])
+    ledger = _ledger(run, 10)
+    assert sum(s["quarantined"] for s in ledger["sources"]) == GBS
+    passed = {(s["name"], d) for s in ledger["sources"] for skip in s["skips"] for d in skip["documents"]}
+    assert passed == named
+    # what the resumed steps drew (the step-8 checkpoint's ledger and the quarantine): none of those documents
+    from llmtools.data.ledger import DataPlan, Ledger, open_run_data
+
+    saved = Ledger.from_json(read_meta(run / "checkpoints" / "step_00000008")["data"]["ledger"], "meta")
+    assert saved.position == 8 * GBS
+    data, _ = open_run_data(DataPlan.from_mix(byte_data["mix"]), saved, 8 * GBS, quarantine=[record])
+    end = DataPlan.from_mix(byte_data["mix"]).size
+    drawn = data.describe(range(8 * GBS, end))  # the rest of the plan, not only the steps trained
+    assert not named & {(d["source"], x["document"]) for d in drawn for x in d["documents"]}
+    unquarantined, _ = open_run_data(DataPlan.from_mix(byte_data["mix"]), saved, 8 * GBS)
+    drawn = unquarantined.describe(range(8 * GBS, end))
+    assert named & {(d["source"], x["document"]) for d in drawn for x in d["documents"]}  # they would be
