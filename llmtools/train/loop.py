@@ -283,6 +283,10 @@ def accumulate_and_update(
     # the accumulation boundary: health checks, then the update
     local = torch.stack(losses).float()
     gate.loss_bad = any_rank(not bool(torch.isfinite(local).all()), engine.device)
+    if gate.health.loss_spike_factor > 0 and not gate.loss_bad:
+        from llmtools.train.distributed import mean_over_ranks
+
+        gate.loss = mean_over_ranks(float(local.mean()), engine.device)  # one verdict on every rank
     if own_norm:
         from llmtools.train.engine import grad_norm_of
 
@@ -636,6 +640,8 @@ class _Trainer:
         gate.consecutive_skips = gate.consecutive_skips + 1 if gate.skip else 0
         if gate.reason == "nan":
             what = "NaN/inf loss or grad norm"
+        elif gate.reason == "loss_spike":
+            what = f"loss spike {gate.loss:.4g} > {health.loss_spike_factor} x median {statistics.median(gate.loss_history):.4g}"
         else:
             what = (
                 f"grad-norm spike {grad_norm:.3g} > {health.spike_factor} x median "
@@ -699,14 +705,20 @@ class _Trainer:
                 for position, value in zip(micro, per_sample, strict=True):
                     if not math.isfinite(value):
                         losses[position] = None
+        elif gate.reason == "loss_spike" and gate.loss_limit is not None:
+            # the samples whose own loss is above the limit the step's loss crossed
+            for micro in self.step_batches:
+                per_sample = task.sample_losses(self.engine, self.plan.train_data.batch(micro), self.device)
+                for position, value in zip(micro, per_sample or [], strict=False):
+                    if not math.isfinite(value) or value > gate.loss_limit:
+                        losses[position] = value if math.isfinite(value) else None
         note = ""
         if not any_rank(bool(losses), self.device):
             losses = dict.fromkeys(p for micro in self.step_batches for p in micro)
-            note = (
-                "the whole batch: no single sample's loss was non-finite"
-                if gate.reason == "nan"
-                else "the whole batch: a grad-norm spike is not one sample's"
-            )
+            note = {
+                "nan": "the whole batch: no single sample's loss was non-finite",
+                "loss_spike": "the whole batch: no single sample's loss was above the limit",
+            }.get(gate.reason, "the whole batch: a grad-norm spike is not one sample's")
         samples = ledger.describe(sorted(losses))
         for sample in samples:
             sample["loss"] = losses[sample["position"]]
@@ -739,6 +751,8 @@ class _Trainer:
             return
         if gate.stop:
             reason = "health.nan_action=stop" if gate.reason == "nan" else "health.spike_action=stop"
+            if gate.reason == "loss_spike":
+                reason += " (a loss spike)"
         else:
             reason = f"{gate.consecutive_skips} consecutive skipped steps (health.max_skips)"
         saved = self.save(blocking=True)
