@@ -157,3 +157,25 @@ def test_a_loss_spike_stops_with_a_checkpoint(byte_data, tmp_path, monkeypatch):
     # the injected loss is not one sample's own (scored again, every sample is normal): the whole batch
     assert quarantine["note"] == "the whole batch: no single sample's loss was above the limit"
     assert len(quarantine["samples"]) == 8
+
+
+def test_a_loss_spike_names_the_samples_whose_own_loss_is_over_the_limit(byte_data, tmp_path, monkeypatch):
+    from llmtools.train.tasks.pretrain import PretrainTask
+
+    inject(monkeypatch, at_call=15, factor=10.0)  # step 8's first micro-batch
+    original = PretrainTask.sample_losses
+
+    def scored(self, model, batch, device):  # scored again: the second sample of the first micro-batch
+        values = original(self, model, batch, device)
+        scored.calls += 1
+        return [v * 100 if (scored.calls, i) == (1, 1) else v for i, v in enumerate(values)]
+
+    scored.calls = 0
+    monkeypatch.setattr(PretrainTask, "sample_losses", scored)
+    with pytest.raises(RuntimeFailure, match="a loss spike"):
+        run(byte_data, tmp_path, training__train_steps=10, health__loss_spike_factor=3.0,
+            health__spike_window=4, health__spike_action="stop")  # fmt: skip
+    (quarantine,) = [json.loads(line) for line in (tmp_path / "quarantine.jsonl").read_text().splitlines()]
+    assert quarantine["note"] == ""
+    (sample,) = quarantine["samples"]
+    assert sample["position"] == 7 * 8 + 1 and sample["loss"] > 100
