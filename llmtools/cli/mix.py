@@ -26,8 +26,9 @@ A mixture schedule blends the train split in stages: --stage UNTIL WEIGHTS... on
 running from the end of the one before until UNTIL (step:N with --global-batch-size, tokens:T,
 samples:N, a share of the plan like 90%, or end). Within a stage the blend is Megatron's for its
 weights; every source continues its own sample order across stages (nothing repeated or skipped until
-its epoch ends). A weight of 0 leaves a source out of a stage. The valid and test splits take
---weights, or the last stage's weights. --explain prints each stage.
+its epoch ends). A weight of 0 leaves a source out of a stage; WEIGHTS may be @FILE, the weights
+listed in FILE (a blend of many sources). The valid and test splits take --weights, or the last
+stage's weights. --explain prints each stage.
 
 Many sources: a PREFIX may be a glob ('shards/web-*_text_document', 'shards/*.idx'; sorted) or
 @list.txt (one prefix or glob per line); --weights then needs one weight per dataset named. A
@@ -51,6 +52,8 @@ Examples:
   llm-mix data/web data/code --seq-length 1024 --num-samples 64K --global-batch-size 64 \\
       --stage step:800 0.8 0.2 --stage end 0.5 0.5 --explain
   llm-mix 'shards/*_text_document' --seq-length 2048 --tokens 100B -o out/mix.json --explain
+  llm-mix @shards.txt --seq-length 2048 --tokens 100B -o out/mix.json \
+      --stage 90% @pretrain_weights.txt --stage end @anneal_weights.txt   # one weight per shard
   llm-mix --data-path @blend.txt --seq-length 4096 --num-samples 1M -o out/mix.json
 """
 

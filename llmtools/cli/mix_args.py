@@ -134,8 +134,23 @@ def parse_stage_key(text: str, flag: str = "--stage") -> StageKey:
         raise UsageError(f"{flag}: {error}") from None
 
 
+def _stage_weights(parts: list[str]):
+    """(weight text, where it came from) of each weight: given inline, or read from an ``@FILE`` (numbers
+    separated by spaces, commas or newlines; ``#`` lines skipped), one per source of a blend of many."""
+    from llmtools.formats.pathlists import LIST_MARK, read_list_file
+
+    for part in parts:
+        if part.startswith(LIST_MARK) and len(part) > 1:
+            for line in read_list_file(part[1:]):
+                for value in line.replace(",", " ").split():
+                    yield value, f" in {part[1:]}"
+        else:
+            yield part, ""
+
+
 def parse_stages(values: list[str] | None) -> list[StageSpec] | None:
-    """``["tokens:1.8B 0.7,0.3", "end 0.2 0.8"]`` -> stages; each starts where the one before ends."""
+    """``["tokens:1.8B 0.7,0.3", "end 0.2 0.8"]`` -> stages; each starts where the one before ends. A weight
+    ``@FILE`` stands for the weights listed in FILE."""
     if not values:
         return None
     out: list[StageSpec] = []
@@ -149,11 +164,13 @@ def parse_stages(values: list[str] | None) -> list[StageSpec] | None:
             )
         until = parse_stage_key(parts[0], flag)
         weights = []
-        for i, part in enumerate(parts[1:]):
+        for part, where in _stage_weights(parts[1:]):
             try:
                 weights.append(float(part))
             except ValueError:
-                raise UsageError(f"{flag}: weight {i + 1} ({part!r}) is not a number") from None
+                raise UsageError(
+                    f"{flag}: weight {len(weights) + 1} ({part!r}{where}) is not a number"
+                ) from None
         out.append(StageSpec(start, until, tuple(weights)))
         start = until
     return out

@@ -12,7 +12,7 @@ from llmtools.cli._common import expand_multi_value_flags
 from llmtools.cli.mix import GROUPED_FLAGS, MULTI_VALUE_FLAGS
 from llmtools.cli.mix_args import parse_stage_key, parse_stages
 from llmtools.data.stages import StageKey
-from llmtools.errors import UsageError
+from llmtools.errors import InputError, UsageError
 from tests.cli.test_mix import REPO, llm_mix, write_source
 
 
@@ -48,6 +48,20 @@ def test_stage_spelling():
             parse_stage_key(bad)
     with pytest.raises(UsageError, match="weight 2 .'x'. is not a number"):
         parse_stages(["end 0.5 x"])
+
+
+def test_stage_weights_from_a_file(tmp_path):
+    listed = tmp_path / "w.txt"
+    listed.write_text("# anneal\n0.5, 0.25\n0.25\n")
+    (stage,) = parse_stages([f"end @{listed}"])
+    assert stage.weights == (0.5, 0.25, 0.25)
+    (stage,) = parse_stages([f"end 1 @{listed} 2"])
+    assert stage.weights == (1.0, 0.5, 0.25, 0.25, 2.0)
+    listed.write_text("0.5 half\n")
+    with pytest.raises(UsageError, match=f"--stage 1: weight 2 .'half' in {listed}. is not a number"):
+        parse_stages([f"end @{listed}"])
+    with pytest.raises(InputError, match="no such list file"):
+        parse_stages([f"end @{tmp_path / 'missing.txt'}"])
 
 
 def test_a_schedule_is_written_and_explained_per_stage(monkeypatch, capsys, data):
@@ -132,10 +146,11 @@ def test_a_schedule_over_many_sources_named_by_a_glob_is_explained_per_stage_and
         ) as writer:
             lengths = rng.integers(20, 300, 30)
             writer.add_documents(rng.integers(0, 1000, int(lengths.sum())), lengths)
-    web_only = ["0"] * 8 + ["1"] * 16
+    # one weight per shard, from files: the glob sorts code/ first, then web/
+    (tmp_path / "web_only.txt").write_text("# code shards out\n" + "0 " * 8 + "\n" + "1\n" * 16)
     done = subprocess.run(
         [sys.executable, "-m", "llmtools.cli.mix", "*/s*_text_document", "--seq-length", "64",
-         "--num-samples", "2000", "--stage", "50%", *web_only, "--stage", "end", *["1"] * 24,
+         "--num-samples", "2000", "--stage", "50%", "@web_only.txt", "--stage", "end", *["1"] * 24,
          "--explain", "-o", "m.json"],
         capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=120,
     )  # fmt: skip
