@@ -35,7 +35,7 @@ def debug_enabled() -> bool:
 
 
 def fail(prog: str, message: str, code: int) -> None:
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    log(f"{prog}: error: {message}")
     sys.exit(code)
 
 
@@ -48,7 +48,7 @@ def run(app: typer.Typer, prog: str) -> None:
             traceback.print_exc()
         fail(prog, str(error), error.exit_code)
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+        log(f"{prog}: interrupted")
         sys.exit(130)
     except BrokenPipeError:
         # The reader of our stdout went away (e.g. `| head`): not an error worth a traceback.
@@ -89,8 +89,11 @@ def report(prog: str, result, as_json: bool, quiet: bool) -> None:
 
 
 def log(message: str) -> None:
-    """A human-facing message on stderr."""
-    print(message, file=sys.stderr, flush=True)
+    """A human-facing message on stderr, in one write: with several ranks on one stream (torchrun, srun)
+    and Python unbuffered (PYTHONUNBUFFERED, common under Slurm), print's separate newline lets lines
+    of two ranks run together."""
+    sys.stderr.write(f"{message}\n")
+    sys.stderr.flush()
 
 
 def expand_multi_value_flags(
