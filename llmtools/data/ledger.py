@@ -346,6 +346,22 @@ class Ledger:
 
 
 # -- the data a run reads ---------------------------------------------------------------------------
+MAX_SOURCES_LOGGED = 100
+"""More sources than this: metrics.jsonl gets the tokens per folder, not per source."""
+
+
+def folder_names(prefixes: dict[str, str]) -> dict[str, str]:
+    """A short name per source's folder: its last component (``web/``), or the whole folder where two
+    folders share a last component."""
+    folders = {key: os.path.dirname(os.path.normpath(prefix)) for key, prefix in prefixes.items()}
+    short = {folder: (os.path.basename(folder) or folder or ".") + "/" for folder in set(folders.values())}
+    seen: dict[str, int] = {}
+    for name in short.values():
+        seen[name] = seen.get(name, 0) + 1
+    clash = {name for name, n in seen.items() if n > 1}
+    return {key: short[f] if short[f] not in clash else (f or ".") + "/" for key, f in folders.items()}
+
+
 @dataclass
 class Report:
     """What :func:`open_run_data` decided, for stderr and a metrics event."""
@@ -396,6 +412,7 @@ class RunData:
         self._index = {key: i for i, key in enumerate(order)}
         self._part_source = np.asarray([self._index[key] for key, _ in built.parts] or [0], dtype=np.int64)
         self._counted = (resumed_at, np.zeros(len(order), dtype=np.int64))
+        self._folders: dict[str, str] | None = None  # folder name per source (metrics of many sources)
 
     # -- reading -------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -426,12 +443,22 @@ class RunData:
         return counts
 
     def consumed_tokens(self, position: int) -> dict[str, int]:
-        """Tokens each source gave the run up to ``position`` (for metrics.jsonl)."""
+        """Tokens each source gave the run up to ``position`` (for metrics.jsonl); over
+        :data:`MAX_SOURCES_LOGGED` sources, summed per folder (``web/``), so a blend of thousands of shards
+        does not write thousands of numbers per log step (the checkpoint's ledger keeps each source)."""
         since = self.drawn_since_resume(position)
-        return {
-            rec.spec.name: (rec.drawn + int(since[self._index[key]])) * self.seq_length
+        tokens = {
+            key: (rec.drawn + int(since[self._index[key]])) * self.seq_length
             for key, rec in self.sources.items()
         }
+        if len(tokens) <= MAX_SOURCES_LOGGED:
+            return {self.sources[key].spec.name: n for key, n in tokens.items()}
+        if self._folders is None:
+            self._folders = folder_names({key: rec.spec.prefix for key, rec in self.sources.items()})
+        out: dict[str, int] = {}
+        for key, n in tokens.items():
+            out[self._folders[key]] = out.get(self._folders[key], 0) + n
+        return out
 
     def _stage_draws(self, position: int) -> list[tuple[int, dict[str, int]]]:
         """Per live stage begun before ``position``: the draws of each of its sources up to ``position``."""
@@ -787,28 +814,51 @@ def _continued(
     )
     first = live[0]
     weights = dict(zip(first.keys, first.weights, strict=True))
+    per_source: list[str] = []
     for key, rec in sources.items():
         name = rec.spec.name
         epochs = rec.position * plan.seq_length / rec.spec.tokens_per_epoch
         if key in plan.specs and key in saved.sources:
             report.sources[name] = "continues"
             share = f"weight {weights[key]:.4g}" if key in weights else "in a later stage"
-            report.lines.append(
+            per_source.append(
                 f"data: {name}: continues at sample {rec.position} of its stream ({rec.drawn} drawn, "
                 f"{epochs:.2f} epochs; {share})"
             )
         elif key in plan.specs:
             report.sources[name] = "starts"
             share = f"weight {weights[key]:.4g}" if key in weights else "in a later stage"
-            report.lines.append(f"data: {name}: new, starts at sample 0 ({share})")
+            per_source.append(f"data: {name}: new, starts at sample 0 ({share})")
         elif _in_effect(saved, key, consumed):
             report.sources[name] = "stops"
-            report.lines.append(
+            per_source.append(
                 f"data: {name}: stops at sample {rec.position} of its stream ({rec.drawn} drawn, "
                 f"{epochs:.2f} epochs): not in {plan.origin}"
             )
+    _fold_sources(report, per_source, plan.origin)
     _describe_quarantine(report, added)
     return data, report
+
+
+MAX_SOURCE_LINES = 20
+"""More sources than this in a continuation report: one line per fate (llm-ckpt inspect --data has each)."""
+
+
+def _fold_sources(report: Report, lines: list[str], origin: str) -> None:
+    if len(lines) <= MAX_SOURCE_LINES:
+        report.lines += lines
+        return
+    said = {
+        "continues": "continue, each at its cursor",
+        "starts": "are new and start at sample 0",
+        "stops": f"stop: not in {origin}",
+    }
+    for fate in ("continues", "starts", "stops"):
+        names = [name for name, f in report.sources.items() if f == fate]
+        if names:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            report.lines.append(f"data: {len(names)} sources {said[fate]} ({shown})")
+    report.lines.append("data: llm-ckpt inspect --data RUN lists every source's samples, tokens and cursor")
 
 
 def _same_blend(current: Stage | None, plan: DataPlan) -> bool:

@@ -472,7 +472,7 @@ def test_random_mix_changes_and_interruptions_keep_every_stream_exact(sources):
     check()
 
 
-def test_a_many_source_mix_named_by_globs_continues_every_stream(tmp_path):
+def test_a_many_source_mix_named_by_globs_continues_every_stream(tmp_path, monkeypatch):
     """24 shards in two folders (the same file names in each), named by a glob and an @list file as
     llm-mix takes them; the run changes to the web shards only: every surviving stream goes on at its
     cursor, the code shards stop."""
@@ -502,3 +502,40 @@ def test_a_many_source_mix_named_by_globs_continues_every_stream(tmp_path):
     prefix = {s["name"]: s["prefix"] for s in ledger["sources"]}
     assert sum(s["drawn"] for s in ledger["sources"]) == first + second
     assert {prefix[name] for name, _ in drawn[first:]} == set(web)  # code stopped at the change
+
+    # what a resume says: one line per fate, not one per source; metrics: tokens per folder
+    first_data, _ = open_run_data(phases[0][0], None, 0)
+    first_data.run = "test-run"
+    changed, report = open_run_data(phases[1][0], checkpoint(first_data, first), first)
+    assert report.kind == "continued" and len(report.sources) == 24
+    assert report.lines[0] == f"data: the mix changed at sample {first}: now {tmp_path / 'web.json'}"
+    assert report.lines[1].startswith("data: 12 sources continue, each at its cursor (")
+    assert report.lines[1].endswith(" and 9 more)")
+    assert report.lines[2].startswith("data: 12 sources stop: not in ")
+    assert report.lines[3:] == [
+        "data: llm-ckpt inspect --data RUN lists every source's samples, tokens and cursor"
+    ]
+    per_source = changed.consumed_tokens(first + second)
+    assert len(per_source) == 24 and sum(per_source.values()) == (first + second) * SEQ
+    import llmtools.data.ledger as ledger_module
+
+    monkeypatch.setattr(ledger_module, "MAX_SOURCES_LOGGED", 20)
+    changed._folders = None
+    per_folder = changed.consumed_tokens(first + second)
+    assert per_folder == {
+        "web/": sum(n for name, n in per_source.items() if "/web/" in prefix[name]),
+        "code/": sum(n for name, n in per_source.items() if "/code/" in prefix[name]),
+    }
+    assert per_folder["code/"] == first_data.consumed_tokens(first)["code/"]  # stopped at the change
+
+
+def test_folder_names_are_short_unless_two_folders_share_one():
+    from llmtools.data.ledger import folder_names
+
+    assert folder_names({"1": "/d/web/s0", "2": "/d/web/s1", "3": "/d/code/s0", "4": "top"}) == {
+        "1": "web/",
+        "2": "web/",
+        "3": "code/",
+        "4": "./",
+    }
+    assert folder_names({"1": "a/web/s0", "2": "b/web/s0"}) == {"1": "a/web/", "2": "b/web/"}
