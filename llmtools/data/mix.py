@@ -700,9 +700,12 @@ def _stage_warnings(plan: MixPlan, split: SplitPlan) -> list[str]:
 
 def source_epochs(split: SplitPlan, seq_length: int) -> dict[int, tuple[float, int]]:
     """Per source of a staged split: (epochs its draws read, stream segments built)."""
+    by_source: dict[int, list[Component]] = {}
+    for c in split.components:
+        by_source.setdefault(c.source, []).append(c)
     out = {}
-    for i in sorted({c.source for c in split.components}):
-        parts = [c for c in split.components if c.source == i]
+    for i in sorted(by_source):
+        parts = by_source[i]
         drawn = sum(c.drawn for c in parts)
         tpe = parts[0].indices.tokens_per_epoch
         built = sum(c.indices.num_epochs for c in parts)
@@ -999,16 +1002,17 @@ def stage_rows(plan: MixPlan, split: SplitPlan) -> list[tuple[str, int, list[Sta
             for i, w, n, end in zip(st.sources, st.stage.weights, st.drawn, st.ends, strict=True)
         ]
         out.append((title, length, rows))
-    whole = []
-    for i, (epochs, _) in source_epochs(split, seq).items():
-        drawn = sum(c.drawn for c in split.components if c.source == i)
-        requested = sum(
-            w * (st.stage.end - st.stage.start)
-            for st in split.stages
-            for j, w in zip(st.sources, st.stage.weights, strict=True)
-            if j == i
-        )
-        whole.append(StageRow(i, requested / split.size, drawn, epochs))
+    drawn: dict[int, int] = {}
+    for c in split.components:
+        drawn[c.source] = drawn.get(c.source, 0) + c.drawn
+    requested: dict[int, float] = {}
+    for st in split.stages:
+        for j, w in zip(st.sources, st.stage.weights, strict=True):
+            requested[j] = requested.get(j, 0.0) + w * (st.stage.end - st.stage.start)
+    whole = [
+        StageRow(i, requested.get(i, 0.0) / split.size, drawn[i], epochs)
+        for i, (epochs, _) in source_epochs(split, seq).items()
+    ]
     out.append(("whole schedule:", split.size, whole))
     return out
 
