@@ -19,7 +19,7 @@
    end (a subprocess: start-up, opening and hashing every source, every index, mix.json and the
    thousands of cache files made durable), and how many lines ``--explain`` prints.
 
-Usage: python benchmarks/bench_mix.py [--quick] [--repeat N] [--sources N]
+Usage: python benchmarks/bench_mix.py [--quick] [--repeat N] [--sources N] [--continue-sources 3,1000]
                                       [--only blend,gpt,reads,continue,sources]
 """
 
@@ -406,6 +406,9 @@ def main() -> None:
         help="comma-separated parts: blend, gpt, reads, continue, sources",
     )
     parser.add_argument("--sources", type=int, default=None, help="sources of the many-source blend (1000)")
+    parser.add_argument(
+        "--continue-sources", default=None, help="source counts of the continuation part (default 3,1000)"
+    )
     args = parser.parse_args()
     only = {part.strip() for part in args.only.split(",")}
     repeat = args.repeat or (2 if args.quick else 5)
@@ -427,6 +430,8 @@ def main() -> None:
         if "continue" in only:
             size = 1_000_000 if args.quick else 10_000_000
             counts = (3, 100) if args.quick else (3, 1000)
+            if args.continue_sources:
+                counts = tuple(int(n) for n in args.continue_sources.split(","))
             bench_continue(size, counts, args.repeat or (3 if args.quick else 9), folder)
     if "sources" in only:
         with tempfile.TemporaryDirectory(prefix="bench_mix-") as folder:
