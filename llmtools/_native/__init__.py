@@ -55,6 +55,17 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.llm_abi_version.argtypes = []
     lib.llm_blend_indices.restype = None
     lib.llm_blend_indices.argtypes = [_f64p, ctypes.c_int32, ctypes.c_int64, _i16p, _i64p, _i64p]
+    lib.llm_blend_indices_continued.restype = None
+    lib.llm_blend_indices_continued.argtypes = [
+        _f64p,
+        ctypes.c_int32,
+        ctypes.c_int64,
+        _i16p,
+        _i64p,
+        _i16p,
+        _i64p,
+        _i64p,
+    ]
     lib.llm_sample_idx.restype = ctypes.c_int64
     lib.llm_sample_idx.argtypes = [
         _i32p,

@@ -118,6 +118,8 @@ def _meta_fields(engine, step: int, final: Path, client_state: dict[str, Any]) -
         "data": {
             "consumed_samples": client_state.get("consumed_samples"),
             "fingerprint": client_state.get("data_fingerprint"),
+            # per-source cursors, readable without torch (resume checks, llm-ckpt inspect --data)
+            "ledger": client_state.get("data_ledger"),
         },
         "config_hash": client_state.get("config_hash"),
         "config": client_state.get("config"),  # what a resume compares its config with

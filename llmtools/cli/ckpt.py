@@ -104,10 +104,16 @@ def verify_(
 INSPECT_HELP = """Show what a checkpoint holds: model config, parameter count, dtypes, optimizer state,
 world size, ZeRO stage, data position. Reads no tensor data.
 
+--data prints the run's data ledger instead: per source the samples and tokens consumed, its share,
+epochs, cursor, samples passed over (quarantine), quarantined and repeated, and whether it is still
+drawn from; then the stages blended so far (mixture schedules, mixes changed on resume) and resets.
+
 \b
 Examples:
   llm-ckpt inspect out/run/checkpoints/step_00000100
   llm-ckpt inspect out/run --json          # the newest verified checkpoint of the run
+  llm-ckpt inspect out/run --data          # what the run drew from each source
+  llm-ckpt inspect out/run --data --json | jq '.sources[] | {name, tokens, epochs}'
 """
 
 
@@ -115,11 +121,31 @@ Examples:
 def inspect_(
     path: Path = typer.Argument(..., help="A checkpoint folder (or a run folder: its newest verified one)."),
     as_json: bool = typer.Option(False, "--json", help="JSON instead of text."),
+    data: bool = typer.Option(False, "--data", help="The run's data ledger: what it drew from each source."),
 ) -> None:
+    if data:
+        emit(_data_ledger(path, as_json))
+        return
     from llmtools.ckpt.inspect import format_inspect, inspect_checkpoint
 
     info = inspect_checkpoint(path)
     emit(json.dumps(info, default=str) if as_json else format_inspect(info))
+
+
+def _data_ledger(path: Path, as_json: bool) -> str:
+    from llmtools.ckpt.convert import resolve_checkpoint
+    from llmtools.ckpt.verify import read_meta
+    from llmtools.data.ledger import format_ledger, ledger_report
+    from llmtools.formats.quarantine import quarantine_path, read_records
+
+    checkpoint = resolve_checkpoint(path)
+    meta = read_meta(checkpoint)
+    ledger = (meta.get("data") or {}).get("ledger") if isinstance(meta.get("data"), dict) else None
+    run = ledger.get("run") if isinstance(ledger, dict) else None
+    run_dir = checkpoint.parent.parent
+    records = read_records(quarantine_path(run_dir), run, whose=f"the checkpoint {checkpoint.name}")
+    report = ledger_report(meta, str(checkpoint), records)
+    return json.dumps(report) if as_json else format_ledger(report)
 
 
 PRUNE_HELP = """Remove old checkpoints, keeping the newest K (and every N-th step with --keep-every).

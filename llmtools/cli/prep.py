@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 
 from llmtools.cli._common import emit, expand_multi_value_flags, log, new_app, report, run
+from llmtools.errors import InputError
 
 app = new_app(
     "llm-prep", "Prepare training data: tokenize JSONL into Megatron .bin/.idx, train tokenizers, inspect."
@@ -288,17 +289,23 @@ CAT_HELP = """Print documents of a .bin/.idx: detokenized with --tokenizer, else
 Without --json, ids are printed one document per line; decoded texts are printed back to back,
 each followed by a newline (use --json for one JSON object per document when texts hold newlines).
 
+--quarantine RUN/quarantine.jsonl prints instead the samples llm-train quarantined when its health
+gate tripped: a header line per sample (step, rank, why, source, documents and token ranges), then the
+exact tokens the model read. The sources must be the data the run read (their .idx unchanged), and the
+file must belong to the run folder it is in.
+
 \b
 Examples:
   llm-prep cat data/corpus_text_document --docs 0:5
   llm-prep cat data/corpus_text_document --docs 0:3 --tokenizer tokenizer.json
   llm-prep cat data/corpus_text_document --docs -1 --tokenizer byte --json
+  llm-prep cat --quarantine runs/tiny/quarantine.jsonl --tokenizer tokenizer.json
 """
 
 
 @app.command("cat", help=CAT_HELP, no_args_is_help=True)
 def cat_cmd(
-    prefix: str = typer.Argument(..., help="Dataset prefix (foo, foo.bin or foo.idx)."),
+    prefix: str = typer.Argument(None, help="Dataset prefix (foo, foo.bin or foo.idx)."),
     docs: str = typer.Option(
         None, "--docs", help="Documents: N, START:STOP or START:STOP:STEP (default: all)."
     ),
@@ -308,20 +315,87 @@ def cat_cmd(
     as_json: bool = typer.Option(
         False, "--json", help='One JSON object per document: {"doc", "ids" or "text"}.'
     ),
+    quarantine: Path = typer.Option(
+        None,
+        "--quarantine",
+        metavar="RUN/quarantine.jsonl",
+        help="Print the samples a training run quarantined (instead of PREFIX's documents).",
+    ),
 ) -> None:
+    from llmtools.errors import UsageError
     from llmtools.prep.inspect import iter_documents
 
+    if (prefix is None) == (quarantine is None):
+        raise UsageError("give a dataset PREFIX or --quarantine RUN/quarantine.jsonl (one of them)")
+    if quarantine is not None and docs:
+        raise UsageError("--docs selects documents of a PREFIX; not with --quarantine")
     tok = None
     if tokenizer:
         from llmtools.tokenize import load_tokenizer
 
         tok = load_tokenizer(tokenizer, backend="tokenizers")
+    if quarantine is not None:
+        _cat_quarantine(quarantine, tok, as_json)
+        return
     for j, ids in iter_documents(prefix, docs):
         if tok is not None:
             text = tok.decode(ids)
             emit(json.dumps({"doc": j, "text": text}, ensure_ascii=False) if as_json else text)
         else:
             emit(json.dumps({"doc": j, "ids": ids.tolist()}) if as_json else " ".join(map(str, ids.tolist())))
+
+
+def _quarantine_run(path: Path) -> str | None:
+    """The id of the run whose folder holds ``path`` (from its newest checkpoint's data ledger), if any."""
+    from llmtools.ckpt import layout
+    from llmtools.ckpt.verify import read_meta
+
+    for _, checkpoint in reversed(layout.list_checkpoints(layout.checkpoints_dir(path.parent))):
+        try:
+            ledger = (read_meta(checkpoint).get("data") or {}).get("ledger")
+        except (InputError, AttributeError):
+            continue
+        if isinstance(ledger, dict) and isinstance(ledger.get("run"), str):
+            return ledger["run"]
+    return None
+
+
+def _cat_quarantine(path: Path, tok, as_json: bool) -> None:
+    import numpy as np
+
+    from llmtools.formats.quarantine import read_records, sample_tokens
+
+    if not path.is_file():
+        raise InputError(f"{path}: no such quarantine file")
+    run = _quarantine_run(path)
+    numbered = read_records(path, run, whose=f"the run in {path.parent}", with_lines=True)
+    for record, sample, pieces in sample_tokens(path, numbered):
+        ids = np.concatenate([p for _, p in pieces]) if pieces else np.empty(0, np.int64)
+        where = ", ".join(f"doc {d['document']} tokens {d['start']}..{d['end']}" for d, _ in pieces)
+        loss = sample.get("loss")
+        header = (
+            f"# step {record['step']} rank {record['rank']} {record['reason']}: {sample['source']} {where} "
+            f"(sample {sample['sample']}, stream position {sample['stream_position']}"
+            + (f", loss {loss:.4g}" if isinstance(loss, (int, float)) else "")
+            + ")"
+        )
+        entry = {
+            "step": record["step"],
+            "rank": record["rank"],
+            "reason": record["reason"],
+            "source": sample["source"],
+            "prefix": sample["prefix"],
+            "documents": [d for d, _ in pieces],
+        }
+        if tok is not None:
+            entry["text"] = tok.decode(ids)
+        else:
+            entry["ids"] = ids.tolist()
+        if as_json:
+            emit(json.dumps(entry, ensure_ascii=False))
+        else:
+            emit(header)
+            emit(entry["text"] if tok is not None else " ".join(map(str, entry["ids"])))
 
 
 TRAIN_HELP = """Train a byte-level BPE tokenizer (Hugging Face tokenizers) on JSONL text and write tokenizer.json.

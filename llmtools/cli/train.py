@@ -45,6 +45,11 @@ Examples:
   llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json -o runs/tiny --resume auto
 
 \b
+  # change the mix of a running job: every source of both mixes continues where it stopped, new ones start
+  llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json -o runs/tiny --resume auto \\
+      --set data.mix=out/mix2.json
+
+\b
   # check the config, data and DeepSpeed config without training (prints the resolved DeepSpeed config)
   llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json --dry-run
 """
@@ -95,7 +100,8 @@ def train(
     reset_data: bool = typer.Option(
         False,
         "--reset-data",
-        help="With --resume: keep the step count and LR schedule, start the (new) data from its beginning.",
+        help="With --resume: keep the step count and LR schedule, start the (new) data from its beginning "
+        "(without it, a changed mix continues every source where it stopped).",
     ),
     reshard: bool = typer.Option(
         False,

@@ -163,25 +163,17 @@ class BlendedGPTDataset:
         """Build a plan in code (``num_samples`` for ``split_name``); ``cache_dir`` keeps its ``.npy`` files."""
         from llmtools.data import mix as mixlib
 
-        if split_name not in SPLITS:
-            raise UsageError(f"split {split_name!r}: use one of {', '.join(SPLITS)}")
-        sizes = {"train": 1, "valid": 0, "test": 0}
-        sizes[split_name] = num_samples
-        config = mixlib.MixConfig(
-            blend=mixlib.Blend([str(p) for p in prefixes], None if weights is None else list(weights)),
-            seq_length=seq_length,
-            num_samples=sizes["train"],
-            valid_samples=sizes["valid"],
-            test_samples=sizes["test"],
+        plan = mixlib.plan_prefixes(
+            prefixes,
+            weights,
+            seq_length,
+            num_samples,
             seed=seed,
             split=split,
+            split_name=split_name,
             allow_mixed_tokenizers=allow_mixed_tokenizers,
+            cache_dir=cache_dir,
         )
-        plan = mixlib.build_plan(config, only=split_name)
-        if split_name not in plan.splits:
-            raise InputError(f"{', '.join(map(str, prefixes))}: no {split_name} split with --split {split}")
-        if cache_dir is not None:
-            mixlib.write_cache(plan, Path(cache_dir), durable=False)
         return cls.from_plan(plan, split_name, source=", ".join(map(str, prefixes)))
 
     @classmethod

@@ -47,6 +47,7 @@ def choose(
     reset_data: bool = False,
     reshard: bool = False,
     own_scheduler: bool = False,
+    data_ledger: bool = False,
     exclude: tuple[Path, ...] = (),
     rollback: bool = False,
 ) -> Accepted | None:
@@ -77,7 +78,13 @@ def choose(
         try:
             meta = read_meta(path)
             changes = policy.review(
-                meta, path, current, reset_data=reset_data, reshard=reshard, own_scheduler=own_scheduler
+                meta,
+                path,
+                current,
+                reset_data=reset_data,
+                reshard=reshard,
+                own_scheduler=own_scheduler,
+                data_ledger=data_ledger,
             )
             verdict = Accepted(Path(path), int(meta.get("step") or 0), changes)
         except InputError as refusal:

@@ -139,6 +139,15 @@ def test_hf2bin_sft_and_mix(capsys, monkeypatch, trust_data, tmp_path):
     sidecar = f"{prefix}.json"
     mix = ("mix", prefix, "--seq-length", "32", "--num-samples", "10", "-o", sidecar, "--force")
     refused(inproc(capsys, monkeypatch, *mix), "it is the input")
+    args_file, weights = tmp_path / "args.txt", tmp_path / "weights.txt"  # @FILE lists are inputs too
+    args_file.write_text(f"1.0 {prefix}\n")
+    weights.write_text("1.0\n")
+    for files in (("--data-args-path", args_file), (prefix, "--stage", "end", f"@{weights}")):
+        before = {p: p.read_bytes() for p in (args_file, weights)}
+        output = files[1] if files[0] == "--data-args-path" else weights
+        mix = ("mix", *files, "--seq-length", "32", "--num-samples", "10", "-o", output, "--force")
+        refused(inproc(capsys, monkeypatch, *mix), "it is the input")
+        assert {p: p.read_bytes() for p in (args_file, weights)} == before
 
 
 def test_log_plot_and_tb(capsys, monkeypatch, run, tmp_path):
