@@ -6,11 +6,13 @@ Every output carries a mark of its maker, where its format has room for one:
 output                                      recognised by
 ==========================================  ===========================================================
 ``.bin`` / ``.idx`` dataset pairs           their sidecar ``PREFIX.json`` (``format: llmtools.*``)
-JSON files (sidecars, ``mix.json``, ...)    a top-level ``format`` starting with ``llmtools.``
+JSON files (sidecars, ``mix.json``, ...)    a top-level ``format`` starting with ``llmtools.`` (JSON Lines:
+                                            in the first record, as ``quarantine.jsonl``)
 folders (HF exports and models, universal   an ``llmtools.json`` or a checkpoint ``meta.json`` inside
 checkpoints, LoRA adapters, import-hf)      (``format: llmtools.*``); an empty folder holds nothing to lose
 run folders (``llm-train -o``) and          ``config.yaml`` headed ``# written by llm-train``,
-their entries (``metrics.jsonl``, ...)      checkpoints with our ``meta.json``, or our ``reference/``
+their entries (``metrics.jsonl``, ...)      checkpoints with our ``meta.json``, our ``reference/`` or
+                                            ``quarantine.jsonl``
 ``.safetensors``                            ``__metadata__["producer"]`` of the header
 ``.png`` (``llm-log plot``)                 the PNG text chunk ``Software: llmtools ...``
 anything else (``tokenizer.json``,          a marker ``NAME.llmtools.json`` beside it that names the file
@@ -93,6 +95,18 @@ def _json_format(path: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _jsonl_format(path: Path) -> str | None:
+    """The ``format`` of a JSON Lines file's first record (ours each carry one), or None."""
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(1 << 20)
+        data = json.loads(first)
+    except (OSError, ValueError):
+        return None
+    value = data.get("format") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def _is_ours_json(path: Path) -> bool:
     return (_json_format(path) or "").startswith("llmtools.")
 
@@ -155,6 +169,8 @@ def _run_folder(path: Path) -> bool:
                 return True
     if (_json_format(path / "reference" / REFERENCE_META) or "").startswith("llmtools."):
         return True  # a preference run stopped after its reference pass, before any checkpoint
+    if (_jsonl_format(path / "quarantine.jsonl") or "").startswith("llmtools."):
+        return True  # a run stopped by its health gate before any checkpoint
     checkpoints = path / "checkpoints"
     return checkpoints.is_dir() and any(
         _json_format(meta) == "llmtools.checkpoint" for meta in checkpoints.glob("step_*/meta.json")
@@ -203,6 +219,8 @@ def not_ours(path: str | os.PathLike) -> str | None:
             f"a dataset file without an llmtools sidecar ({sidecar.name}): Megatron or another tool made it"
         )
     if path.suffix == ".json" and _is_ours_json(path):
+        return None
+    if path.suffix == ".jsonl" and (_jsonl_format(path) or "").startswith("llmtools."):
         return None
     if path.suffix == ".safetensors" and safetensors_producer(path) == PRODUCER:
         return None
