@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from llmtools.errors import DiskFullError, LlmtoolsError, OutputExistsError
+from llmtools.errors import DiskFullError, InputError, LlmtoolsError, OutputExistsError
 from llmtools.interrupt import critical, on_abort
 
 TMP_MARK = ".tmp-"
@@ -39,9 +39,14 @@ _lock = threading.Lock()
 
 
 def check_writable(paths, force: bool) -> None:
-    """Refuse to overwrite any existing output unless ``force``."""
+    """Refuse to overwrite any existing output unless ``force`` (an empty folder holds nothing to lose).
+
+    The library's own guard; what ``--force`` may replace is decided before, by the CLI
+    (:func:`llmtools.cli.outputs.claim`).
+    """
     for path in paths:
-        if not force and Path(path).exists():
+        path = Path(path)
+        if not force and os.path.lexists(path) and not (path.is_dir() and not any(path.iterdir())):
             raise OutputExistsError(path)
 
 
@@ -425,3 +430,23 @@ def atomic_dir(path: str | os.PathLike, force: bool = False) -> Iterator[Path]:
     except BaseException:
         discard(tmp)
         raise
+
+
+def inside(folder: str | os.PathLike, name: object, source: str) -> Path:
+    """``folder / name`` for a path read from a file (``source`` names it in errors), refused unless it stays
+    inside ``folder``: a relative path without ``..`` that, symlinks resolved, still lies under ``folder``.
+
+    What a hostile manifest, ``latest`` file or shard index could otherwise make us read, hash, report the
+    size of, or train on: ``/etc/passwd``, ``../../other-run``, a symlink out of the folder.
+    """
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise InputError(f"{source}: {name!r} is not a file name")
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise InputError(f"{source}: {name!r} lies outside {folder} (absolute or with '..'); refused")
+    path = Path(folder) / relative
+    root = os.path.realpath(folder)
+    real = os.path.realpath(path)
+    if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+        raise InputError(f"{source}: {name!r} is a symlink out of {folder} (to {real}); refused")
+    return path

@@ -143,16 +143,24 @@ def log(message: str) -> None:
 
 
 def expand_multi_value_flags(
-    argv: list[str], flags: tuple[str, ...], stop_at_files: bool = False
+    argv: list[str], flags: tuple[str, ...], stop_at_files: bool = False, grouped: tuple[str, ...] = ()
 ) -> list[str]:
     """Megatron's ``nargs='+'`` spelling for click: ``--flag a b`` -> ``--flag a --flag b``.
 
     Values run to the next option (a negative number is still a value); with ``stop_at_files`` also to
-    the first existing file, so ``--json-keys text corpus.jsonl`` leaves the input alone."""
+    the first existing file, so ``--json-keys text corpus.jsonl`` leaves the input alone. A ``grouped``
+    flag keeps its values together as one: ``--stage end 0.5 0.5`` -> ``--stage "end 0.5 0.5"``."""
     out: list[str] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
+        if arg in grouped:
+            j = i + 1
+            while j < len(argv) and (not argv[j].startswith("-") or _looks_numeric(argv[j])):
+                j += 1
+            out += [arg, " ".join(argv[i + 1 : j])] if j > i + 1 else [arg]
+            i = j
+            continue
         if arg in flags:
             j = i + 1
             while j < len(argv) and (not argv[j].startswith("-") or _looks_numeric(argv[j])):

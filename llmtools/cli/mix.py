@@ -22,6 +22,14 @@ Written paths go to stdout, one per line (mix.json first); --explain prints a ta
 Megatron's spelling works too: --data-path 0.7 A 0.3 B (or prefixes only, weighed by size), and
 per-split blends with --train-data-path / --valid-data-path / --test-data-path.
 
+A mixture schedule blends the train split in stages: --stage UNTIL WEIGHTS... once per stage, each
+running from the end of the one before until UNTIL (step:N with --global-batch-size, tokens:T,
+samples:N, a share of the plan like 90%, or end). Within a stage the blend is Megatron's for its
+weights; every source continues its own sample order across stages (nothing repeated or skipped until
+its epoch ends). A weight of 0 leaves a source out of a stage; WEIGHTS may be @FILE, the weights
+listed in FILE (a blend of many sources). The valid and test splits take --weights, or the last
+stage's weights. --explain prints each stage.
+
 Many sources: a PREFIX may be a glob ('shards/web-*_text_document', 'shards/*.idx'; sorted) or
 @list.txt (one prefix or glob per line); --weights then needs one weight per dataset named. A
 --data-path value @FILE (or --data-args-path FILE, as Megatron spells it) reads the blend from FILE
@@ -39,7 +47,13 @@ Examples:
       --seq-length 2048 --num-samples 50000 --valid-samples 500 -o mix.json
   llm-mix data/a data/b --weights 0.9,0.1 --seq-length 512 --num-samples 1000 \\
       -o mix.json --materialize out/train_samples      # also the blended samples as .bin/.idx
+  llm-mix data/web data/code data/hq --seq-length 2048 --tokens 2B -o mix.json \\
+      --stage 90% 0.7,0.3,0 --stage end 0.3,0.2,0.5   # anneal on hq in the last 10% of tokens
+  llm-mix data/web data/code --seq-length 1024 --num-samples 64K --global-batch-size 64 \\
+      --stage step:800 0.8 0.2 --stage end 0.5 0.5 --explain
   llm-mix 'shards/*_text_document' --seq-length 2048 --tokens 100B -o out/mix.json --explain
+  llm-mix @shards.txt --seq-length 2048 --tokens 100B -o out/mix.json \
+      --stage 90% @pretrain_weights.txt --stage end @anneal_weights.txt   # one weight per shard
   llm-mix --data-path @blend.txt --seq-length 4096 --num-samples 1M -o out/mix.json
 """
 
@@ -48,6 +62,8 @@ app = new_app("llm-mix", "Blend tokenized sources into a Megatron-identical samp
 # Megatron's flags take a variable number of values; click options take one. main() rewrites
 # `--data-path 0.7 A 0.3 B` into `--data-path 0.7 --data-path A ...` before typer sees it.
 MULTI_VALUE_FLAGS = ("--data-path", "--train-data-path", "--valid-data-path", "--test-data-path")
+# `--stage UNTIL W1 W2 ...` keeps its values together: one `--stage "UNTIL W1 W2 ..."` per stage.
+GROUPED_FLAGS = ("--stage",)
 
 
 @app.command(help=HELP, no_args_is_help=True)
@@ -132,13 +148,28 @@ def mix(
     surplus: float = typer.Option(
         0.005, "--surplus", metavar="S", help="Megatron's mid_level_dataset_surplus."
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
+    stage: list[str] = typer.Option(
+        None,
+        "--stage",
+        metavar="UNTIL WEIGHTS...",
+        help="A stage of the train split's mixture schedule, until UNTIL (step:N, tokens:T, samples:N, "
+        "90%, end) with one weight per PREFIX (repeat, in order).",
+    ),
+    global_batch_size: str = typer.Option(
+        None,
+        "--global-batch-size",
+        metavar="N",
+        help="Samples per training step: turns stage ends given in steps into samples.",
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace earlier outputs of llmtools."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
 ) -> None:
     from llmtools.cli import mix_args
+    from llmtools.cli.outputs import claim
     from llmtools.data import mix as lib
     from llmtools.errors import UsageError
-    from llmtools.fsutil import check_writable
+    from llmtools.formats.indexed import strip_suffix
+    from llmtools.formats.outputs import marker_path
 
     if output is None and not explain:
         raise UsageError("-o/--output mix.json is required (or --explain for a dry run)")
@@ -193,17 +224,27 @@ def mix(
         surplus=surplus,
         allow_mixed_tokenizers=allow_mixed_tokenizers,
         max_epochs=max_epochs,
+        stages=mix_args.parse_stages(stage),
+        global_batch_size=mix_args.parse_count(global_batch_size, "--global-batch-size"),
     )
     _refuse_impossible_size(config)
     outputs = [output] if output else []
     if materialize:
-        outputs += [Path(f"{materialize}.bin"), Path(f"{materialize}.idx")]
+        written_prefix = [Path(f"{materialize}{suffix}") for suffix in (".bin", ".idx", ".json")]
+        outputs += [*written_prefix, *map(marker_path, written_prefix[:2])]
+    blends = [blend, *per_split.values()]
+    sources = [strip_suffix(p) for b in blends if b is not None for p in b.prefixes]
     from llmtools.cli import mix_explain
     from llmtools.locks import lock_output
 
     # One writer per mix.json and per materialized prefix, from the existence check to the last rename.
     with lock_output([p for p in (output, materialize) if p]):
-        check_writable(outputs, force)
+        inputs = [f"{p}{suffix}" for p in sources for suffix in (".bin", ".idx", ".json")]
+        # the @FILE lists the command line names (sources, --data-path, stage weights) are inputs too
+        flags = (prefixes, data_path, train_data_path, valid_data_path, test_data_path, stage)
+        words = [word for values in flags for v in values or [] for word in str(v).replace(",", " ").split()]
+        list_files = [word[1:] for word in words if word.startswith("@") and len(word) > 1]
+        claim(outputs, inputs=[*inputs, *list_files], force=force)
 
         plan = lib.build_plan(config)
         for note in mix_explain.fold(plan.notes):
@@ -276,7 +317,9 @@ def _refuse_impossible_size(config) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.argv[1:] = expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv), MULTI_VALUE_FLAGS)
+    sys.argv[1:] = expand_multi_value_flags(
+        list(sys.argv[1:] if argv is None else argv), MULTI_VALUE_FLAGS, grouped=GROUPED_FLAGS
+    )
     run(app, "llm-mix")
 
 

@@ -28,6 +28,9 @@ def explain(plan) -> str:
         f"{len(plan.sources):,} sources, grouped by folder (llm-mix --json lists every source)",
     ]
     for split in plan.splits.values():
+        if split.stages is not None:
+            lines += _explain_stages(plan, split)
+            continue
         lines.append(
             f"\n[{split.name}] {split.size} samples (requested {split.requested}), {split.size * seq:,} tokens"
         )
@@ -38,24 +41,58 @@ def explain(plan) -> str:
         lines.append(header)
         groups: dict[str, list] = defaultdict(list)
         for c in split.components:
-            groups[os.path.dirname(plan.sources[c.source].prefix) or "."].append(c)
+            groups[_folder(plan, c.source)].append(c)
         for folder, comps in groups.items():
-            name = folder + "/" if len(folder) < 40 else "…" + folder[-38:] + "/"
             drawn = sum(c.drawn for c in comps)
-            epochs = [lib.epochs_drawn(c, seq) for c in comps]
-            span = (
-                f"{min(epochs):.2f}"
-                if max(epochs) - min(epochs) < 0.005
-                else f"{min(epochs):.2f}-{max(epochs):.2f}"
-            )
             lines.append(
-                f"  {name:<40} {len(comps):>7} {sum(c.normalized_weight for c in comps):>9.4f} "
+                f"  {_short(folder):<40} {len(comps):>7} {sum(c.normalized_weight for c in comps):>9.4f} "
                 f"{drawn / split.size:>9.4f} {drawn:>10} {drawn * seq:>15,} "
-                f"{sum(c.indices.tokens_per_epoch for c in comps):>15,} {span:>11}"
+                f"{sum(c.indices.tokens_per_epoch for c in comps):>15,} "
+                f"{_span([lib.epochs_drawn(c, seq) for c in comps]):>11}"
             )
     lines += [f"note: {n}" for n in fold(plan.notes)]
     lines += [f"warning: {w}" for w in fold(plan.warnings)]
     return "\n".join(lines)
+
+
+def _explain_stages(plan, split) -> list[str]:
+    """A schedule over many sources: per stage (then for the whole schedule) one row per folder."""
+    from llmtools.data import mix as lib
+
+    seq = plan.config.seq_length
+    lines = [
+        f"\n[{split.name}] {split.size} samples (requested {split.requested}), {split.size * seq:,} tokens, "
+        f"{len(split.stages)} stages"
+    ]
+    header = (
+        f"    {'folder':<40} {'sources':>7} {'requested':>9} {'realized':>9} {'samples':>10} "
+        f"{'tokens':>15} {'epochs':>11}"
+    )
+    for title, length, rows in lib.stage_rows(plan, split):
+        lines += [f"  {title}", header]
+        groups: dict[str, list] = defaultdict(list)
+        for row in rows:
+            groups[_folder(plan, row.source)].append(row)
+        for folder, group in groups.items():
+            drawn = sum(r.drawn for r in group)
+            lines.append(
+                f"    {_short(folder):<40} {len(group):>7} {sum(r.requested for r in group):>9.4f} "
+                f"{drawn / length:>9.4f} {drawn:>10} {drawn * seq:>15,} {_span([r.epochs for r in group]):>11}"
+            )
+    return lines
+
+
+def _folder(plan, source: int) -> str:
+    return os.path.dirname(plan.sources[source].prefix) or "."
+
+
+def _short(folder: str) -> str:
+    return folder + "/" if len(folder) < 40 else "…" + folder[-38:] + "/"
+
+
+def _span(epochs: list[float]) -> str:
+    low, high = min(epochs), max(epochs)
+    return f"{low:.2f}" if high - low < 0.005 else f"{low:.2f}-{high:.2f}"
 
 
 def fold(messages: list[str], over: int = GROUP_OVER) -> list[str]:

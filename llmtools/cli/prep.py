@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 
 from llmtools.cli._common import emit, expand_multi_value_flags, log, new_app, report, run
+from llmtools.errors import InputError
 
 app = new_app(
     "llm-prep", "Prepare training data: tokenize JSONL into Megatron .bin/.idx, train tokenizers, inspect."
@@ -118,7 +119,9 @@ def json2bin_cmd(
         False, "--skip-bad", help="Skip bad lines and files, counting them by kind, instead of stopping."
     ),
     force: bool = typer.Option(
-        False, "--force", help="Overwrite existing outputs (and remove a killed run's .tmp-* leftovers)."
+        False,
+        "--force",
+        help="Replace earlier outputs of llmtools (and remove a killed run's .tmp-* leftovers).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary on stderr."),
@@ -164,6 +167,7 @@ def json2bin_cmd(
 ) -> None:
     import os
 
+    from llmtools.cli.outputs import claim, input_paths
     from llmtools.errors import UsageError
     from llmtools.prep.json2bin import Json2BinConfig, json2bin
     from llmtools.prep.shards import parse_shard, shard_from_environment
@@ -244,6 +248,11 @@ def json2bin_cmd(
         keep_sequential_samples=keep_sequential_samples,
         log_interval=log_interval,
     )
+    claim(
+        config.outputs(),
+        inputs=input_paths([*all_inputs, tokenizer, tokenizer_model, vocab_file, merge_file]),
+        force=force,
+    )
     result = json2bin(config=config)
     report("llm-prep json2bin", result, as_json, quiet)
 
@@ -251,7 +260,8 @@ def json2bin_cmd(
 INSPECT_HELP = """Summarize and validate a .bin/.idx pair: counts, dtype, tokens, document-length statistics.
 
 The index is checked against itself and against the .bin (bad magic, truncated files, inconsistent
-pointers, token ids outside the sidecar's vocabulary): a problem exits 2 naming the file and byte.
+pointers: on open, as every command does), then every token id against the sidecar's vocabulary: a
+problem exits 2 naming the file and byte.
 
 \b
 Examples:
@@ -264,7 +274,9 @@ Examples:
 def inspect_cmd(
     prefix: str = typer.Argument(..., help="Dataset prefix (foo, foo.bin or foo.idx)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
-    no_validate: bool = typer.Option(False, "--no-validate", help="Skip the full O(n) consistency check."),
+    no_validate: bool = typer.Option(
+        False, "--no-validate", help="Skip the O(tokens) checks (the index itself is always checked)."
+    ),
 ) -> None:
     from llmtools.prep.inspect import format_report, inspect_prefix
 
@@ -277,17 +289,23 @@ CAT_HELP = """Print documents of a .bin/.idx: detokenized with --tokenizer, else
 Without --json, ids are printed one document per line; decoded texts are printed back to back,
 each followed by a newline (use --json for one JSON object per document when texts hold newlines).
 
+--quarantine RUN/quarantine.jsonl prints instead the samples llm-train quarantined when its health
+gate tripped: a header line per sample (step, rank, why, source, documents and token ranges), then the
+exact tokens the model read. The sources must be the data the run read (their .idx unchanged), and the
+file must belong to the run folder it is in.
+
 \b
 Examples:
   llm-prep cat data/corpus_text_document --docs 0:5
   llm-prep cat data/corpus_text_document --docs 0:3 --tokenizer tokenizer.json
   llm-prep cat data/corpus_text_document --docs -1 --tokenizer byte --json
+  llm-prep cat --quarantine runs/tiny/quarantine.jsonl --tokenizer tokenizer.json
 """
 
 
 @app.command("cat", help=CAT_HELP, no_args_is_help=True)
 def cat_cmd(
-    prefix: str = typer.Argument(..., help="Dataset prefix (foo, foo.bin or foo.idx)."),
+    prefix: str = typer.Argument(None, help="Dataset prefix (foo, foo.bin or foo.idx)."),
     docs: str = typer.Option(
         None, "--docs", help="Documents: N, START:STOP or START:STOP:STEP (default: all)."
     ),
@@ -297,20 +315,87 @@ def cat_cmd(
     as_json: bool = typer.Option(
         False, "--json", help='One JSON object per document: {"doc", "ids" or "text"}.'
     ),
+    quarantine: Path = typer.Option(
+        None,
+        "--quarantine",
+        metavar="RUN/quarantine.jsonl",
+        help="Print the samples a training run quarantined (instead of PREFIX's documents).",
+    ),
 ) -> None:
+    from llmtools.errors import UsageError
     from llmtools.prep.inspect import iter_documents
 
+    if (prefix is None) == (quarantine is None):
+        raise UsageError("give a dataset PREFIX or --quarantine RUN/quarantine.jsonl (one of them)")
+    if quarantine is not None and docs:
+        raise UsageError("--docs selects documents of a PREFIX; not with --quarantine")
     tok = None
     if tokenizer:
         from llmtools.tokenize import load_tokenizer
 
         tok = load_tokenizer(tokenizer, backend="tokenizers")
+    if quarantine is not None:
+        _cat_quarantine(quarantine, tok, as_json)
+        return
     for j, ids in iter_documents(prefix, docs):
         if tok is not None:
             text = tok.decode(ids)
             emit(json.dumps({"doc": j, "text": text}, ensure_ascii=False) if as_json else text)
         else:
             emit(json.dumps({"doc": j, "ids": ids.tolist()}) if as_json else " ".join(map(str, ids.tolist())))
+
+
+def _quarantine_run(path: Path) -> str | None:
+    """The id of the run whose folder holds ``path`` (from its newest checkpoint's data ledger), if any."""
+    from llmtools.ckpt import layout
+    from llmtools.ckpt.verify import read_meta
+
+    for _, checkpoint in reversed(layout.list_checkpoints(layout.checkpoints_dir(path.parent))):
+        try:
+            ledger = (read_meta(checkpoint).get("data") or {}).get("ledger")
+        except (InputError, AttributeError):
+            continue
+        if isinstance(ledger, dict) and isinstance(ledger.get("run"), str):
+            return ledger["run"]
+    return None
+
+
+def _cat_quarantine(path: Path, tok, as_json: bool) -> None:
+    import numpy as np
+
+    from llmtools.formats.quarantine import read_records, sample_tokens
+
+    if not path.is_file():
+        raise InputError(f"{path}: no such quarantine file")
+    run = _quarantine_run(path)
+    numbered = read_records(path, run, whose=f"the run in {path.parent}", with_lines=True)
+    for record, sample, pieces in sample_tokens(path, numbered):
+        ids = np.concatenate([p for _, p in pieces]) if pieces else np.empty(0, np.int64)
+        where = ", ".join(f"doc {d['document']} tokens {d['start']}..{d['end']}" for d, _ in pieces)
+        loss = sample.get("loss")
+        header = (
+            f"# step {record['step']} rank {record['rank']} {record['reason']}: {sample['source']} {where} "
+            f"(sample {sample['sample']}, stream position {sample['stream_position']}"
+            + (f", loss {loss:.4g}" if isinstance(loss, (int, float)) else "")
+            + ")"
+        )
+        entry = {
+            "step": record["step"],
+            "rank": record["rank"],
+            "reason": record["reason"],
+            "source": sample["source"],
+            "prefix": sample["prefix"],
+            "documents": [d for d, _ in pieces],
+        }
+        if tok is not None:
+            entry["text"] = tok.decode(ids)
+        else:
+            entry["ids"] = ids.tolist()
+        if as_json:
+            emit(json.dumps(entry, ensure_ascii=False))
+        else:
+            emit(header)
+            emit(entry["text"] if tok is not None else " ".join(map(str, entry["ids"])))
 
 
 TRAIN_HELP = """Train a byte-level BPE tokenizer (Hugging Face tokenizers) on JSONL text and write tokenizer.json.
@@ -346,10 +431,11 @@ def tokenizer_train_cmd(
     special_token: list[str] = typer.Option([], "--special-token", help="More special tokens (repeatable)."),
     min_frequency: int = typer.Option(2, "--min-frequency", help="Minimum pair frequency for a merge."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip bad lines instead of stopping."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier tokenizer written by llmtools."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of the path."),
 ) -> None:
-    from llmtools.prep.tokenizer_train import TrainConfig, train_tokenizer
+    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.prep.tokenizer_train import TrainConfig, outputs, train_tokenizer
 
     keys = _keys(json_keys)
     config = TrainConfig(
@@ -359,6 +445,7 @@ def tokenizer_train_cmd(
         min_frequency=min_frequency,
         json_keys=keys,
     )
+    claim(outputs(output), inputs=input_paths(inputs), force=force)
     summary = train_tokenizer(inputs, output, config, force=force, skip_bad=skip_bad)
     log(
         f"llm-prep tokenizer train: vocab {summary['vocab_size']}, EOD {summary['eod_token']!r} = {summary['eod_id']}"
@@ -386,10 +473,15 @@ def sample_corpus_cmd(
     style: list[str] = typer.Option(
         ["stories", "arith"], "--style", help="stories and/or arith (repeatable)."
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
+    force: bool = typer.Option(
+        False, "--force", help="Replace an earlier sample corpus written by llmtools."
+    ),
 ) -> None:
-    from llmtools.prep.sample_corpus import write_sample_corpus
+    from llmtools.cli.outputs import claim
+    from llmtools.formats.outputs import marker_path
+    from llmtools.prep.sample_corpus import corpus_paths, write_sample_corpus
 
+    claim([p for path in corpus_paths(output, style) for p in (path, marker_path(path))], force=force)
     for path in write_sample_corpus(output, docs=docs, seed=seed, styles=style, force=force):
         emit(str(path))
 

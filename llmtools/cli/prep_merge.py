@@ -6,6 +6,8 @@ import typer
 
 from llmtools.cli._common import log, report
 
+DATASET_FILES = (".bin", ".idx", ".json")
+
 MERGE_HELP = """Concatenate tokenized datasets (.bin/.idx) into one, in the order given, in bounded memory.
 
 The output is byte for byte what Megatron-LM's tools/merge_datasets.py writes for the same datasets in
@@ -47,7 +49,9 @@ def merge_cmd(
     ),
     multimodal: bool = typer.Option(False, "--multimodal", hidden=True),
     force: bool = typer.Option(
-        False, "--force", help="Overwrite an earlier output (and remove a killed run's .tmp-* leftovers)."
+        False,
+        "--force",
+        help="Replace an earlier llmtools output (and remove a killed run's .tmp-* leftovers).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary on stderr."),
@@ -71,6 +75,16 @@ def merge_cmd(
         items.append(os.path.join(glob.escape(input_dir), "*"))
     if not items:
         raise UsageError("give the datasets to merge: PREFIX... (globs, @list.txt) or --input DIR")
+    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.formats.indexed import strip_suffix
+    from llmtools.formats.outputs import marker_path
+    from llmtools.formats.pathlists import expand_prefixes
+
+    prefix = strip_suffix(output)
+    sources = [f"{p}{suffix}" for p in expand_prefixes(items) for suffix in DATASET_FILES]
+    outputs = [f"{prefix}{suffix}" for suffix in DATASET_FILES]
+    markers = [marker_path(path) for path in outputs[:2]]  # the pair's marks when no input has a sidecar
+    claim([*outputs, *markers], inputs=input_paths([*items, *sources]), force=force)
     result = merge(items, output, force=force, partial=partial, progress=False if quiet else None)
     for note in result.notes:
         log(f"llm-prep merge: note: {note}")

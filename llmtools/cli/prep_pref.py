@@ -86,10 +86,11 @@ def pref_cmd(
     template_timeout: float = typer.Option(
         10.0, "--template-timeout", help="Seconds a conversation may take to render (a bad pair beyond)."
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
+    force: bool = typer.Option(False, "--force", help="Replace earlier outputs of llmtools."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary on stderr."),
 ) -> None:
+    from llmtools.cli.outputs import claim, input_paths
     from llmtools.prep.pref import PrefConfig, build_pref
 
     config = PrefConfig(inputs=inputs, tokenizer=tokenizer, output_prefix=output, chat_template=chat_template,
@@ -97,6 +98,7 @@ def pref_cmd(
                         system_key=system_key, system_prompt=system_prompt, max_length=max_length,
                         max_prompt_length=max_prompt_length, overflow=overflow, split=split, skip_bad=skip_bad,
                         force=force, template_timeout=template_timeout)  # fmt: skip
+    claim(config.outputs(), inputs=input_paths([*inputs, tokenizer, chat_template]), force=force)
     result = build_pref(config)
     report("llm-prep pref", result, as_json, quiet)
 

@@ -16,7 +16,11 @@
 (one sequence per document unless sentences were split); an empty document adds a document
 index but no sequence, exactly as Megatron's ``preprocess_data.py`` does.
 
-The reader memory-maps both files and hands out zero-copy numpy views. The writer is a context
+The reader memory-maps both files and hands out zero-copy numpy views, after checking the index on open
+(:meth:`IndexedDatasetReader.validate`, O(sequences) vectorised passes in bounded memory): lengths are not
+negative, pointers are the running byte offsets of the lengths from 0 and the last sequence ends exactly
+at the end of the ``.bin``, document indices run from 0 to the number of sequences without going back.
+Whatever an ``.idx`` says, no reader of it can then read outside the ``.bin``. The writer is a context
 manager that writes to temporary names and renames ``.bin`` then ``.idx`` into place on success,
 so a crash never leaves an ``.idx`` (the file readers open first) beside a partial ``.bin``. It
 keeps its per-sequence bookkeeping in temporary files, not Python lists, so memory stays flat
@@ -97,14 +101,18 @@ def exists(prefix: str | os.PathLike) -> bool:
     return bin_path(prefix).exists() and idx_path(prefix).exists()
 
 
+_CHUNK = 1 << 16  # index entries per vectorised step of validation: its temporaries stay in cache
+
+
 class IndexedDatasetReader:
-    """Zero-copy reader of a ``.bin/.idx`` pair (any dtype, files from Megatron included).
+    """Zero-copy reader of a ``.bin/.idx`` pair (any dtype, files from Megatron included), validated on
+    open (:meth:`validate`; a bad index is an :class:`InputError` naming the file and byte offset).
 
     ``reader[i]`` is sequence ``i`` as a numpy view of the memory-mapped ``.bin``;
     ``reader.document(j)`` concatenates the sequences of document ``j``.
     """
 
-    def __init__(self, prefix: str | os.PathLike, validate: bool = True) -> None:
+    def __init__(self, prefix: str | os.PathLike) -> None:
         self.prefix = strip_suffix(prefix)
         self.idx_file = idx_path(self.prefix)
         self.bin_file = bin_path(self.prefix)
@@ -115,8 +123,7 @@ class IndexedDatasetReader:
                 )
         self._read_index()
         self._bin = self._map_bin()
-        if validate:
-            self.check_bin_size()
+        self.validate()
 
     # -- index ---------------------------------------------------------------------------------
     def _read_index(self) -> None:
@@ -180,43 +187,86 @@ class IndexedDatasetReader:
     def num_documents(self) -> int:
         return self.num_doc_indices - 1
 
-    def check_bin_size(self) -> None:
-        """Cheap O(1) check: the last pointer plus its length must end exactly at the end of ``.bin``."""
-        need = self.expected_bin_size()
-        have = self.bin_file.stat().st_size
-        if have != need:
-            raise InputError(
-                f"{where(self.bin_file, offset=min(have, need))}: .bin is {have} bytes but the index describes "
-                f"{need} bytes ({'truncated' if have < need else 'trailing data'})"
-            )
-
     def expected_bin_size(self) -> int:
         if self.num_sequences == 0:
             return 0
         return int(self.sequence_pointers[-1]) + int(self.sequence_lengths[-1]) * self.dtype.itemsize
 
     def validate(self) -> None:
-        """Full O(S) check of the index against itself and the ``.bin`` (pointers, lengths, doc order)."""
-        lengths = self.sequence_lengths
-        if lengths.size and int(lengths.min()) < 0:
-            bad = int(np.argmax(lengths < 0))
+        """Check the index against itself and the ``.bin`` (see the module docstring), O(sequences); done
+        on open. InputError naming the file, the byte offset of the bad entry and what is wrong.
+
+        One compiled pass when the native helpers are there (``llm_check_index``, a few ns a sequence: a
+        few per cent of opening a dataset for training, ``benchmarks/bench_index.py``); the vectorised
+        numpy check otherwise, and always to say what is wrong with an index the compiled pass rejected."""
+        from llmtools import _native
+
+        lib = _native.load()
+        if lib is None or self.num_sequences == 0:
+            self.validate_numpy()
+            return
+        bad = lib.llm_check_index(
+            _native.ptr(self.sequence_lengths, _native._i32p),
+            _native.ptr(self.sequence_pointers, _native._i64p),
+            self.num_sequences,
+            self.dtype.itemsize,
+            int(self._bin.size),
+            _native.ptr(self.document_indices, _native._i64p),
+            self.num_doc_indices,
+        )
+        if bad >= 0:
+            self.validate_numpy()  # raises, naming the problem
+            raise InputError(f"{self.idx_file}: corrupt index (entry {bad})")  # not reached
+
+    def validate_numpy(self) -> None:
+        """:meth:`validate` in vectorised numpy passes over chunks of :data:`_CHUNK` entries."""
+        s, itemsize = self.num_sequences, self.dtype.itemsize
+        lengths, pointers = self.sequence_lengths, self.sequence_pointers
+        bin_size = int(self._bin.size)
+        pointer_at = HEADER_SIZE + 4 * s
+        running = 0  # byte offset where the next sequence must start
+        for lo in range(0, s, _CHUNK):
+            part = lengths[lo : lo + _CHUNK]
+            if int(part.min()) < 0:
+                bad = lo + int(np.argmax(part < 0))
+                raise InputError(
+                    f"{where(self.idx_file, offset=HEADER_SIZE + 4 * bad)}: sequence {bad} has negative "
+                    f"length {int(lengths[bad])}"
+                )
+            ends = part.astype(np.int64)
+            ends *= itemsize
+            np.cumsum(ends, out=ends)  # no overflow: < 2**56 per chunk, and running <= bin_size
+            ends += running
+            starts = pointers[lo : lo + part.size]
+            if int(starts[0]) != running or not np.array_equal(starts[1:], ends[:-1]):
+                bad = lo if int(starts[0]) != running else lo + 1 + int(np.argmax(starts[1:] != ends[:-1]))
+                expected = running if bad == lo else int(ends[bad - lo - 1])
+                raise InputError(
+                    f"{where(self.idx_file, offset=pointer_at + 8 * bad)}: pointer of sequence {bad} is "
+                    f"{int(pointers[bad])}, expected {expected} (the running sum of the lengths before it)"
+                )
+            running = int(ends[-1])
+            if running > bin_size:  # stop here: the sums of later chunks could overflow
+                more = "at least " if lo + _CHUNK < s else ""
+                raise InputError(
+                    f"{where(self.bin_file, offset=bin_size)}: .bin is {bin_size} bytes but the index "
+                    f"describes {more}{running} bytes (truncated)"
+                )
+        if running != bin_size:
             raise InputError(
-                f"{where(self.idx_file, offset=HEADER_SIZE + 4 * bad)}: sequence {bad} has negative length {int(lengths[bad])}"
+                f"{where(self.bin_file, offset=running)}: .bin is {bin_size} bytes but the index "
+                f"describes {running} bytes (trailing data)"
             )
-        expected = np.zeros(self.num_sequences, dtype=np.int64)
-        if self.num_sequences > 1:
-            np.cumsum(lengths[:-1].astype(np.int64) * self.dtype.itemsize, out=expected[1:])
-        mismatch = np.flatnonzero(expected != self.sequence_pointers)
-        if mismatch.size:
-            bad = int(mismatch[0])
-            raise InputError(
-                f"{where(self.idx_file, offset=HEADER_SIZE + 4 * self.num_sequences + 8 * bad)}: pointer of sequence {bad} "
-                f"is {int(self.sequence_pointers[bad])}, expected {int(expected[bad])} (inconsistent pointers)"
-            )
-        if np.any(np.diff(self.document_indices) < 0):
-            bad = int(np.argmax(np.diff(self.document_indices) < 0)) + 1
-            raise InputError(f"{where(self.idx_file)}: document index {bad} goes backwards")
-        self.check_bin_size()
+        docs = self.document_indices
+        doc_at = HEADER_SIZE + 12 * s
+        for lo in range(0, docs.size - 1, _CHUNK):
+            steps = np.diff(docs[lo : lo + _CHUNK + 1])
+            if steps.size and int(steps.min()) < 0:
+                bad = lo + 1 + int(np.argmax(steps < 0))
+                raise InputError(
+                    f"{where(self.idx_file, offset=doc_at + 8 * bad)}: document index {bad} is "
+                    f"{int(docs[bad])}, less than the one before it ({int(docs[bad - 1])})"
+                )
 
     # -- access --------------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -109,7 +109,9 @@ class JsonlParser(Parser):
         if type(step) is not int or not 0 <= step < 2**63:
             shown = repr(step) if len(repr(step)) < 40 else f"{repr(step)[:37]}..."
             return "invalid", [
-                Record("invalid", 0, None, message=f"'step' must be an integer from 0 to 2**63-1, got {shown}")
+                Record(
+                    "invalid", 0, None, message=f"'step' must be an integer from 0 to 2**63-1, got {shown}"
+                )
             ]
         wall = data.get("time")
         if type(wall) not in _NUMBER_TYPES:
@@ -129,6 +131,10 @@ class JsonlParser(Parser):
             for key, value in data.items():
                 if type(value) is bool and key not in skip:
                     values[key] = 1.0 if value else 0.0
+                elif type(value) is dict:  # a group of scalars, e.g. source_tokens: {source: tokens}
+                    for name, item in value.items():
+                        if type(item) in _NUMBER_TYPES:
+                            values[f"{key}/{name}"] = item
             values.update(_moe_layer_values(data.get("moe_layers")))
         return kind, [Record(kind, step, wall, values, line=number)]
 

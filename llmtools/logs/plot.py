@@ -1,11 +1,14 @@
-"""``llm-log plot``: training curves of one or more runs, overlaid, in four panels (six for MoE runs).
+"""``llm-log plot``: training curves of one or more runs, overlaid, in four panels (more for MoE runs and
+for logs with tokens per source).
 
 Panels: loss (raw, faint, and an exponential moving average, bold; eval loss as markers), learning
 rate, gradient norm, throughput (tokens/s, or samples/s when a log has no token counts). When a log has
-llm-train's router metrics (a mixture-of-experts run), a third row: the router's load-balancing loss,
+llm-train's router metrics (a mixture-of-experts run), a row more: the router's load-balancing loss,
 and the expert-load imbalance (coefficient of variation of the load: mean over layers, solid; worst
-layer, dashed). The x axis is steps or consumed tokens. matplotlib runs headless (Agg); the PNG is
-written atomically.
+layer, dashed). When the logs carry tokens per source (llm-train's ``source_tokens``), a last row: each
+source's share of the tokens consumed between two records (the realized mix, stage by stage) and its
+tokens consumed so far (over 20 sources: the 19 largest by tokens, the others summed into one band). The x axis is steps or consumed tokens. matplotlib runs headless (Agg); the PNG
+is written atomically.
 """
 
 from __future__ import annotations
@@ -15,12 +18,16 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmtools import __version__
 from llmtools.errors import InputError, UsageError
 from llmtools.fsutil import atomic_path, check_writable
 from llmtools.logs.analysis import SpikeDetector
 from llmtools.logs.records import Record
 
 PANELS = ("loss", "lr", "grad_norm", "throughput")
+SOURCE_PANELS = ("share", "source_tokens")  # drawn when the logs carry tokens per source
+SOURCE_TOKENS = "source_tokens/"
+MAX_SOURCES_DRAWN = 20  # more sources than this: the 19 largest, and the rest as one
 MOE_PANELS = ("moe_aux_loss", "moe_load_cv")
 MOE_SERIES = ("moe_aux_loss", "moe_z_loss", "moe_load_cv", "moe_load_cv_max")
 
@@ -91,9 +98,108 @@ class Curves:
             value = values.get(name)
             if value is not None and math.isfinite(value):
                 self._append(name, x, value)
+        for name, value in values.items():
+            if name.startswith(SOURCE_TOKENS) and math.isfinite(value):
+                self._append(name, x, value)
+
+    def sources(self) -> list[str]:
+        """The sources whose tokens the log records, in order of appearance."""
+        return [key[len(SOURCE_TOKENS) :] for key in self.series if key.startswith(SOURCE_TOKENS)]
+
+    def shares(self) -> dict[str, tuple[list[float], list[float]]]:
+        """Per source: its share of the tokens consumed between consecutive records, at each record."""
+        names = self.sources()
+        if not names:
+            return {}
+        table: dict[float, dict[str, float]] = {}
+        for name in names:
+            xs, ys = self.series[SOURCE_TOKENS + name]
+            for x, y in zip(xs, ys, strict=True):
+                table.setdefault(x, {})[name] = y
+        points = sorted(table)
+        out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in names}
+        previous = {name: 0.0 for name in names}
+        for x in points:
+            row = table[x]
+            delta = {name: row.get(name, previous[name]) - previous[name] for name in names}
+            total = sum(max(d, 0.0) for d in delta.values())
+            if total > 0:
+                for name in names:
+                    out[name][0].append(x)
+                    out[name][1].append(max(delta[name], 0.0) / total)
+            previous.update(row)
+        return out
 
     def points(self, key: str) -> int:
         return len(self.series[key][0]) if key in self.series else 0
+
+    def lump_sources(self, keep: set[str], other: str) -> None:
+        """The tokens of every source not in ``keep`` summed into one series named ``other`` (each
+        source's last count carried forward between its own records)."""
+        lumped = [n for n in self.sources() if n not in keep]
+        if not lumped:
+            return
+        table: dict[float, dict[str, float]] = {}
+        for name in lumped:
+            xs, ys = self.series.pop(SOURCE_TOKENS + name)
+            for x, y in zip(xs, ys, strict=True):
+                table.setdefault(x, {})[name] = y
+        last: dict[str, float] = {}
+        for x in sorted(table):
+            last.update(table[x])
+            self._append(SOURCE_TOKENS + other, x, sum(last.values()))
+
+
+def _draw_sources(runs: list[Curves], ax_share, ax_tokens, colors, drawn: dict) -> None:
+    """Per-source share of the tokens of each logging window (one run: stacked areas; several: one line
+    style per run) and tokens consumed so far: one color per source."""
+    styles = ("-", "--", ":", "-.")
+    names: list[str] = []
+    for run in runs:
+        names += [n for n in run.sources() if n not in names]
+    if len(names) > MAX_SOURCES_DRAWN:
+        # a blend of hundreds of shards: the largest sources by name, the rest as one band
+        tokens = {n: max((r.series[SOURCE_TOKENS + n][1][-1] for r in runs if n in r.sources()), default=0)
+                  for n in names}  # fmt: skip
+        keep = set(sorted(names, key=lambda n: -tokens[n])[: MAX_SOURCES_DRAWN - 1])
+        other = f"{len(names) - len(keep)} other sources"
+        for run in runs:
+            run.lump_sources(keep, other)
+        names = [n for n in names if n in keep] + [other]
+    color_of = {name: colors[i % len(colors)] for i, name in enumerate(names)}
+    for index, run in enumerate(runs):
+        style = styles[index % len(styles)]
+        label = (lambda name: name) if len(runs) == 1 else (lambda name, r=run.name: f"{r}: {name}")
+        shares = run.shares()
+        if len(runs) == 1 and shares:
+            xs = next(iter(shares.values()))[0]
+            ax_share.stackplot(
+                xs,
+                *[ys for _, ys in shares.values()],
+                labels=list(shares),
+                colors=[color_of[name] for name in shares],
+                step="pre",
+                alpha=0.8,
+            )
+        for name, (xs, ys) in shares.items():
+            if len(runs) > 1:
+                ax_share.plot(
+                    xs,
+                    ys,
+                    style,
+                    color=color_of[name],
+                    linewidth=1.2,
+                    label=label(name),
+                    drawstyle="steps-pre",
+                )
+            drawn["share"][f"{run.name}:{name}"] = len(xs)
+        for name in run.sources():
+            xs, ys = run.series[SOURCE_TOKENS + name]
+            ax_tokens.plot(xs, ys, style, color=color_of[name], linewidth=1.2, label=label(name))
+            drawn["source_tokens"][f"{run.name}:{name}"] = len(xs)
+    ax_share.set_ylim(0, 1)
+    ax_share.set_title("data mix: share of each source's tokens per log window")
+    ax_tokens.set_title("tokens consumed per source")
 
 
 def _draw_moe(row, run: Curves, color: str, drawn: dict) -> None:
@@ -142,13 +248,15 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
     import matplotlib.pyplot as plt
 
     moe = any(run.points("moe_aux_loss") for run in runs)
-    rows = 3 if moe else 2
+    with_sources = any(run.sources() for run in runs)
+    rows = 2 + int(moe) + int(with_sources)
     fig, axes = plt.subplots(
         rows, 2, figsize=(config.width, config.height * rows / 2), dpi=config.dpi, sharex=True
     )
     ax_loss, ax_lr, ax_gn, ax_tp = axes.flat[:4]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    drawn = {panel: {} for panel in PANELS + (MOE_PANELS if moe else ())}
+    panels = PANELS + (MOE_PANELS if moe else ()) + (SOURCE_PANELS if with_sources else ())
+    drawn = {panel: {} for panel in panels}
     throughput_label = "tokens/s"
     for index, run in enumerate(runs):
         color = colors[index % len(colors)]
@@ -187,6 +295,8 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
     if moe:
         axes[2][0].set_title("router load-balancing loss (k when balanced)")
         axes[2][1].set_title("expert load CV (layer mean solid, worst dashed)")
+    if with_sources:
+        _draw_sources(runs, axes[-1][0], axes[-1][1], colors, drawn)
     ax_loss.set_title("loss (raw, smoothed; eval o, spikes x)")
     ax_lr.set_title("learning rate")
     ax_gn.set_title("grad norm")
@@ -198,7 +308,7 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
     xlabel = "consumed tokens" if config.x == "tokens" else "step"
     for ax in axes.flat:
         ax.grid(True, alpha=0.3)
-        if ax.lines:
+        if ax.lines or ax.collections:
             ax.legend(fontsize=8, loc="best")
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
@@ -208,7 +318,8 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
     fig.tight_layout()
     try:
         with atomic_path(config.output, suffix=".png", durable=False) as tmp:
-            fig.savefig(tmp, format="png")
+            # The Software text chunk marks the PNG as ours: what `llm-log plot --force` may replace.
+            fig.savefig(tmp, format="png", metadata={"Software": f"llmtools {__version__} (llm-log plot)"})
     finally:
         plt.close(fig)
     return drawn

@@ -129,6 +129,14 @@ class Json2BinConfig:
         shard = self.shard.suffix if self.shard is not None else ""
         return f"{self.output_prefix}{shard}_{key}_document"
 
+    def outputs(self) -> list:
+        """Every file this run writes: ``.bin``, ``.idx`` and sidecar per key."""
+        from llmtools.formats.indexed import bin_path, idx_path
+        from llmtools.formats.sidecar import sidecar_path
+
+        prefixes = [self.prefix_for(key) for key in self.json_keys]
+        return [f(p) for p in prefixes for f in (bin_path, idx_path, sidecar_path)]
+
 
 def _remove_stale_temporaries(outputs) -> None:
     """With --force: the ``NAME.tmp-*`` leftovers of an earlier killed run for these outputs go too."""
@@ -429,13 +437,10 @@ def json2bin(
 
 def _json2bin(config: Json2BinConfig, source: DocumentSource | None) -> Json2BinResult:
     from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, dtype_for_vocab, idx_path
-    from llmtools.formats.sidecar import commit_with_sidecars, sidecar_path
+    from llmtools.formats.sidecar import commit_with_sidecars
     from llmtools.fsutil import check_writable
 
-    outputs = []
-    for key in config.json_keys:
-        prefix = config.prefix_for(key)
-        outputs += [bin_path(prefix), idx_path(prefix), sidecar_path(prefix)]
+    outputs = config.outputs()
     check_writable(outputs, config.force)
     if config.force:
         _remove_stale_temporaries(outputs)

@@ -178,8 +178,17 @@ def _merge(inputs, output_prefix: str, force: bool, partial: bool, durable: bool
     result.documents, result.sequences = writer.num_documents, writer.num_sequences
     result.tokens, result.bin_bytes = writer.num_tokens, sum(p.bin_bytes for p in parts)
     result.paths = [str(bin_path(output_prefix)), str(idx_path(output_prefix)), *map(str, written)]
-    if not sidecars:
+    from llmtools.formats.outputs import marker_path, write_marker
+
+    # With --force, an earlier merge's sidecar or markers describe other data: only this run's are kept.
+    if sidecars:
+        for path in result.paths[:2]:
+            marker_path(path).unlink(missing_ok=True)
+    else:
         notes.append("no input has a sidecar (made by Megatron?): none written for the output either")
+        sidecar_path(output_prefix).unlink(missing_ok=True)
+        for path in result.paths:  # ...but markers say llmtools wrote the pair (what --force may replace)
+            write_marker(path, "llm-prep merge")
     result.notes = notes
     result.seconds = time.perf_counter() - started
     return result
