@@ -10,14 +10,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmtools.errors import InputError
-from llmtools.train.tasks.base import LossOutput, Task, TaskData
+from llmtools.train.tasks.base import LossOutput, Task, TaskData, TokenScores, score_tokens
 from llmtools.train.tasks.pretrain import PretrainTask
 from llmtools.train.tasks.sft import SftTask
 
 if TYPE_CHECKING:
     from llmtools.train.config import TrainConfig
 
-__all__ = ["TASKS", "LossOutput", "Task", "TaskData", "check_task", "make_task"]
+__all__ = [
+    "TASKS",
+    "LossOutput",
+    "Task",
+    "TaskData",
+    "TokenScores",
+    "check_task",
+    "make_task",
+    "score_tokens",
+]
 
 TASKS: dict[str, type[Task]] = {task.name: task for task in (PretrainTask, SftTask)}
 
