@@ -532,7 +532,7 @@ class _Trainer:
             raise RuntimeFailure(
                 f"stopped at step {step}: health.update_spike_action=stop ({gate.update_spike}); that update "
                 f"was applied: {saved} holds the state after it"
-                + (f", {before} the last one before it" if before is not None else "")
+                + (f"; {before} holds the last state saved before it" if before is not None else "")
             )
         if not (gate.stop or gate.consecutive_skips >= self.cfg.health.max_skips):
             return
