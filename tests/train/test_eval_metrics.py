@@ -167,3 +167,6 @@ def test_a_run_records_accuracy_and_bits_per_byte(byte_data, tmp_path):
         assert 0 <= r["eval_accuracy"] <= 1
         expected = r["eval_loss"] / math.log(2) * r["eval_tokens"] / r["eval_bytes"]
         assert r["eval_bpb"] == pytest.approx(expected, rel=1e-9)
+    from tests.train.test_fp16 import validate_against_schema
+
+    validate_against_schema(tmp_path / "metrics.jsonl")

@@ -132,6 +132,14 @@ def test_overflows_are_skipped_counted_and_scaled_as_documented(byte_data, tmp_p
     good = [loss for step, loss in enumerate(result.losses, 1) if step not in overflows]
     assert good[0] > 5.0 and sum(good[-3:]) / 3 < good[0] - 0.8, good
     assert result.steps == steps  # overflows do not count towards health.max_skips
+    validate_against_schema(tmp_path / "metrics.jsonl")
+
+
+def validate_against_schema(path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((ROOT / "schemas" / "metrics.schema.json").read_text())
+    for line in path.read_text().splitlines():
+        jsonschema.validate(json.loads(line), schema)
 
 
 def test_a_collapsed_scale_stops_with_the_last_good_state(byte_data, tmp_path, monkeypatch, fp16_cpu):
