@@ -106,6 +106,13 @@ def _dtype(name: str):
 
 
 def convert(config: ConvertConfig) -> Path:
+    from llmtools.locks import lock_output
+
+    with lock_output(config.output):  # one writer per output, from the existence check on
+        return _convert(config)
+
+
+def _convert(config: ConvertConfig) -> Path:
     if config.to == "universal":
         return to_universal_dir(config.checkpoint, config.output, force=config.force)
     if config.adapter_only:
@@ -346,13 +353,20 @@ def import_hf(hf_dir: str | Path, output: str | Path, force: bool = False) -> Pa
     :meth:`CheckpointManager.load`) loads the weights into an engine of any ZeRO stage and world size
     and starts the optimizer fresh.
     """
+    from llmtools.locks import lock_output
+
+    hf_dir, output = Path(hf_dir), Path(output)
+    with lock_output(output):  # one writer per output, from the existence check on
+        return _import_hf(hf_dir, output, force)
+
+
+def _import_hf(hf_dir: Path, output: Path, force: bool) -> Path:
     import deepspeed
     import torch
 
     from llmtools.ckpt.verify import file_manifest
     from llmtools.model.hf import load_hf_model
 
-    hf_dir, output = Path(hf_dir), Path(output)
     model = load_hf_model(hf_dir)
     config = model.config
     state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}

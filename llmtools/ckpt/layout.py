@@ -8,7 +8,7 @@
             zero_pp_rank_0_mp_rank_00_optim_states.pt ...
             rng_rank0000.pt ...
             meta.json
-        step_00000020.tmp-save/     a save in progress (or killed): never read, removed by the next save
+        step_00000020.tmp-save-ID/  a save in progress (or killed): never read, removed by the next save
 
 A folder is a checkpoint only when its name is ``step_<digits>`` exactly; anything with ``.tmp-`` in its
 name is work in progress. Since the temporary folder is renamed into place only after meta.json is written
@@ -18,6 +18,7 @@ and flushed, a ``step_*`` folder without a valid meta.json can only come from ou
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -59,17 +60,53 @@ def parse_step(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def tmp_name(step: int) -> str:
-    """The fixed temporary name of a save in progress.
+def tmp_name(step: int, token: str | None = None) -> str:
+    """The temporary name of a save in progress: ``step_N.tmp-save-TOKEN``, unique to one save.
 
-    Fixed (not random) so every rank agrees on it without communicating; a leftover from a killed save
-    has the same name and is removed before the next save of that step starts.
+    Unique so that two saves never write into one folder (a second writer racing the first, a save of a
+    step saved before); rank 0 draws the token and sends it to the others. Leftovers of killed saves are
+    removed before the next save starts (the run folder's lock says no other writer is alive).
     """
-    return f"{step_name(step)}{TMP_MARK}save"
+    if token is None:
+        import secrets
+
+        token = f"{os.getpid()}-{secrets.token_hex(4)}"
+    return f"{step_name(step)}{TMP_MARK}save-{token}"
 
 
 def rng_name(rank: int) -> str:
     return f"rng_rank{rank:04d}.pt"
+
+
+def deepspeed_files(zero_stage: int, dp_world_size: int, precision: str) -> list[str]:
+    """The files DeepSpeed's ``load_checkpoint`` needs from a checkpoint it saved (no model parallelism).
+
+    Its own naming (``DeepSpeedEngine._get_ckpt_name`` / ``_get_zero_ckpt_name``): the module state in
+    ``mp_rank_00_model_states.pt``, one per data-parallel rank under ZeRO-3 (``zero_pp_rank_R_...``);
+    the optimizer partitions in ``zero_pp_rank_R_mp_rank_00_optim_states.pt`` per rank under ZeRO-1/2/3
+    (``bf16_`` in front in bf16, whichever wrapper DeepSpeed picked); ZeRO-0 keeps the optimizer inside the
+    model-states file (fp32, and bf16 without pipeline parallelism: DeepSpeed's DDP-style bf16 wrapper).
+    """
+    ranks = range(max(1, int(dp_world_size)))
+    if zero_stage == 3:
+        files = [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in ranks]
+    else:
+        files = ["mp_rank_00_model_states.pt"]
+    if zero_stage > 0:
+        prefix = "bf16_" if precision == "bf16" else ""
+        files += [f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in ranks]
+    return files
+
+
+def required_files(meta: dict) -> list[str]:
+    """Every file a checkpoint of this kind must hold: DeepSpeed's for its ZeRO stage, data-parallel world
+    size and precision, and one RNG file per rank (a weights-only import holds the model states alone)."""
+    if meta.get("init_only"):
+        return ["mp_rank_00_model_states.pt"]
+    world = int(meta.get("world_size") or 1)
+    dp_world = int(meta.get("dp_world_size") or world)
+    files = deepspeed_files(int(meta.get("zero_stage") or 0), dp_world, str(meta.get("precision") or "fp32"))
+    return files + [rng_name(r) for r in range(world)]
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:

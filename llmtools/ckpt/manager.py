@@ -4,9 +4,14 @@ A save is a sequence whose every prefix is harmless (a kill -9 anywhere leaves e
 the new complete checkpoint):
 
 1. rank 0 removes leftovers of earlier killed saves (``step_*.tmp-*``);
-2. every rank: DeepSpeed's ``save_checkpoint`` into ``checkpoints/step_N.tmp-save`` and its own RNG file;
-3. rank 0 flushes every file, records size + sha256 of each, writes ``meta.json`` (``complete: true``)
-   last, flushes it, renames the folder to ``step_N`` and then rewrites ``latest`` atomically;
+2. every rank: DeepSpeed's ``save_checkpoint`` into ``checkpoints/step_N.tmp-save-ID`` (a name unique to this save, drawn
+   by rank 0) and its own RNG file,
+   each file written through sha256 and fsynced by the rank that wrote it (:mod:`llmtools.ckpt.writer`) —
+   at once, or, with ``async_save``, staged to host memory and written by a background thread while
+   training continues (at most one save in flight);
+3. when every rank has written its files, rank 0 gathers their sizes and checksums, writes ``meta.json``
+   (``complete: true``) last, flushes it, renames the folder to ``step_N`` and then rewrites ``latest``
+   atomically;
 4. rank 0 prunes (renaming a doomed folder to ``*.tmp-delete`` before removing it, so a half-removed
    folder never looks like a checkpoint).
 
@@ -20,15 +25,17 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmtools.ckpt import dist, layout
 from llmtools.ckpt import rng as rng_state
-from llmtools.ckpt.verify import check, check_compatible, file_manifest, read_meta, verify
+from llmtools.ckpt.verify import check, check_compatible, list_files, read_meta, sha256_file, verify
+from llmtools.ckpt.writer import RankWriter
 from llmtools.errors import InputError, RuntimeFailure, UsageError
-from llmtools.fsutil import TMP_MARK, atomic_file, fsync_dir, write_text_atomic
+from llmtools.fsutil import TMP_MARK, atomic_file, fsync_dir, fsync_file, write_text_atomic
 
 
 def _stderr_warning(message: str) -> None:
@@ -75,12 +82,56 @@ def _load_weights_only(engine, model_states: Path) -> None:
         refresh()
 
 
+@dataclass
+class _Pending:
+    """A save whose files are written (or being written) but not yet committed."""
+
+    step: int
+    tmp: Path
+    final: Path
+    writer: RankWriter
+    meta: dict[str, Any]
+    started: float
+
+
+def _meta_fields(engine, step: int, final: Path, client_state: dict[str, Any]) -> dict[str, Any]:
+    """meta.json as known when the save starts (the files and the duration are added at commit)."""
+    import deepspeed
+    import torch
+
+    world = dist.world_size()
+    shapes = _param_shapes(engine.module)
+    return {
+        **layout.meta_header(step, final.name),
+        "consumed_samples": client_state.get("consumed_samples"),
+        "consumed_tokens": client_state.get("consumed_tokens"),
+        "data": {
+            "consumed_samples": client_state.get("consumed_samples"),
+            "fingerprint": client_state.get("data_fingerprint"),
+        },
+        "config_hash": client_state.get("config_hash"),
+        "config": client_state.get("config"),  # what a resume compares its config with
+        "model": client_state.get("model"),
+        "tokenizer": client_state.get("tokenizer"),
+        "expert_parallel": client_state.get("expert_parallel"),
+        "world_size": world,
+        "dp_world_size": int(getattr(engine, "dp_world_size", world)),
+        "zero_stage": int(engine.zero_optimization_stage()),
+        "precision": _precision(engine),
+        "rng": {"kinds": ["python", "numpy", "torch"], "files": [layout.rng_name(r) for r in range(world)]},
+        "param_shapes": shapes,
+        "num_parameters": sum(int(torch.Size(s).numel()) for s in shapes.values()),
+        "versions": {"deepspeed": deepspeed.__version__, "torch": torch.__version__.split("+")[0]},
+    }
+
+
 class CheckpointManager:
     """Checkpoints of one run folder (``RUN/checkpoints``).
 
     ``keep_last``: keep only the newest K complete checkpoints (None: keep all); ``keep_every``: also keep
     every checkpoint whose step is a multiple of N (milestones). The newest verified checkpoint is never
-    removed. ``warn`` receives one-line warnings (default: stderr).
+    removed. ``warn`` receives one-line warnings (default: stderr). ``async_save``: :meth:`save` stages
+    the state and writes it in the background (see :mod:`llmtools.ckpt.writer`).
     """
 
     def __init__(
@@ -89,6 +140,7 @@ class CheckpointManager:
         keep_last: int | None = None,
         keep_every: int | None = None,
         warn: Callable[[str], None] | None = None,
+        async_save: bool = False,
     ) -> None:
         if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
             raise UsageError(f"keep_last: must be an integer >= 1, got {keep_last!r}")
@@ -99,17 +151,25 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.warn = warn or _stderr_warning
+        self.async_save = async_save
+        self._pending: _Pending | None = None
+        self._staging: dict[str, Any] = {}  # host buffers of the last background save, reused by the next
 
     # ------------------------------------------------------------------ save
-    def save(self, engine, step: int, client_state: dict[str, Any]) -> Path:
-        """Save ``engine`` at ``step``; call on ALL ranks. Returns the committed folder."""
-        import deepspeed
-        import torch
+    def save(self, engine, step: int, client_state: dict[str, Any], blocking: bool | None = None) -> Path:
+        """Save ``engine`` at ``step``; call on ALL ranks. Returns the checkpoint's folder.
 
+        Synchronous (the default, or ``blocking=True``): the folder is committed when this returns.
+        With ``async_save`` (and ``blocking`` not True): the state is staged to host memory and written in
+        the background; the folder is committed by a later :meth:`poll` or :meth:`wait` once every rank's
+        write is done. A save still in flight is finished and committed before a new one starts.
+        """
         if not isinstance(step, int) or step < 0:
             raise UsageError(f"step: must be an integer >= 0, got {step!r}")
-        rank, world = dist.rank(), dist.world_size()
-        tmp = self.ckpt_dir / layout.tmp_name(step)
+        self.wait()
+        background = self.async_save if blocking is None else not blocking
+        rank = dist.rank()
+        tmp = self.ckpt_dir / dist.broadcast(layout.tmp_name(step) if rank == 0 else None)
         final = self.ckpt_dir / layout.step_name(step)
         started = time.perf_counter()
         if rank == 0:
@@ -118,66 +178,111 @@ class CheckpointManager:
                 shutil.rmtree(leftover, ignore_errors=True)
         dist.barrier()
 
-        engine.save_checkpoint(str(self.ckpt_dir), tag=tmp.name, client_state=client_state, save_latest=False)
-        with atomic_file(tmp / layout.rng_name(rank), "wb") as handle:
-            torch.save(rng_state.capture(), handle)
-        dist.barrier()
-
-        if rank == 0:
-            files = file_manifest(tmp, fsync=True)
-            meta = {
-                **layout.meta_header(step, final.name),
-                "consumed_samples": client_state.get("consumed_samples"),
-                "consumed_tokens": client_state.get("consumed_tokens"),
-                "data": {
-                    "consumed_samples": client_state.get("consumed_samples"),
-                    "fingerprint": client_state.get("data_fingerprint"),
-                },
-                "config_hash": client_state.get("config_hash"),
-                "model": client_state.get("model"),
-                "tokenizer": client_state.get("tokenizer"),
-                "expert_parallel": client_state.get("expert_parallel"),
-                "world_size": world,
-                "dp_world_size": int(getattr(engine, "dp_world_size", world)),
-                "zero_stage": int(engine.zero_optimization_stage()),
-                "precision": _precision(engine),
-                "rng": {
-                    "kinds": ["python", "numpy", "torch"],
-                    "files": [layout.rng_name(r) for r in range(world)],
-                },
-                "param_shapes": _param_shapes(engine.module),
-                "num_parameters": sum(
-                    int(torch.Size(s).numel()) for s in _param_shapes(engine.module).values()
-                ),
-                "versions": {"deepspeed": deepspeed.__version__, "torch": torch.__version__.split("+")[0]},
-                "save_seconds": round(time.perf_counter() - started, 3),
-                "files": files,
-                "complete": True,
-            }
-            import json
-
-            with atomic_file(tmp / layout.META, "w", encoding="utf-8") as handle:
-                json.dump(meta, handle, indent=1)
-                handle.write("\n")
-            fsync_dir(tmp)
-            if final.exists():  # the same step saved again (e.g. after --reset-data): replace it
-                doomed = self.ckpt_dir / f"{final.name}{TMP_MARK}replaced"
-                os.replace(final, doomed)
-                shutil.rmtree(doomed, ignore_errors=True)
-            os.replace(tmp, final)
-            fsync_dir(self.ckpt_dir)
-            write_text_atomic(self.ckpt_dir / layout.LATEST, final.name + "\n")
-            self.prune(protect=final)
-        dist.barrier()
+        writer = RankWriter(tmp, background=background, reuse=self._staging)
+        deepspeed_engine, engine.checkpoint_engine = engine.checkpoint_engine, writer
+        try:
+            engine.save_checkpoint(
+                str(self.ckpt_dir), tag=tmp.name, client_state=client_state, save_latest=False
+            )
+        finally:
+            engine.checkpoint_engine = deepspeed_engine
+        writer.add(layout.rng_name(rank), rng_state.capture())
+        pending = _Pending(step, tmp, final, writer, _meta_fields(engine, step, final, client_state), started)
+        if not background:
+            return self._commit(pending)
+        self._staging = writer.staged()
+        writer.start()
+        self._pending = pending
         return final
+
+    @property
+    def in_flight(self) -> Path | None:
+        """The folder of the save being written in the background, if any."""
+        return self._pending.final if self._pending is not None else None
+
+    def poll(self) -> Path | None:
+        """Commit the background save if every rank has finished writing it (ALL ranks; one tiny
+        all-reduce while a save is in flight, nothing otherwise). Returns the committed folder, or None."""
+        if self._pending is None:
+            return None
+        if not dist.all_ranks(self._pending.writer.done()):
+            return None
+        return self.wait()
+
+    def wait(self) -> Path | None:
+        """Wait for the background save (if any) on every rank and commit it (ALL ranks)."""
+        pending, self._pending = self._pending, None
+        return self._commit(pending) if pending is not None else None
+
+    def _commit(self, pending: _Pending) -> Path:
+        """Every rank reports what it wrote; rank 0 writes meta.json last, renames, updates ``latest``."""
+        pending.writer.join()
+        error = pending.writer.error
+        report = (
+            dist.rank(),
+            pending.writer.files,
+            None if error is None else f"{type(error).__name__}: {error}",
+        )
+        reports = dist.gather(report)
+        problem = None
+        if dist.rank() == 0:
+            failed = [(r, message) for r, _, message in reports if message]
+            if failed:
+                problem = f"rank {failed[0][0]} could not write its files: {failed[0][1]}"
+            else:
+                try:
+                    self._publish(
+                        pending, {name: entry for _, files, _ in reports for name, entry in files.items()}
+                    )
+                except OSError as os_error:
+                    problem = f"{os_error.filename or pending.tmp}: {os_error.strerror or os_error}"
+        problem = dist.broadcast(problem)
+        if problem:
+            raise RuntimeFailure(
+                f"checkpoint of step {pending.step} not saved ({pending.tmp} left): {problem}"
+            )
+        return pending.final
+
+    def _publish(self, pending: _Pending, files: dict[str, dict[str, Any]]) -> None:
+        """Rank 0: meta.json (complete: true) last, then the rename, then ``latest``, then pruning."""
+        import json
+
+        unlisted = [name for name in list_files(pending.tmp) if name not in files]
+        for name in unlisted:  # anything DeepSpeed wrote around its checkpoint engine
+            fsync_file(pending.tmp / name)
+            files[name] = {
+                "size": (pending.tmp / name).stat().st_size,
+                "sha256": sha256_file(pending.tmp / name),
+            }
+        meta = {
+            **pending.meta,
+            "save_seconds": round(time.perf_counter() - pending.started, 3),
+            "files": dict(sorted(files.items())),
+            "complete": True,
+        }
+        with atomic_file(pending.tmp / layout.META, "w", encoding="utf-8") as handle:
+            json.dump(meta, handle, indent=1)
+            handle.write("\n")
+        fsync_dir(pending.tmp)
+        final = pending.final
+        if final.exists():  # the same step saved again (e.g. after --reset-data): replace it
+            doomed = self.ckpt_dir / f"{final.name}{TMP_MARK}replaced"
+            os.replace(final, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+        os.replace(pending.tmp, final)
+        fsync_dir(self.ckpt_dir)
+        write_text_atomic(self.ckpt_dir / layout.LATEST, final.name + "\n")
+        self.prune(protect=final)
 
     # ------------------------------------------------------------------ find
     def checkpoints(self) -> list[tuple[int, Path]]:
         return layout.list_checkpoints(self.ckpt_dir)
 
-    def latest_verified(self, warn: bool = True) -> Path | None:
-        """The newest checkpoint that verifies fully; warn about every newer one skipped."""
+    def latest_verified(self, warn: bool = True, exclude: Collection[Path] = ()) -> Path | None:
+        """The newest checkpoint that verifies fully (not in ``exclude``); warn about every newer one skipped."""
         for _step, path in reversed(self.checkpoints()):
+            if path in exclude:
+                continue
             report = verify(path)
             if report.ok:
                 return path
@@ -185,15 +290,16 @@ class CheckpointManager:
                 self.warn(f"skipping checkpoint {path}: {report.first_problem()}")
         return None
 
-    def resolve(self, spec: str | os.PathLike) -> Path | None:
+    def resolve(self, spec: str | os.PathLike, exclude: Collection[Path] = ()) -> Path | None:
         """``auto`` | ``latest`` | ``STEP`` | ``PATH`` -> a verified checkpoint folder.
 
-        ``auto`` returns None when there is none (start fresh); the others raise InputError when the
-        checkpoint is missing or broken. Under torch.distributed rank 0 decides and tells the others.
+        ``auto`` returns None when there is none (start fresh; ``exclude``: ones that failed to load); the
+        others raise InputError when the checkpoint is missing or broken. Under torch.distributed rank 0
+        decides and tells the others.
         """
         if dist.rank() == 0:
             try:
-                result: Any = self._resolve_here(str(spec))
+                result: Any = self._resolve_here(str(spec), exclude)
             except InputError as error:
                 result = error
         else:
@@ -203,10 +309,10 @@ class CheckpointManager:
             raise result
         return result
 
-    def _resolve_here(self, spec: str) -> Path | None:
+    def _resolve_here(self, spec: str, exclude: Collection[Path] = ()) -> Path | None:
         spec = spec.strip()
         if spec == "auto":
-            return self.latest_verified()
+            return self.latest_verified(exclude=exclude)
         if spec == "latest":
             tag = layout.read_latest(self.ckpt_dir)
             if tag is None:
@@ -231,11 +337,14 @@ class CheckpointManager:
         return path
 
     # ------------------------------------------------------------------ load
-    def load(self, engine, path: str | os.PathLike, load_optimizer_states: bool = True) -> dict[str, Any]:
+    def load(
+        self, engine, path: str | os.PathLike, load_optimizer_states: bool = True, reshard: bool = False
+    ) -> dict[str, Any]:
         """Load a checkpoint into ``engine`` (ALL ranks) and restore this rank's RNG states.
 
         Returns the trainer's client_state. A checkpoint saved with a different world size is resharded
-        through DeepSpeed's universal format (model and optimizer state kept; see :mod:`reshard`).
+        through DeepSpeed's universal format (model and optimizer state kept; see :mod:`reshard`); so is
+        one saved with another ZeRO stage when ``reshard`` is given (ZeRO-1 <-> ZeRO-2).
         """
         import torch
 
@@ -251,13 +360,13 @@ class CheckpointManager:
                 k: meta.get(k) for k in ("step", "consumed_samples", "consumed_tokens", "model", "tokenizer")
             }
         saved_stage, stage = int(meta["zero_stage"]), int(engine.zero_optimization_stage())
-        if saved_stage != stage:
+        if saved_stage != stage and not reshard:
             raise InputError(
                 f"{path / layout.META}[zero_stage]: the checkpoint was saved with ZeRO-{saved_stage}, this run "
-                f"uses ZeRO-{stage}; resume with the same stage (or start a new run from its weights: "
-                "llm-ckpt import-hf / convert --to hf)"
+                f"uses ZeRO-{stage}; resume with the same stage, reshard ZeRO-1 <-> ZeRO-2 (--reshard), or start "
+                "a new run from its weights (llm-ckpt import-hf / convert --to hf)"
             )
-        if saved_world != current_dp and saved_stage > 0:
+        if (saved_world != current_dp and saved_stage > 0) or saved_stage != stage:
             from llmtools.ckpt.reshard import load_resharded
 
             client_state = load_resharded(engine, path, meta, load_optimizer_states=load_optimizer_states)

@@ -29,3 +29,13 @@ def restore(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_all(seed: int) -> None:
+    """Start every stream afresh from ``seed`` (a resumed run given a new seed with --reset-data)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # CUDA generators included

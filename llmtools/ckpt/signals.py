@@ -1,8 +1,18 @@
-"""Stop cleanly on SIGTERM / SIGINT: finish the current step, save, exit 0 with a resume hint.
+"""Stop cleanly on SIGTERM / SIGINT / SIGHUP / SIGQUIT: finish the current step, save, exit 0 with a
+resume hint.
 
 Batch schedulers send SIGTERM some time before they kill a job. The handler only sets a flag; the training
 loop asks :meth:`StopRequested.should_stop` after each step (all ranks together, so they agree) and, when
 true, saves a checkpoint and returns. A second SIGINT (Ctrl-C twice) interrupts at once.
+
+Why the signal came decides whether that save can happen, and the signal itself does not say: under
+torchrun, the agent forwards a scheduler's SIGTERM (preemption, ``scancel``, Slurm's ``--signal``) to its
+workers, and sends the very same SIGTERM when it tears them down because a peer is gone. The agreement
+tells them apart: it is a collective, so it succeeds only while every rank is there (preemption: every
+rank saves) and fails — at once for a peer whose process died, within ``distributed.timeout_s`` for a host
+that vanished — when one is gone; then no save is attempted and the rank reports the lost peer instead.
+
+``DEFAULT_SIGNALS`` is the set handled; add a signal there to give it the same meaning.
 
     with StopRequested() as stop:
         for step in ...:
@@ -20,7 +30,11 @@ import sys
 
 from llmtools.ckpt import dist
 
-DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGHUP (the terminal or ssh session closed) and SIGQUIT (some schedulers' quit) would otherwise end the
+# run at once without a checkpoint; they are a request to stop like SIGTERM.
+DEFAULT_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, name)
+)
 
 
 class StopRequested:
@@ -39,8 +53,8 @@ class StopRequested:
         self.signum = signum
         if self.announce:
             print(
-                f"received {self.signal_name}: finishing the current step, then saving a checkpoint "
-                "(press Ctrl-C again to abort at once)",
+                f"received {self.signal_name}: finishing the current step, then saving a checkpoint if every "
+                "rank is still there (press Ctrl-C again to abort at once)",
                 file=sys.stderr,
                 flush=True,
             )

@@ -1,8 +1,10 @@
 """Is a checkpoint complete and intact? meta.json, file sizes and checksums, tensor shapes.
 
 A checkpoint is *complete* when its meta.json parses and says ``complete: true``; it is *verified* when,
-in addition, every file meta.json lists has the recorded size and sha256, and the parameter shapes in
-DeepSpeed's model-states file equal those meta.json recorded at save time.
+in addition, every file DeepSpeed needs for its ZeRO stage, world size and precision (and every RNG file)
+is listed and present (:func:`llmtools.ckpt.layout.required_files`), every file meta.json lists has the
+recorded size and sha256, and the parameter shapes in DeepSpeed's model-states file equal those meta.json
+recorded at save time.
 """
 
 from __future__ import annotations
@@ -79,10 +81,12 @@ class Report:
     path: Path
     meta: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # files its kind needs that it does not hold or list
 
     @property
     def complete(self) -> bool:
-        return self.meta is not None and self.meta.get("complete") is True
+        """meta.json says complete and the folder holds every file its kind needs."""
+        return self.meta is not None and self.meta.get("complete") is True and not self.missing
 
     @property
     def ok(self) -> bool:
@@ -133,6 +137,19 @@ def verify(path: str | Path, checksums: bool = True, shapes: bool = True) -> Rep
     files = meta.get("files") or {}
     if not files:
         report.problems.append(f"{meta_path}[files]: empty")
+    try:
+        needed = layout.required_files(meta)
+    except (TypeError, ValueError):
+        needed = []
+        report.problems.append(f"{meta_path}: zero_stage, world_size or precision is not what a save writes")
+    for name in needed:
+        if name not in files:
+            report.missing.append(name)
+            where = "missing" if not (path / name).is_file() else "not listed in meta.json"
+            report.problems.append(
+                f"{path / name}: {where}; a ZeRO-{meta.get('zero_stage')} {meta.get('precision')} checkpoint of "
+                f"world size {meta.get('world_size')} needs it (incomplete save?)"
+            )
     for name, entry in sorted(files.items()):
         file = path / name
         if not file.is_file():

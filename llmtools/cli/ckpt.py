@@ -159,8 +159,11 @@ def prune_(
         for path in manager.prune_plan():
             emit(str(path))
         return
-    for path in manager.prune():
-        emit(str(path))
+    from llmtools.locks import lock_run
+
+    with lock_run(ckpt_dir.parent):  # not while llm-train (or another prune) writes this run
+        for path in manager.prune():
+            emit(str(path))
 
 
 CONVERT_HELP = """Convert a checkpoint: to a Hugging Face model folder, to one consolidated safetensors

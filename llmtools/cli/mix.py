@@ -178,23 +178,26 @@ def mix(
     outputs = [output] if output else []
     if materialize:
         outputs += [Path(f"{materialize}.bin"), Path(f"{materialize}.idx")]
-    check_writable(outputs, force)
+    from llmtools.locks import lock_output
 
-    plan = lib.build_plan(config)
-    for note in plan.notes:
-        log(f"llm-mix: note: {note}")
-    for warning in plan.warnings:
-        log(f"llm-mix: warning: {warning}")
-    written: list[Path] = []
-    if output is not None:
-        written += lib.save_plan(plan, output)
-    if materialize:
-        from llmtools.data.dataset import BlendedGPTDataset
+    # One writer per mix.json and per materialized prefix, from the existence check to the last rename.
+    with lock_output([p for p in (output, materialize) if p]):
+        check_writable(outputs, force)
 
-        dataset = BlendedGPTDataset.from_plan(plan, "train", source=str(output))
-        from llmtools.data.materialize import materialize as write_samples
+        plan = lib.build_plan(config)
+        for note in plan.notes:
+            log(f"llm-mix: note: {note}")
+        for warning in plan.warnings:
+            log(f"llm-mix: warning: {warning}")
+        written: list[Path] = []
+        if output is not None:
+            written += lib.save_plan(plan, output)
+        if materialize:
+            from llmtools.data.dataset import BlendedGPTDataset
+            from llmtools.data.materialize import materialize as write_samples
 
-        written += write_samples(dataset, materialize, mix_path=output)
+            dataset = BlendedGPTDataset.from_plan(plan, "train", source=str(output))
+            written += write_samples(dataset, materialize, mix_path=output)
     if as_json:
         summary = lib.plan_to_json(plan)
         summary.pop("config", None)

@@ -35,6 +35,12 @@ Examples:
   srun --ntasks-per-node 8 llm-train configs/train/1b.yaml --deepspeed ds.json -o runs/1b
 
 \b
+  # elastic: one torchrun agent per host; a lost worker restarts the job from the newest checkpoint
+  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node1:29400 --rdzv-id run1 \\
+      --max-restarts 3 -m llmtools.cli.train configs/train/1b.yaml --deepspeed ds.json -o runs/1b --resume auto
+  sbatch --nodes 4 configs/slurm/train.sbatch      # the same under Slurm, with requeue on preemption
+
+\b
   # continue an interrupted run from its newest complete checkpoint
   llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json -o runs/tiny --resume auto
 
@@ -52,7 +58,10 @@ app = new_app("llm-train", "Pretrain a LLaMA-family model with DeepSpeed ZeRO.",
     "log step and eval; schemas/metrics.schema.json), RUN/checkpoints/ and, with --tensorboard, "
     "RUN/tensorboard/. Prints metrics.jsonl and the last checkpoint on stdout; progress on stderr. "
     "Bad config keys, types, DeepSpeed contradictions, a tokenizer that does not fit the model, or "
-    "data that ends too early fail before any compute (exit 2).\n" + EXAMPLES,
+    "data that ends too early fail before any compute (exit 2). One llm-train per run folder: a second one "
+    "exits 2 naming the first (RUN/run.lock). With --resume the config is compared with the checkpoint's: a "
+    "key that may change is applied and announced (stderr, metrics.jsonl), one that may not is refused "
+    "before anything is written, naming the flag that would allow it (--reset-data, --reshard).\n" + EXAMPLES,
     no_args_is_help=True,
 )
 def train(
@@ -82,6 +91,12 @@ def train(
         "--reset-data",
         help="With --resume: keep the step count and LR schedule, start the (new) data from its beginning.",
     ),
+    reshard: bool = typer.Option(
+        False,
+        "--reshard",
+        help="With --resume: accept another ZeRO stage (1 <-> 2); the optimizer state is converted through a "
+        "DeepSpeed universal checkpoint.",
+    ),
     tensorboard: bool = typer.Option(
         False, "--tensorboard", help="Also write TensorBoard events to RUN/tensorboard/."
     ),
@@ -105,6 +120,10 @@ def train(
         from llmtools.errors import UsageError
 
         raise UsageError("--reset-data: only with --resume (it restarts the data of a resumed run)")
+    if reshard and resume is None:
+        from llmtools.errors import UsageError
+
+        raise UsageError("--reshard: only with --resume (it converts the checkpoint a run resumes from)")
     if init_from is not None:  # a spelled-out flag for the most common override
         set_ = [*set_, f"model.init_from={init_from}"]
     cfg = load_train_config(config, set_)
@@ -148,6 +167,7 @@ def train(
                 resume=resume,
                 force=force,
                 reset_data=reset_data,
+                reshard=reshard,
             ),
         )
     finally:

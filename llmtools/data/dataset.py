@@ -99,11 +99,14 @@ class BlendedGPTDataset:
         path = Path(mix_json_path)
         if split not in SPLITS:
             raise UsageError(f"split {split!r}: use one of {', '.join(SPLITS)}")
+        from llmtools.data.plan_check import check_arrays, check_recorded
+
         mix = read_mix(path)
         if split not in mix["splits"]:
             raise InputError(
                 f"{path}: the plan has no {split} split (it has {', '.join(mix['splits']) or 'none'})"
             )
+        check_recorded(mix, path)  # an edited mix.json is refused before its arrays are trusted
         arrays = load_split_arrays(mix, path, split)
         if arrays is None:  # the cache was deleted or never copied: rebuild it, identically
             from llmtools.data import mix as mixlib
@@ -114,6 +117,7 @@ class BlendedGPTDataset:
                 mixlib.write_cache(plan, path.parent)
             except OSError:
                 pass  # a read-only folder: the rebuilt arrays in memory are just as good
+        check_arrays(mix, path, split, arrays)
         parts = []
         for k, comp in enumerate(mix["splits"][split]["components"]):
             described = mix["sources"][comp["source"]]
@@ -324,6 +328,20 @@ class BlendedGPTDataset:
                     pos += length
         return out
 
+    def check_ids(self, batch: np.ndarray, indices) -> None:
+        """Refuse token ids the plan's tokenizer does not have (a sidecar that does not describe its data):
+        InputError naming the source, instead of an index error deep in the model. One max per batch."""
+        if self.vocab_size is None or batch.size == 0 or int(batch.max()) < self.vocab_size:
+            return
+        row = int(np.argmax(batch.max(axis=1) >= self.vocab_size))
+        sample = int(np.asarray(indices).reshape(-1)[row])
+        part = self.parts[int(self.dataset_index[sample])]
+        token = int(batch[row].max())
+        raise InputError(
+            f"{part.reader.bin_file}: token id {token} in sample {sample} of {self.source or 'the plan'} is outside "
+            f"the {self.vocab_size} ids of the tokenizer its sidecar names: the sidecar does not describe this data"
+        )
+
     def __iter__(self) -> Iterator[np.ndarray]:
         for i in range(self._length):
             yield self[i]
@@ -364,6 +382,11 @@ def _open_described(described: dict, mix_path: Path) -> IndexedDatasetReader:
     for prefix in candidates:
         prefix = strip_suffix(prefix)
         if Path(f"{prefix}.idx").exists() and Path(f"{prefix}.bin").exists():
+            from llmtools.data.plan_check import check_source
+
+            check_source(
+                described, prefix, mix_path
+            )  # the files the plan was made from, before trusting them
             reader = IndexedDatasetReader(prefix)
             for key, have in (("sequences", reader.num_sequences), ("documents", reader.num_documents)):
                 if key in described and described[key] != have:

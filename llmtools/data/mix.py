@@ -41,11 +41,13 @@ from llmtools.data.blend import (
 from llmtools.data.gpt_index import GPTIndices, build_gpt_indices
 from llmtools.data.splits import DEFAULT_SPLIT, SPLITS, parse_split, split_matrix, split_range
 from llmtools.errors import InputError, RuntimeFailure, UsageError
+from llmtools.formats.fingerprint import fingerprint
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
 from llmtools.formats.mix import (
     FORMAT,
     MIN_SEQ_LENGTH,
     VERSION,
+    cache_digests,
     cache_names,
     read_mix,
     write_arrays,
@@ -149,6 +151,9 @@ class Source:
     reader: IndexedDatasetReader = field(repr=False)
     sidecar: dict | None = field(repr=False)
     idx_sha256: str
+    files: dict = field(
+        default_factory=dict, repr=False
+    )  # fingerprints of .idx and .bin (formats.fingerprint)
 
     @property
     def tokenizer(self) -> dict | None:
@@ -164,6 +169,7 @@ class Source:
             "tokens": int(self.reader.num_tokens),
             "dtype": str(self.reader.dtype),
             "idx_sha256": self.idx_sha256,
+            "files": self.files,
             "sidecar": self.sidecar is not None,
             "tokenizer": self.tokenizer,
         }
@@ -196,7 +202,13 @@ def open_source(prefix: str, base: Path | None = None) -> Source:
             f"{reader.idx_file}: the dataset is empty (0 tokens in {reader.num_documents} documents)"
         )
     sidecar = read_sidecar(chosen)
-    return Source(given, os.path.abspath(str(chosen)), reader, sidecar, file_sha256(reader.idx_file))
+    idx_sha256 = file_sha256(reader.idx_file)
+    idx_stat = os.stat(reader.idx_file)
+    files = {  # what a run checks on open: the index by stat and checksum, the tokens by stat and samples
+        "idx": {"size": idx_stat.st_size, "mtime_ns": idx_stat.st_mtime_ns, "sha256": idx_sha256},
+        "bin": fingerprint(reader.bin_file, sampled=True),
+    }
+    return Source(given, os.path.abspath(str(chosen)), reader, sidecar, idx_sha256, files)
 
 
 def check_tokenizers(sources: list[Source], allow_mixed: bool) -> tuple[dict | None, list[str]]:
@@ -263,10 +275,17 @@ class MixPlan:
     hash: str
 
 
-def _identity(config: MixConfig, sources: list[Source], blends: dict[str, tuple[Blend, tuple | None]]) -> str:
-    """Hash of everything the arrays depend on (not paths: moved data keeps its cache)."""
+def _identity(
+    config: MixConfig,
+    sources: list[Source],
+    blends: dict[str, tuple[Blend, tuple | None]],
+    semantics: str | None = None,
+) -> str:
+    """Hash of everything the arrays depend on (not paths: moved data keeps its cache). ``semantics``: the
+    blending rules a mix.json recorded (default: this version's)."""
+    positions = {s.prefix: i for i, s in reversed(list(enumerate(sources)))}  # first one wins, as before
     ident = {
-        "semantics": MEGATRON_SEMANTICS,
+        "semantics": semantics or MEGATRON_SEMANTICS,
         "sources": [{"idx_sha256": s.idx_sha256, "dtype": str(s.reader.dtype)} for s in sources],
         "seq_length": config.seq_length,
         "seed": config.seed,
@@ -274,7 +293,7 @@ def _identity(config: MixConfig, sources: list[Source], blends: dict[str, tuple[
         "sizes": config.sizes,
         "blends": {
             name: {
-                "sources": [_index_of(sources, p) for p in b.prefixes],
+                "sources": [_index_of(sources, p, positions) for p in b.prefixes],
                 "weights": b.weights,
                 "bookend": list(bk) if bk else None,
             }
@@ -284,8 +303,10 @@ def _identity(config: MixConfig, sources: list[Source], blends: dict[str, tuple[
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _index_of(sources: list[Source], prefix: str) -> int:
+def _index_of(sources: list[Source], prefix: str, positions: dict[str, int] | None = None) -> int:
     given = strip_suffix(prefix)
+    if positions is not None:
+        return positions[given]
     for i, s in enumerate(sources):
         if s.prefix == given:
             return i
@@ -614,8 +635,11 @@ def write_cache(plan: MixPlan, folder: Path, durable: bool = True) -> list[Path]
 def save_plan(plan: MixPlan, output: str | os.PathLike) -> list[Path]:
     """Write the cache, then mix.json last (a mix.json never points at a missing cache)."""
     output = Path(output)
-    written = write_cache(plan, output.parent if str(output.parent) else Path("."))
-    write_mix(output, plan_to_json(plan))
+    folder = output.parent if str(output.parent) else Path(".")
+    written = write_cache(plan, folder)
+    data = plan_to_json(plan)
+    data["cache"]["digests"] = cache_digests(folder, data["cache"]["files"])  # checked when a run opens it
+    write_mix(output, data)
     return [output, *written]
 
 

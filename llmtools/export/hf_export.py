@@ -594,6 +594,13 @@ def _open_mix(config: ExportConfig):
 
 def export_hf(config: ExportConfig) -> ExportResult:
     """Export ``config.source`` to ``config.output``; the folder appears only once complete."""
+    from llmtools.locks import lock_output
+
+    with lock_output(config.output):  # one writer per output folder, from the existence check on
+        return _export_hf(config)
+
+
+def _export_hf(config: ExportConfig) -> ExportResult:
     import pyarrow as pa
 
     check_writable([config.output], config.force)  # before any work; atomic_dir checks again at the end

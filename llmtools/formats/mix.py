@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from llmtools.errors import InputError, where
+from llmtools.formats.fingerprint import sha256_file
 from llmtools.formats.jsonfile import read_json_object
 from llmtools.fsutil import atomic_file, write_text_atomic
 
@@ -117,18 +118,62 @@ def write_arrays(
     return written
 
 
+def cache_digests(folder: Path, files: dict[str, dict[str, str]]) -> dict[str, dict[str, dict]]:
+    """``cache.digests`` of a mix.json: size and sha256 of every cached array file, per split and key."""
+    return {
+        split: {key: {"size": (folder / name).stat().st_size, "sha256": sha256_file(folder / name)}
+                for key, name in names.items()}
+        for split, names in files.items()
+    }  # fmt: skip
+
+
+def plan_identity(mix: dict) -> str:
+    """What names a plan: the hash of everything its arrays depend on (sources' index checksums, weights,
+    seed, lengths, split). Two mix.json with the same identity yield the same samples in the same order."""
+    return str(mix["cache"]["hash"])
+
+
+_READ_WHOLE = 8 << 20  # cached arrays up to this size are read into memory; larger ones are memory-mapped
+
+
 def load_split_arrays(mix: dict, path: Path, split: str) -> dict[str, np.ndarray] | None:
-    """Memory-map one split's cached arrays; None when any file is missing or unreadable."""
+    """Memory-map one split's cached arrays; None when any file is missing or unreadable.
+
+    Files that are there must be the ones llm-mix wrote: same size and sha256 as ``cache.digests``
+    records (an index array left from another plan under the same name is refused, naming it).
+    """
+    import hashlib
+    import io
+
     files = mix["cache"].get("files", {}).get(split)
     if not isinstance(files, dict):
         return None
+    digests = (mix["cache"].get("digests") or {}).get(split) or {}
     arrays = {}
+    folder = str(path.parent)
     for key, name in files.items():
-        file = path.parent / name
-        if not file.exists():
-            return None
+        file = os.path.join(folder, name)
         try:
-            arrays[key] = np.load(file, mmap_mode="r", allow_pickle=False)
+            size = os.path.getsize(file)
+        except OSError:
+            return None
+        recorded = digests.get(key)
+        try:
+            if size <= _READ_WHOLE:  # small: one read serves the checksum and the array
+                with open(file, "rb") as handle:
+                    data = handle.read()
+                digest = hashlib.sha256(data).hexdigest() if isinstance(recorded, dict) else None
+                array = np.load(io.BytesIO(data), allow_pickle=False)
+            else:
+                digest = sha256_file(file) if isinstance(recorded, dict) else None
+                array = np.load(file, mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError):
             return None
+        if isinstance(recorded, dict) and (size != recorded.get("size") or digest != recorded.get("sha256")):
+            raise InputError(
+                f"{file}: not the index array {path} was made with (its size or sha256 differs from "
+                f"cache.digests.{split}[{key}]: left from another plan?); remove it to have it rebuilt, or "
+                "run llm-mix again"
+            )
+        arrays[key] = array
     return arrays

@@ -454,17 +454,24 @@ def is_token_column(path: str | os.PathLike, column: str, split: str | None = No
 
 def import_token_ids(config: TokenImportConfig) -> TokenImportResult:
     """Write the token-id lists of ``config.column`` as a Megatron ``.bin/.idx`` pair (+ sidecar)."""
-    import pyarrow as pa
-
-    from llmtools.formats.indexed import bin_path, idx_path
-    from llmtools.formats.sidecar import sidecar_path, write_sidecar
-    from llmtools.fsutil import check_writable
+    from llmtools.locks import lock_output
 
     table = open_hf(config.source, config.split)
     table.check_columns([config.column])
     kind = table.schema.field(config.column).type
     if not _is_id_list(kind):
         raise InputError(f"{table.name}: column {config.column!r} is {kind}, not lists of token ids")
+    with lock_output(config.prefix):  # one writer per output prefix, from the existence check on
+        return _import_token_ids(config, table, kind)
+
+
+def _import_token_ids(config: TokenImportConfig, table, kind) -> TokenImportResult:
+    import pyarrow as pa
+
+    from llmtools.formats.indexed import bin_path, idx_path
+    from llmtools.formats.sidecar import sidecar_path, write_sidecar
+    from llmtools.fsutil import check_writable
+
     prefix = config.prefix
     check_writable([bin_path(prefix), idx_path(prefix), sidecar_path(prefix)], config.force)
 
@@ -651,9 +658,7 @@ class Hf2BinResult:
 def hf2bin(config: Hf2BinConfig) -> Hf2BinResult:
     """Text columns go through json2bin (same tokenization, checks and sidecar as JSONL); token-id
     columns are written as they are."""
-    from llmtools.formats.indexed import bin_path, idx_path
-    from llmtools.formats.sidecar import sidecar_path
-    from llmtools.fsutil import check_writable
+    from llmtools.locks import lock_output
 
     table = open_hf(config.source, config.split)
     keys = list(config.json_keys) if config.json_keys else [_default_key(table)]
@@ -661,6 +666,15 @@ def hf2bin(config: Hf2BinConfig) -> Hf2BinResult:
     ids = [k for k in keys if _is_id_list(table.schema.field(k).type)]
     texts = [k for k in keys if k not in ids]
     prefixes = [f"{config.output_prefix}_{k}_document" for k in keys]
+    with lock_output(prefixes):  # one writer per output prefix, from the existence check on
+        return _hf2bin(config, prefixes, ids, texts)
+
+
+def _hf2bin(config: Hf2BinConfig, prefixes: list[str], ids: list[str], texts: list[str]) -> Hf2BinResult:
+    from llmtools.formats.indexed import bin_path, idx_path
+    from llmtools.formats.sidecar import sidecar_path
+    from llmtools.fsutil import check_writable
+
     check_writable(
         [p for prefix in prefixes for p in (bin_path(prefix), idx_path(prefix), sidecar_path(prefix))],
         config.force,

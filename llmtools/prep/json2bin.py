@@ -359,12 +359,21 @@ def json2bin(
 
     Either give ``inputs`` (JSONL paths/globs/'-') or a ready ``source`` (any DocumentSource).
     ``options`` are the other :class:`Json2BinConfig` fields. Raises InputError (bad input),
-    UsageError (bad options, existing outputs without force), RuntimeFailure.
+    UsageError (bad options, existing outputs without force, another writer at work on them),
+    RuntimeFailure.
     """
+    from llmtools.locks import lock_output
+
     if config is None:
         config = Json2BinConfig(
             inputs=tuple(inputs or ()), tokenizer=str(tokenizer), output_prefix=str(output_prefix), **options
         )
+    # One writer per output prefix, from before the existence check to the last rename.
+    with lock_output([config.prefix_for(key) for key in config.json_keys]):
+        return _json2bin(config, source)
+
+
+def _json2bin(config: Json2BinConfig, source: DocumentSource | None) -> Json2BinResult:
     from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, dtype_for_vocab, idx_path
     from llmtools.formats.sidecar import sidecar_path
     from llmtools.fsutil import check_writable

@@ -122,6 +122,7 @@ def write_sample_corpus(
 ) -> list[Path]:
     """Write ``{output_dir}/{style}.jsonl`` (``{"text": ...}`` per line) for each style; returns the paths."""
     from llmtools.fsutil import atomic_file, check_writable
+    from llmtools.locks import lock_output
 
     if docs < 1:
         raise UsageError(f"--docs: must be at least 1, got {docs}")
@@ -131,10 +132,11 @@ def write_sample_corpus(
             raise UsageError(f"--style: unknown style {style!r} (choose from {', '.join(STYLES)})")
     out = Path(output_dir)
     paths = [out / f"{style}.jsonl" for style in styles]
-    check_writable(paths, force)
-    out.mkdir(parents=True, exist_ok=True)
-    for style, path in zip(styles, paths, strict=True):
-        with atomic_file(path, "w", encoding="utf-8") as handle:
-            for text in generate(style, docs, seed):
-                handle.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+    with lock_output(paths):  # one writer per output, from the existence check on
+        check_writable(paths, force)
+        out.mkdir(parents=True, exist_ok=True)
+        for style, path in zip(styles, paths, strict=True):
+            with atomic_file(path, "w", encoding="utf-8") as handle:
+                for text in generate(style, docs, seed):
+                    handle.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
     return paths

@@ -415,7 +415,14 @@ def segment_attention_mask(segment_ids: np.ndarray) -> np.ndarray:
 
 
 def build_sft(config: SftConfig, progress: bool | None = None) -> SftResult:
-    """Run the whole pipeline; outputs appear only if it succeeds."""
+    """Run the whole pipeline; outputs appear only if it succeeds (one writer per output prefix)."""
+    from llmtools.locks import lock_output
+
+    with lock_output([config.prefix_for(k) for k in config.keys]):
+        return _build_sft(config, progress)
+
+
+def _build_sft(config: SftConfig, progress: bool | None) -> SftResult:
     from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, dtype_for_vocab, idx_path
     from llmtools.formats.sidecar import sidecar_path
     from llmtools.fsutil import check_writable

@@ -79,10 +79,12 @@ def train_tokenizer(
 ) -> dict:
     """Train from JSONL ``inputs`` and write ``output`` (tokenizer.json) atomically. Returns a summary."""
     from llmtools.fsutil import check_writable, write_text_atomic
+    from llmtools.locks import lock_output
 
-    check_writable([output], force)
-    tok = build_tokenizer(iter_jsonl_texts(inputs, config.json_keys, skip_bad), config)
-    write_text_atomic(output, tok.to_str(pretty=False))
+    with lock_output(output):  # one writer per output, from the existence check on
+        check_writable([output], force)
+        tok = build_tokenizer(iter_jsonl_texts(inputs, config.json_keys, skip_bad), config)
+        write_text_atomic(output, tok.to_str(pretty=False))
     return {
         "path": str(output),
         "vocab_size": tok.get_vocab_size(with_added_tokens=True),

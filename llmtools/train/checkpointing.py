@@ -1,63 +1,148 @@
 """The seam between the loop and checkpoints: save every N steps, resume from a spec.
 
 Everything goes through :class:`llmtools.ckpt.manager.CheckpointManager` (crash-safe folders, meta.json
-written last, verification, pruning, RNG states). The loop only calls the three functions below.
+written last, verification, pruning, RNG states). Resuming is two calls: :func:`choose` before the engine
+exists (the checkpoint, and the resume policy's verdict on the new config: a refusal costs no compute and
+writes nothing), then :func:`resume` (load it; with ``auto``, fall back to the previous complete checkpoint
+when loading fails). Background saves are finished by the manager's ``poll``/``wait``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmtools.errors import InputError
+from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure
 
 
-def make_manager(run_dir, keep_last: int | None = None, keep_every: int | None = None):
+def make_manager(
+    run_dir, keep_last: int | None = None, keep_every: int | None = None, async_save: bool = False
+):
     from llmtools.ckpt.manager import CheckpointManager
 
-    return CheckpointManager(run_dir, keep_last=keep_last, keep_every=keep_every)
+    return CheckpointManager(run_dir, keep_last=keep_last, keep_every=keep_every, async_save=async_save)
 
 
-def save(manager, engine, step: int, client_state: dict[str, Any]) -> Path:
-    """Save on ALL ranks; returns the committed checkpoint folder."""
-    return manager.save(engine, step, client_state)
+def save(manager, engine, step: int, client_state: dict[str, Any], blocking: bool | None = None) -> Path:
+    """Save on ALL ranks; returns the checkpoint folder (committed now, or by a later ``poll``/``wait``
+    when the manager writes in the background and ``blocking`` is not True)."""
+    return manager.save(engine, step, client_state, blocking=blocking)
 
 
-def resume(
+@dataclass
+class Accepted:
+    """A checkpoint to resume from, and the config changes the resume policy accepted."""
+
+    path: Path
+    step: int
+    changes: list = field(default_factory=list)  # llmtools.train.resume.Change
+
+
+def choose(
     manager,
-    engine,
     spec: str | None,
+    current: dict,
     *,
-    model: dict | None = None,
-    tokenizer: dict | None = None,
-    expert_parallel: int | None = None,
-):
-    """Load the checkpoint ``spec`` names (auto|latest|STEP|PATH) into ``engine``.
+    reset_data: bool = False,
+    reshard: bool = False,
+    own_scheduler: bool = False,
+    exclude: tuple[Path, ...] = (),
+) -> Accepted | None:
+    """The checkpoint ``spec`` names (auto|latest|STEP|PATH), reviewed against ``current`` (the resolved
+    config); None when there is nothing to resume. Call on ALL ranks: rank 0 decides, the others follow;
+    a refusal raises InputError on every rank."""
+    from llmtools.ckpt import dist, layout
+    from llmtools.ckpt.verify import read_meta
+    from llmtools.train import resume as policy
 
-    Returns ``(path, client_state)``, or ``(None, None)`` when there is nothing to resume (``auto`` on a
-    fresh run folder). A checkpoint whose model shape or tokenizer differ from this run is refused, and so
-    is one whose expert layout differs (DeepSpeed's expert-parallel layer or not; the group size may
-    change: the universal conversion re-spreads the experts).
-    """
     if spec is None:
-        return None, None
-    path = manager.resolve(spec)
+        return None
+    path = manager.resolve(spec, exclude=exclude)
     if path is None:
-        if spec == "auto":
-            return None, None
-        raise InputError(f"--resume {spec}: no such checkpoint in {manager.ckpt_dir}")
-    meta = manager.check_compatible(path, model, tokenizer)
-    saved_ep = meta.get("expert_parallel")
-    if (saved_ep is None) != (expert_parallel is None):
-        if saved_ep is None:
+        have = [p.name for _, p in layout.list_checkpoints(manager.ckpt_dir)]
+        if spec == "auto" and have and not exclude:
+            # Checkpoints exist and none can be used: starting over here would silently drop the run.
             raise InputError(
-                f"{path}: saved without expert parallelism, and this run sets model.expert_parallel="
-                f"{expert_parallel}; resume it without (or start from its weights: model.init_from {path})"
+                f"{manager.ckpt_dir}: none of its checkpoints can be resumed ({', '.join(have)}; the warnings "
+                "above say why); --resume STEP names one, --force starts the run over"
             )
-        raise InputError(
-            f"{path}: saved with model.expert_parallel={saved_ep} (DeepSpeed's expert-parallel layout); set "
-            "model.expert_parallel to resume it (any value dividing the world size), or start from its "
-            f"weights: llm-ckpt convert {path} --to hf, then model.init_from"
+        if spec == "auto":
+            return None
+        raise InputError(f"--resume {spec}: no such checkpoint in {manager.ckpt_dir}")
+    verdict: Any = None
+    if dist.rank() == 0:
+        try:
+            meta = read_meta(path)
+            changes = policy.review(
+                meta, path, current, reset_data=reset_data, reshard=reshard, own_scheduler=own_scheduler
+            )
+            verdict = Accepted(Path(path), int(meta.get("step") or 0), changes)
+        except InputError as refusal:
+            verdict = str(refusal)
+    verdict = dist.broadcast(verdict)
+    if isinstance(verdict, str):
+        raise InputError(verdict)
+    return verdict
+
+
+def precheck(run_dir, spec: str | None, current: dict, **review) -> None:
+    """The resume policy's verdict on the checkpoint ``spec`` most likely names, on every rank, without
+    torch or checksums: a refused change then exits in about a second. :func:`choose` decides for good
+    (checksums verified, the verdict given again) once the process group and the run's lock exist."""
+    from llmtools.ckpt import layout
+    from llmtools.ckpt.verify import read_meta, verify
+    from llmtools.train import resume as policy
+
+    if spec is None:
+        return
+    ckpt_dir, spec = layout.checkpoints_dir(run_dir), str(spec).strip()
+    if spec == "auto":
+        found = [p for _, p in reversed(layout.list_checkpoints(ckpt_dir)) if verify(p, False, False).ok]
+        path = found[0] if found else None
+    elif spec == "latest":
+        tag = layout.read_latest(ckpt_dir)
+        path = ckpt_dir / tag if tag else None
+    else:
+        path = ckpt_dir / layout.step_name(int(spec)) if spec.isdigit() else Path(spec)
+    try:
+        meta = read_meta(path) if path is not None else None
+    except InputError:
+        meta = None  # choose() names what is wrong with it
+    if meta is not None:
+        policy.review(meta, path, current, **review)
+
+
+def resume(manager, engine, first: Accepted | None, spec: str | None, current: dict, **review):
+    """Load ``first`` (from :func:`choose`) into ``engine``; returns ``(accepted, client_state)``, or
+    ``(None, None)`` when there is nothing to resume.
+
+    With ``auto``, a checkpoint that verified but fails to load (DeepSpeed refuses its contents) is skipped
+    with a warning naming it, and the previous complete one is tried; when every one fails, RuntimeFailure.
+    """
+    from llmtools.ckpt import dist
+
+    accepted, failed = first, []
+    while accepted is not None:
+        error: BaseException | None = None
+        try:
+            client_state = manager.load(engine, accepted.path, reshard=bool(review.get("reshard")))
+        except Exception as caught:  # noqa: BLE001 - whatever DeepSpeed raises, the next candidate may load
+            error, client_state = caught, None
+        if not dist.any_rank(error is not None):
+            return accepted, client_state
+        why = f"{type(error).__name__}: {error}" if error is not None else "it failed on another rank"
+        if spec != "auto":
+            if isinstance(error, LlmtoolsError):
+                raise error  # it names the file and what is wrong already
+            raise RuntimeFailure(f"{accepted.path}: could not be loaded ({why})") from error
+        failed.append(accepted.path)
+        if dist.rank() == 0:
+            manager.warn(f"could not load {accepted.path} ({why}); trying the previous complete checkpoint")
+        accepted = choose(manager, spec, current, exclude=tuple(failed), **review)
+    if failed:
+        raise RuntimeFailure(
+            f"{manager.ckpt_dir}: no checkpoint could be loaded (tried {', '.join(p.name for p in failed)}); "
+            "--force starts the run over"
         )
-    client_state = manager.load(engine, path)
-    return path, client_state
+    return None, None

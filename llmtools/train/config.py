@@ -328,6 +328,10 @@ class CheckpointSection:
     """Keep only the newest N checkpoints."""
     keep_every: int | None = None
     """Also keep every checkpoint whose step is a multiple of this."""
+    async_: bool = field(default=False, metadata={"key": "async"})
+    """Write checkpoints in the background: the state is copied to host memory, then written, fsynced and
+    hashed while training goes on; the checkpoint is committed (meta.json, rename, latest) once every rank's
+    write is done. At most one save is in flight; the next save, the end of the run and SIGTERM wait for it."""
 
     def __post_init__(self) -> None:
         if self.save_every < 0:
@@ -336,6 +340,19 @@ class CheckpointSection:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise _bad(f"checkpoint.{name}", f"must be >= 1, got {value}")
+
+
+@dataclass
+class DistributedSection:
+    """How long a collective may wait for the other ranks."""
+
+    timeout_s: float = 600.0
+    """Seconds any collective (and the process-group set-up) waits before the rank gives up: a host that
+    vanished ends the surviving ranks within this time, with a message naming the missing ranks."""
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise _bad("distributed.timeout_s", f"must be > 0, got {self.timeout_s}")
 
 
 @dataclass
@@ -397,6 +414,7 @@ class TrainConfig:
     logging: LoggingSection = field(default_factory=LoggingSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     health: HealthSection = field(default_factory=HealthSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
     task: str = DEFAULT_TASK
     """What is trained: a name in the table of tasks (llmtools.train.tasks.TASKS)."""
     lora: LoraSection | None = None
@@ -433,7 +451,8 @@ class TrainConfig:
             if not dataclasses.is_dataclass(value):  # task (a string), lora when off (None)
                 out[f.name] = value
                 continue
-            section = dataclasses.asdict(value)
+            plain = dataclasses.asdict(value)
+            section = {config_key(g): plain[g.name] for g in dataclasses.fields(value)}
             if f.name == "model":
                 section = {
                     "preset": section["preset"],
@@ -472,8 +491,22 @@ SECTION_TYPES = {
     "logging": LoggingSection,
     "checkpoint": CheckpointSection,
     "health": HealthSection,
+    "distributed": DistributedSection,
     "lora": LoraSection,
 }
+
+
+def config_key(f: dataclasses.Field) -> str:
+    """The YAML key of a section field: its name, unless that is a Python keyword (``async`` -> ``async_``)."""
+    return f.metadata.get("key", f.name)
+
+
+def field_name(cls: type, key: str) -> str | None:
+    """The dataclass field behind a YAML key of section ``cls``, or None when there is none."""
+    for f in dataclasses.fields(cls):
+        if config_key(f) == key:
+            return f.name
+    return None
 
 
 def all_keys() -> list[str]:
@@ -483,7 +516,7 @@ def all_keys() -> list[str]:
         for f in dataclasses.fields(cls):
             if name == "model" and f.name == "overrides":
                 continue
-            keys.append(f"{name}.{f.name}")
+            keys.append(f"{name}.{config_key(f)}")
     return keys
 
 
@@ -575,7 +608,6 @@ def _section_from_dict(name: str, cls: type, raw: Any, where: str):
     if not isinstance(raw, dict):
         raise InputError(f"{where}: {name}: expected a mapping, got {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
     kwargs: dict[str, Any] = {}
     if cls is ModelSection:
         overrides = {}
@@ -587,9 +619,10 @@ def _section_from_dict(name: str, cls: type, raw: Any, where: str):
         kwargs["overrides"] = overrides
     else:
         for key, value in raw.items():
-            if key not in names:
+            attr = field_name(cls, key)
+            if attr is None:
                 raise InputError(f"{where}: unknown key {name}.{key}" + suggest(f"{name}.{key}", all_keys()))
-            kwargs[key] = coerce(value, hints[key], f"{name}.{key}", where)
+            kwargs[attr] = coerce(value, hints[attr], f"{name}.{key}", where)
     try:
         return cls(**kwargs)
     except InputError as error:
@@ -660,8 +693,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         if dotted not in known and section != "model":
             raise UsageError(f"--set {item!r}: unknown key {dotted}" + suggest(dotted, known))
         if section != "model":
+            attr = field_name(SECTION_TYPES[section], key)
             value = coerce(
-                value, typing.get_type_hints(SECTION_TYPES[section])[key], dotted, f"--set {item!r}"
+                value, typing.get_type_hints(SECTION_TYPES[section])[attr], dotted, f"--set {item!r}"
             )
         target = raw.setdefault(section, {})
         if target is None:

@@ -1,7 +1,8 @@
 """One process without a launcher, or many under deepspeed / torchrun / srun: find out which, and set up.
 
 Under a launcher, RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT are in the environment
-(deepspeed and torchrun set them). Under ``srun`` they are derived from SLURM_* (the first host of the
+(deepspeed and torchrun set them). Under torchrun's elastic agent the workers share the agent's store
+across restarts; they take a fresh namespace in it per round (:mod:`~llmtools.train.rendezvous`). Under ``srun`` they are derived from SLURM_* (the first host of the
 allocation is the master). Alone, a one-rank gloo group over an in-memory store is made, which needs no
 port. Gloo is used on CPU, NCCL on CUDA. The process group is created here, before DeepSpeed sees it, so
 DeepSpeed neither probes MPI nor builds its shared-memory comm op (a ~90 s C++ build on CPU machines).
@@ -69,8 +70,19 @@ def detect_environment() -> str:
     return "none"
 
 
-def init_distributed(timeout_s: int = 1800) -> DistInfo:
-    """Create the process group (idempotent) and return who we are."""
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def _agent_store_shared() -> bool:
+    """Whether torchrun's agent hosts the store the workers share across restart rounds."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistInfo:
+    """Create the process group (idempotent) and return who we are.
+
+    ``timeout_s`` bounds the set-up and every collective afterwards (gloo and NCCL both honour it).
+    """
     import torch
     import torch.distributed as dist
 
@@ -102,13 +114,35 @@ def init_distributed(timeout_s: int = 1800) -> DistInfo:
             if world == 1 and "MASTER_ADDR" not in os.environ:  # alone: no rendezvous, no port
                 store = dist.HashStore()
                 dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+            elif _agent_store_shared():
+                from llmtools.train.rendezvous import round_store
+
+                store = round_store(
+                    os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world, timeout_s
+                )
+                dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
             else:
                 dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
         except (RuntimeError, ValueError) as error:
             raise RuntimeFailure(
                 f"could not initialise the {backend} process group (rank {rank}/{world}): {error}"
             ) from None
+        _default_group_timeout(timeout)
     return DistInfo(rank, world, local, backend, device, launcher)
+
+
+def _default_group_timeout(timeout: datetime.timedelta) -> None:
+    """Make ``timeout`` the default of every group created from now on.
+
+    DeepSpeed makes its own groups (data parallel, ZeRO partitions) with ``new_group(ranks)``, which takes
+    torch's built-in default (30 min for gloo, 10 for NCCL), not the default group's timeout: a ZeRO
+    all-reduce whose peer vanished would wait half an hour.
+    """
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = timeout
+    if hasattr(distributed_c10d, "default_pg_nccl_timeout"):
+        distributed_c10d.default_pg_nccl_timeout = timeout
 
 
 def _skip_ds_shm_op() -> None:

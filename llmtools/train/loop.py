@@ -29,13 +29,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmtools.errors import InputError, RuntimeFailure
+from llmtools.errors import RuntimeFailure
 from llmtools.train.config import TrainConfig
 from llmtools.train.deepspeed_config import prefer_torch_adam
 from llmtools.train.distributed import all_mean, any_rank, log0
 from llmtools.train.health import HealthGate, wrap_step
 from llmtools.train.plan import TrainPlan, make_plan
-from llmtools.train.rundir import prepare_run_dir, write_resolved
+from llmtools.train.rundir import (
+    clear_run_dir,
+    locked_run_dir,
+    prepare_run_dir,
+    resolved_config,
+    write_resolved,
+)
 
 
 @dataclass
@@ -50,6 +56,8 @@ class RunOptions:
     """Called on every rank after each step with (step, loss); for benchmarks and embedding programs."""
     reset_data: bool = False
     """Resume on changed data: keep the step count and schedule, start the data from its beginning."""
+    reshard: bool = False
+    """With --resume: allow another ZeRO stage (1 <-> 2) through a DeepSpeed universal checkpoint."""
 
 
 @dataclass
@@ -96,13 +104,35 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
 
         check_fp16_support(config.source or "<train config>")
     prepare_run_dir(options.run_dir, options.resume, options.force, rank)
+    from llmtools.train import checkpointing
+
+    # The resume policy's verdict, before torch loads: a refused config change exits in about a second.
+    checkpointing.precheck(
+        options.run_dir, options.resume, resolved_config(plan), **_review_options(plan, options)
+    )
     import torch
 
     if not torch.cuda.is_available():
         prefer_torch_adam(plan.ds_config)
     # The process group outlives the run (DeepSpeed keeps its own handle on it); the CLI tears it down.
-    dist_info = init_distributed()
-    return _train(plan, options, dist_info)
+    from llmtools.train.peers import PeerWatch
+
+    watch = PeerWatch(config.distributed.timeout_s)
+    with watch:  # a rank that is gone is reported as such (one line, exit 1), never as an internal error
+        dist_info = init_distributed(config.distributed.timeout_s)
+        watch.gather()
+        # One writer per run folder: rank 0 holds RUN/run.lock from before anything is written until the end.
+        with locked_run_dir(options.run_dir, dist_info.rank):
+            return _train(plan, options, dist_info, watch)
+
+
+def _review_options(plan: TrainPlan, options: RunOptions) -> dict:
+    """What the resume policy needs to know besides the two configs (llmtools.train.resume.review)."""
+    return {
+        "reset_data": options.reset_data,
+        "reshard": options.reshard,
+        "own_scheduler": "scheduler" in plan.ds_config,
+    }
 
 
 def _quiet_deepspeed() -> None:
@@ -125,9 +155,10 @@ def _quiet_deepspeed() -> None:
         pass
 
 
-def _event(metrics, step: int, event: str, message: str) -> None:
+def _event(metrics, step: int, event: str, message: str, **extra) -> None:
     metrics.log(
-        {"kind": "event", "step": step, "time": time.time(), "event": event, "message": message}, step
+        {"kind": "event", "step": step, "time": time.time(), "event": event, "message": message, **extra},
+        step,
     )
 
 
@@ -149,7 +180,11 @@ def accumulate_and_update(
         engine.set_gradient_accumulation_boundary(False)
     with engine.coalesce_grad_reduction() if coalesce else contextlib.nullcontext():
         for m in range(gas):
-            out = plan.task.loss(model, plan.train_data.batch(next(batches)), engine.device)
+            indices = next(batches)
+            batch = plan.train_data.batch(indices)
+            if hasattr(plan.train_data, "check_ids"):
+                plan.train_data.check_ids(batch, indices)
+            out = plan.task.loss(model, batch, engine.device)
             losses.append(out.loss.detach())
             metrics.append({name: value.detach() for name, value in out.metrics.items()})
             aux = router.take_aux() if router is not None else None
@@ -227,9 +262,13 @@ class _Trainer:
             self.router = RouterLoss(engine, RouterMeter(plan.model_config))
 
         self.manager = checkpointing.make_manager(
-            self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every
+            self.run_dir,
+            cfg.checkpoint.keep_last,
+            cfg.checkpoint.keep_every,
+            async_save=cfg.checkpoint.async_,
         )
         self.model_identity = plan.model_config.to_dict()
+        self.resolved: dict | None = None  # the resolved config, recorded in every checkpoint (resume())
         self.progress = Progress()
         self.last_saved: Path | None = None
         self.metrics = None  # opened by resume(), once a checkpoint asked for has loaded
@@ -251,25 +290,27 @@ class _Trainer:
         return float(value)
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def resume(self) -> None:
-        """Load the checkpoint ``--resume`` names, if any, and continue its step count and data."""
+    def resume(self, chosen, resolved: dict, review: dict) -> None:
+        """Load the checkpoint :func:`checkpointing.choose` picked (falling back to an older one when it
+        fails to load, with ``--resume auto``), apply and announce the config changes the resume policy
+        accepted, and continue its step count and data."""
         from llmtools.train import checkpointing
+        from llmtools.train import resume as policy
         from llmtools.train.metrics import build_metrics_logger
 
         plan, options = self.plan, self.options
-        path, client_state = checkpointing.resume(
-            self.manager,
-            self.engine,
-            options.resume,
-            model=self.model_identity,
-            tokenizer=plan.tokenizer,
-            expert_parallel=self.cfg.model.expert_parallel,
+        self.resolved = resolved
+        accepted, client_state = checkpointing.resume(
+            self.manager, self.engine, chosen, options.resume, resolved, **review
         )
+        if accepted is not None and self.rank == 0:  # accepted and loaded: the run folder now says so
+            for kept in write_resolved(plan, self.run_dir, resumed_step=accepted.step):
+                self.log(f"the previous config is kept as {kept}")
         # Only now: a --resume that fails leaves no metrics.jsonl, so the folder does not look like a run.
         self.metrics = build_metrics_logger(
             self.run_dir, self.rank, tensorboard=options.tensorboard or self.cfg.logging.tensorboard
         )
-        if not client_state:
+        if accepted is None:
             _event(
                 self.metrics,
                 0,
@@ -284,28 +325,22 @@ class _Trainer:
             int(client_state.get("consumed_tokens", 0)),
         )
         plan.task.load_state_dict(client_state.get("task_state") or {})
-        self._check_data(path, client_state.get("data_fingerprint"))
-        self.log(
-            f"resumed from {path} at step {self.progress.step} ({self.progress.consumed_samples} samples)"
-        )
-        _event(self.metrics, self.progress.step, "resume", f"resumed from {path}")
-
-    def _check_data(self, path: Path, saved: str | None) -> None:
-        """Resuming on other data than the checkpoint's would silently change the run; refuse it unless
-        ``--reset-data`` asks to keep the step count and schedule and start the new data from its beginning."""
-        current = _data_fingerprint(self.plan)
-        if self.options.reset_data:
+        if options.reset_data:
             self.progress.consumed_samples = 0
             self.log(
                 f"--reset-data: step {self.progress.step} and the schedule continue; "
                 "the data starts from its beginning"
             )
-        elif saved is not None and saved != current:
-            raise InputError(
-                f"{path}/meta.json[data]: the checkpoint was trained on data {saved}, the config "
-                f"now has {current}; pass --reset-data to continue the step count and schedule "
-                "on the new data from its beginning"
-            )
+        path, step = accepted.path, self.progress.step
+        self.log(f"resumed from {path} at step {step} ({self.progress.consumed_samples} samples)")
+        _event(self.metrics, step, "resume", f"resumed from {path}")
+        notes = policy.apply(self.engine, accepted.changes, self.cfg)
+        for change in accepted.changes:
+            self.log(f"resume: {change.describe()}", always=True)
+            _event(self.metrics, step, "config_change", change.describe(), key=change.key, old=change.old,
+                   new=change.new)  # fmt: skip
+        for note in notes:
+            self.log(f"resume: {note}", always=True)
 
     def client_state(self) -> dict[str, Any]:
         cfg, plan = self.cfg, self.plan
@@ -317,6 +352,7 @@ class _Trainer:
             "model": self.model_identity,
             "tokenizer": plan.tokenizer,
             "data_fingerprint": _data_fingerprint(plan),
+            "config": self.resolved,  # what a resume compares its config with
             # llm-ckpt convert merges the adapters (or writes them alone) from this record
             "lora": cfg.lora.to_dict() if cfg.lora is not None else None,
             "task_state": plan.task.state_dict(),
@@ -324,14 +360,35 @@ class _Trainer:
             "expert_parallel": cfg.model.expert_parallel,
         }
 
-    def save(self) -> Path:
+    def save(self, blocking: bool | None = None) -> Path:
+        """Save this step (in the background with ``checkpoint.async`` unless ``blocking``)."""
         from llmtools.train import checkpointing
 
+        self.finish_background_save()  # at most one in flight: the previous one commits first
         step = self.progress.step
-        self.last_saved = checkpointing.save(self.manager, self.engine, step, self.client_state())
-        _event(self.metrics, step, "checkpoint", str(self.last_saved))
-        self.log(f"checkpoint {self.last_saved}")
+        self.last_saved = checkpointing.save(
+            self.manager, self.engine, step, self.client_state(), blocking=blocking
+        )
+        if self.manager.in_flight == self.last_saved:
+            self.log(f"checkpoint {self.last_saved}: writing in the background")
+        else:
+            self._committed(self.last_saved)
         return self.last_saved
+
+    def poll_background_save(self) -> None:
+        """Commit the background save once every rank has written it (one tiny all-reduce per step)."""
+        if self.manager.in_flight is not None and (done := self.manager.poll()) is not None:
+            self._committed(done)
+
+    def finish_background_save(self) -> None:
+        if self.manager.in_flight is not None:
+            self._committed(self.manager.wait())
+
+    def _committed(self, folder: Path) -> None:
+        from llmtools.ckpt import layout
+
+        _event(self.metrics, layout.parse_step(folder.name), "checkpoint", str(folder))
+        self.log(f"checkpoint {folder}")
 
     def _checkpoint_due(self) -> bool:
         step, c = self.progress.step, self.cfg.checkpoint
@@ -385,12 +442,17 @@ class _Trainer:
                     result.eval_loss = self.evaluate()
                 if self._checkpoint_due():
                     self.save()
+                else:
+                    self.poll_background_save()
+                # Every rank must agree to stop (one all-reduce): a rank whose peer is gone fails here,
+                # before any collective save is attempted, and is reported as a lost peer.
                 if stop.should_stop():
                     self._stop_on_signal(stop, resume_command())
                     result.stopped = stop.signal_name
                     break
         finally:
             stop.restore()
+        self.finish_background_save()
         result.checkpoint = self.last_saved
         self.metrics.close()
         return result
@@ -540,7 +602,7 @@ class _Trainer:
             reason = "health.nan_action=stop" if gate.reason == "nan" else "health.spike_action=stop"
         else:
             reason = f"{gate.consecutive_skips} consecutive skipped steps (health.max_skips)"
-        saved = self.save()
+        saved = self.save(blocking=True)
         _event(self.metrics, step, "stop", f"stopped at step {step}: {reason}; checkpoint {saved}")
         self.metrics.close()
         raise RuntimeFailure(
@@ -576,8 +638,9 @@ class _Trainer:
     def _stop_on_signal(self, stop, command: str) -> None:
         """A signal asked to stop: make sure this step is saved, say how to resume."""
         step = self.progress.step
+        self.finish_background_save()  # the write in flight first
         if self.last_saved is None or self.last_saved.name != f"step_{step:08d}":
-            self.save()
+            self.save(blocking=True)
         _event(
             self.metrics,
             step,
@@ -587,13 +650,26 @@ class _Trainer:
         self.log(stop.resume_hint(command, str(self.last_saved)), always=True)
 
 
-def _train(plan: TrainPlan, options: RunOptions, dist_info) -> RunResult:
+def _train(plan: TrainPlan, options: RunOptions, dist_info, watch) -> RunResult:
+    from llmtools.train import checkpointing
+
     _quiet_deepspeed()
     if dist_info.rank == 0:
         options.run_dir.mkdir(parents=True, exist_ok=True)
-        write_resolved(plan, options.run_dir)
+        if options.force and options.resume is None:
+            clear_run_dir(options.run_dir)  # --force starts over: only now, with the folder locked
         for warning in plan.warnings:
             log0(f"warning: {warning}", dist_info.rank)
+    # The checkpoint to resume from and the resume policy's verdict, before the engine costs anything:
+    # a refused change exits without writing (config.yaml included; it is written once a resume loads).
+    manager = checkpointing.make_manager(
+        options.run_dir, plan.config.checkpoint.keep_last, plan.config.checkpoint.keep_every
+    )
+    resolved, review = resolved_config(plan), _review_options(plan, options)
+    chosen = checkpointing.choose(manager, options.resume, resolved, **review)
+    if chosen is None and dist_info.rank == 0:
+        write_resolved(plan, options.run_dir)
     trainer = _Trainer(plan, options, dist_info)
-    trainer.resume()
+    trainer.resume(chosen, resolved, review)
+    watch.progress = trainer.progress  # from here on, a lost peer is reported at the step in progress
     return trainer.run()

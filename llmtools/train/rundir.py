@@ -1,41 +1,80 @@
-"""The run folder: refuse to train over an existing run, and record the fully resolved configs."""
+"""The run folder: one writer at a time, no training over an existing run, the fully resolved configs.
+
+``RUN/run.lock`` (:mod:`llmtools.locks`) is held by rank 0 for the whole run, so a second ``llm-train`` on
+the same folder (a requeued job racing the old one) exits 2 naming the holder before it writes anything.
+``config.yaml`` and ``ds_config.json`` are written when a fresh run starts, or once a resume has been
+accepted (:mod:`llmtools.train.resume`); a previous version that differs is kept as ``config.<step>.yaml``
+(``ds_config.<step>.json``), the step being the one the run resumed from.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from llmtools.errors import UsageError
 from llmtools.fsutil import write_text_atomic
 from llmtools.train.plan import TrainPlan
 
+RUN_FILES = ("metrics.jsonl", "config.yaml", "ds_config.json")
+RUN_FOLDERS = ("checkpoints", "tensorboard")
+
 
 def prepare_run_dir(run_dir: Path, resume: str | None, force: bool, rank: int = 0) -> None:
-    """Refuse to train over an existing run unless resuming (or --force, which starts over: rank 0 clears).
-
-    Every rank checks, so a refusal stops every rank alike (no rank is left waiting for the others).
-    """
-    if force and rank != 0:
-        return
+    """Refuse to train over an existing run unless resuming or --force (which starts over: see
+    :func:`clear_run_dir`). Reads only; every rank checks, so a refusal stops every rank alike."""
+    del rank  # every rank decides alike
     existing = [run_dir / name for name in ("metrics.jsonl", "checkpoints") if (run_dir / name).exists()]
-    if existing and resume is None:
-        if not force:
-            raise UsageError(
-                f"{run_dir}: already holds a run ({existing[0].name}); --resume auto continues it, "
-                "--force starts over, -o picks another folder"
-            )
-        import shutil
-
-        for name in ("metrics.jsonl", "config.yaml", "ds_config.json"):
-            (run_dir / name).unlink(missing_ok=True)
-        for name in ("checkpoints", "tensorboard"):
-            shutil.rmtree(run_dir / name, ignore_errors=True)
+    if existing and resume is None and not force:
+        raise UsageError(
+            f"{run_dir}: already holds a run ({existing[0].name}); --resume auto continues it, "
+            "--force starts over, -o picks another folder"
+        )
 
 
-def write_resolved(plan: TrainPlan, run_dir: Path) -> None:
-    """RUN/config.yaml (the fully resolved train config) and RUN/ds_config.json."""
-    import yaml
+def clear_run_dir(run_dir: Path) -> None:
+    """--force without --resume: remove the earlier run's files (rank 0, with the run folder locked)."""
+    import shutil
 
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    for pattern in ("config.*.yaml", "ds_config.*.json"):
+        for kept in run_dir.glob(pattern):
+            kept.unlink(missing_ok=True)
+    for name in RUN_FOLDERS:
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def locked_run_dir(run_dir: Path, rank: int) -> Iterator[None]:
+    """Hold ``RUN/run.lock`` on rank 0 for the block; every rank raises alike when another run holds it.
+
+    Call with the process group up (rank 0's outcome is broadcast), before anything is written.
+    """
+    from llmtools.ckpt import dist
+    from llmtools.locks import LockHeld, acquire, run_lock_path
+
+    lock, refusal = None, None
+    if rank == 0:
+        try:
+            lock = acquire(run_lock_path(run_dir), run_dir)
+        except LockHeld as held:
+            refusal = str(held)
+    refusal = dist.broadcast(refusal)
+    if refusal is not None:
+        raise UsageError(refusal)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def resolved_config(plan: TrainPlan) -> dict:
+    """The fully resolved train config (what RUN/config.yaml holds, and each checkpoint's meta.json)."""
     resolved = plan.config.to_dict()
     resolved["model"] = {
         "preset": plan.config.model.preset,
@@ -58,7 +97,51 @@ def write_resolved(plan: TrainPlan, run_dir: Path) -> None:
         "num_parameters": plan.model_config.num_parameters(),
         "tokenizer": plan.tokenizer,
         "config_hash": plan.config.fingerprint(),
+        # The sample plan's identity (a mix's hash and split): a resume on another plan is refused.
+        "data_plan": getattr(plan.train_data, "fingerprint", None) or None,
     }
+    return resolved
+
+
+def write_resolved(plan: TrainPlan, run_dir: Path, resumed_step: int | None = None) -> list[Path]:
+    """RUN/config.yaml and RUN/ds_config.json; returns the earlier versions kept (config.<step>.yaml ...)."""
+    import yaml
+
+    body = yaml.safe_dump(resolved_config(plan), sort_keys=False)
     header = f"# written by llm-train from {plan.config.source}; every default filled in\n"
-    write_text_atomic(run_dir / "config.yaml", header + yaml.safe_dump(resolved, sort_keys=False))
-    write_text_atomic(run_dir / "ds_config.json", json.dumps(plan.ds_config, indent=2) + "\n")
+    kept = []
+    for name, text, strip in (
+        ("config.yaml", header + body, True),
+        ("ds_config.json", json.dumps(plan.ds_config, indent=2) + "\n", False),
+    ):
+        path = run_dir / name
+        if resumed_step is not None:
+            previous = _keep_previous(path, text, resumed_step, strip)
+            if previous is not None:
+                kept.append(previous)
+        write_text_atomic(path, text)
+    return kept
+
+
+def _keep_previous(path: Path, text: str, step: int, strip_header: bool) -> Path | None:
+    """Copy ``path`` to ``NAME.<step>.EXT`` when what replaces it differs (the header aside)."""
+    try:
+        old = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+
+    def content(value: str) -> str:
+        if strip_header:
+            value = "\n".join(line for line in value.splitlines() if not line.startswith("#"))
+        return value.strip()
+
+    if content(old) == content(text):
+        return None
+    stem, ext = os.path.splitext(path.name)
+    target = path.with_name(f"{stem}.{step}{ext}")
+    n = 2
+    while target.exists():  # resumed from the same step before: keep every version
+        target = path.with_name(f"{stem}.{step}-{n}{ext}")
+        n += 1
+    write_text_atomic(target, old)
+    return target

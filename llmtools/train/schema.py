@@ -72,7 +72,7 @@ def train_config_schema() -> dict:
                 entry["default"] = f.default
             elif f.default_factory is not dataclasses.MISSING:
                 entry["default"] = f.default_factory()
-            fields[f.name] = entry
+            fields[config_module.config_key(f)] = entry
         description = " ".join((cls.__doc__ or "").split())
         if name == "model":
             description += " Any other key is a ModelConfig field (Hugging Face Llama/Qwen3/Qwen3-MoE/Mixtral names) overriding the preset."

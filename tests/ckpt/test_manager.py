@@ -258,3 +258,107 @@ def test_stop_requested_by_signal_and_restored():
             os.kill(os.getpid(), signal.SIGINT)
     argv = ["/x/bin/llm-train", "c.yaml", "--resume", "3", "--force", "-o", "run dir", "--reset-data"]
     assert resume_command(argv) == "llm-train c.yaml -o 'run dir'"
+
+
+# ---------------------------------------------------------------------------------------- background saves
+@pytest.mark.parametrize("zero", [1, 3])
+def test_a_background_save_equals_a_synchronous_one(tmp_path, ds_world, zero):
+    """The staged copy is the state at the save, even though training changes the live tensors right away:
+    every file of the background checkpoint holds what the synchronous one holds."""
+    import torch
+
+    # No dropout: two engines in one process draw from one RNG stream.
+    sync_engine, async_engine = (worker.build_engine(zero, dropout=0.0) for _ in range(2))
+    sync = CheckpointManager(tmp_path / "sync")
+    background = CheckpointManager(tmp_path / "async", async_save=True)
+    for step in range(1, 7):
+        worker.train_step(sync_engine, step)
+        worker.train_step(async_engine, step)
+        if step % 2 == 0:
+            sync.save(sync_engine, step, worker.client_state(step))
+            folder = background.save(async_engine, step, worker.client_state(step))
+            assert background.in_flight == folder and not folder.exists()  # not committed yet
+        else:
+            background.poll()
+    assert background.wait() == tmp_path / "async" / "checkpoints" / "step_00000006"
+    assert background.in_flight is None and not layout.leftovers(tmp_path / "async" / "checkpoints")
+    for step in (2, 4, 6):
+        a, b = (
+            root / "checkpoints" / layout.step_name(step) for root in (tmp_path / "sync", tmp_path / "async")
+        )
+        assert verify(b).ok, verify(b).problems
+        assert read_meta(a)["files"].keys() == read_meta(b)["files"].keys()
+        for name in read_meta(a)["files"]:
+            if not name.startswith("rng_"):  # two engines in one process draw from one RNG stream
+                _assert_same(
+                    torch.load(a / name, weights_only=False), torch.load(b / name, weights_only=False), name
+                )
+
+
+def _assert_same(x, y, where: str) -> None:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        assert isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y), where
+    elif isinstance(x, dict):
+        assert x.keys() == y.keys(), where
+        for key in x:
+            _assert_same(x[key], y[key], f"{where}[{key}]")
+    elif isinstance(x, (list, tuple)):
+        assert len(x) == len(y), where
+        for i, (u, v) in enumerate(zip(x, y, strict=True)):
+            _assert_same(u, v, f"{where}[{i}]")
+    elif hasattr(x, "__dict__") and type(x).__eq__ is object.__eq__:  # e.g. DeepSpeed's loss scaler
+        assert type(x) is type(y), where
+        _assert_same(vars(x), vars(y), where)
+    else:
+        assert x == y, where
+
+
+def test_at_most_one_background_save_in_flight(tmp_path, ds_world):
+    engine = worker.build_engine(1)
+    manager = CheckpointManager(tmp_path / "run", async_save=True)
+    worker.train_step(engine, 1)
+    first = manager.save(engine, 1, worker.client_state(1))
+    worker.train_step(engine, 2)
+    second = manager.save(engine, 2, worker.client_state(2))  # commits the first before staging the second
+    assert first.is_dir() and verify(first).ok and manager.in_flight == second
+    assert manager.save(
+        engine, 3, worker.client_state(3), blocking=True
+    ) == tmp_path / "run" / "checkpoints" / ("step_00000003")
+    assert manager.in_flight is None and _steps(tmp_path / "run") == [1, 2, 3]
+
+
+def test_a_failed_background_write_is_reported_and_commits_nothing(tmp_path, ds_world, monkeypatch):
+    from llmtools.ckpt import writer
+    from llmtools.errors import RuntimeFailure
+
+    engine = worker.build_engine(1)
+    manager = CheckpointManager(tmp_path / "run", async_save=True)
+    worker.train_step(engine, 1)
+    manager.save(engine, 1, worker.client_state(1), blocking=True)
+
+    def disk_full(obj, path):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(writer, "write_file", disk_full)
+    worker.train_step(engine, 2)
+    manager.save(engine, 2, worker.client_state(2))
+    with pytest.raises(RuntimeFailure, match=r"checkpoint of step 2 not saved .*No space left on device"):
+        manager.wait()
+    assert _steps(tmp_path / "run") == [1]
+    assert manager.resolve("auto").name == "step_00000001"
+
+
+def test_staging_copies_and_reuses_its_buffers():
+    import torch
+
+    from llmtools.ckpt.writer import stage
+
+    live = {"w": torch.ones(3), "nested": [torch.zeros(2), 5, "x"], "t": (torch.arange(2),)}
+    first = stage(live)
+    live["w"].add_(1)
+    assert first["w"].tolist() == [1.0, 1.0, 1.0]  # a copy, not a view
+    second = stage(live, reuse=first)
+    assert second["w"] is first["w"] and second["w"].tolist() == [2.0, 2.0, 2.0]  # same buffer, refilled
+    assert second["nested"][1:] == [5, "x"] and isinstance(second["t"], tuple)

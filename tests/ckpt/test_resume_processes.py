@@ -124,14 +124,15 @@ def test_world_size_2_to_1(w2_results, tmp_path, zero):
 
 # ---------------------------------------------------------------------------------------- kill -9
 def test_kill9_at_any_point_then_resume_auto_is_bitwise_exact(tmp_path, ds_world):
-    """Kill inside a save (three places), and at a random moment; --resume auto each time; then finish.
+    """Kill inside a save (three places), and at a random moment; --resume auto each time; then the same
+    with background saves (killed while the background thread writes, and at a random moment); then finish.
 
     Every recorded loss equals the uninterrupted run's for its step, the final weights are bitwise equal,
     and no kill ever left a committed checkpoint folder that fails verification.
     """
     import torch
 
-    steps = 10
+    steps = 14
     reference_losses, reference_weights = worker.reference_run(
         2, str(tmp_path / "ref"), steps=steps, save_at=-1, dropout=0.1
     )
@@ -157,11 +158,13 @@ def test_kill9_at_any_point_then_resume_auto_is_bitwise_exact(tmp_path, ds_world
     ]
     seed = random.randrange(10**6)
     rng = random.Random(seed)
-    for crash in ("4:hash", "6:rename", "8:latest", "random"):
+    for crash in ("4:hash", "6:rename", "8:latest", "random", "10:write async", "random async"):
+        crash, *mode = crash.split()
+        command = [*base, "--async"] if mode else base
         if crash == "random":
             before = len(_losses(run / "losses.txt"))
             proc = subprocess.Popen(
-                [*base, "--step-sleep", "0.15"],
+                [*command, "--step-sleep", "0.15"],
                 env=_env(),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -175,7 +178,9 @@ def test_kill9_at_any_point_then_resume_auto_is_bitwise_exact(tmp_path, ds_world
             proc.send_signal(signal.SIGKILL)
             assert proc.wait(timeout=60) in (-signal.SIGKILL, 0)
         else:
-            done = subprocess.run([*base, "--crash-at", crash], env=_env(), capture_output=True, timeout=300)
+            done = subprocess.run(
+                [*command, "--crash-at", crash], env=_env(), capture_output=True, timeout=300
+            )
             assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
         ckpt_dir = run / "checkpoints"
         for _step, folder in layout.list_checkpoints(ckpt_dir):
@@ -191,15 +196,20 @@ def test_kill9_at_any_point_then_resume_auto_is_bitwise_exact(tmp_path, ds_world
 
 
 # ---------------------------------------------------------------------------------------- SIGTERM
-def test_sigterm_saves_exits_0_and_resume_continues_exactly(tmp_path, ds_world):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_sigterm_saves_exits_0_and_resume_continues_exactly(tmp_path, ds_world, mode):
+    """SIGTERM: finish the step, save, exit 0; with background saves (one every step) the write in flight
+    is finished and committed first, and nothing is left half-written."""
     import torch
 
     run = tmp_path / "run"
     run.mkdir()
+    background = ["--async", "--save-every", "1"] if mode == "async" else []
     proc = subprocess.Popen(
         [
             sys.executable,
             WORKER,
+            *background,
             "--run-dir",
             str(run),
             "--zero",
@@ -227,6 +237,7 @@ def test_sigterm_saves_exits_0_and_resume_continues_exactly(tmp_path, ds_world):
     assert stopped_at < 200
     saved = CheckpointManager(run).resolve("auto")
     assert saved is not None and saved.name == layout.step_name(stopped_at)
+    assert not layout.leftovers(run / "checkpoints")  # the write in flight was finished, not abandoned
     steps = stopped_at + 3
     losses, weights = worker.resumed_run(1, str(run), "auto", steps=steps, dropout=0.1)
     reference_losses, reference_weights = worker.reference_run(

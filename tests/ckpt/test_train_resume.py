@@ -204,3 +204,30 @@ def test_trainer_exact_resume_other_stages(byte_mix, tmp_path, stage, precision)
     a = _weights(tmp_path / "full" / "checkpoints" / "step_00000006")
     b = _weights(run / "checkpoints" / "step_00000006")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_background_saves_in_the_trainer_resume_exactly(byte_mix, uninterrupted, tmp_path):
+    """checkpoint.async: true through the loop: a background save every 3 steps (each committed while
+    training goes on), then a run resumed from one of them equals the uninterrupted synchronous run."""
+    import torch
+
+    full_run, full = uninterrupted
+    run = tmp_path / "run"
+    result = _train(byte_mix["mix"], run, checkpoint__save_every=3, **{"checkpoint__async": True})
+    assert result.losses == full.losses  # saving in the background changes nothing in training
+    events = [r for r in _records(run, "event") if r["event"] == "checkpoint"]
+    assert [e["step"] for e in events] == [3, 6, 9, 12]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == [
+        f"step_{s:08d}" for s in (3, 6, 9, 12)
+    ]
+    # The step-6 checkpoint written in the background resumes to the uninterrupted run, bitwise.
+    resumed_run = tmp_path / "resumed"
+    (resumed_run / "checkpoints").mkdir(parents=True)
+    shutil.copytree(run / "checkpoints" / "step_00000006", resumed_run / "checkpoints" / "step_00000006")
+    resumed = _train(byte_mix["mix"], resumed_run, resume="auto")
+    assert resumed.losses == full.losses[6:]
+    a, b = (
+        _weights(full_run / "checkpoints" / "step_00000012"),
+        _weights(resumed_run / "checkpoints" / "step_00000012"),
+    )
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

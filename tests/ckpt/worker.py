@@ -208,24 +208,35 @@ def llama_step(engine, step: int, seq: int = 12) -> float:
 
 def _install_crash(spec: str) -> None:
     """``STEP:PHASE``: SIGKILL this process inside the save of STEP, at PHASE:
-    hash (DeepSpeed's files written, meta.json not yet), rename (meta.json written, folder not yet renamed),
-    latest (renamed, ``latest`` not yet updated)."""
+    write (in the middle of writing its files: with --async, in the background thread while training goes
+    on), hash (every file written and hashed, meta.json not yet), rename (meta.json written, folder not yet
+    renamed), latest (renamed, ``latest`` not yet updated)."""
     import signal
 
     from llmtools.ckpt import manager as mod
+    from llmtools.ckpt import writer as writer_mod
 
     step_text, phase = spec.split(":")
     target = mod.layout.step_name(int(step_text))
-    names = {"hash": "file_manifest", "rename": "fsync_dir", "latest": "write_text_atomic"}
-    original = getattr(mod, names[phase])
+    module = writer_mod if phase == "write" else mod
+    names = {
+        "write": "write_file",
+        "hash": "atomic_file",
+        "rename": "fsync_dir",
+        "latest": "write_text_atomic",
+    }
+    original = getattr(module, names[phase])
 
     def wrapper(*args, **kwargs):
-        # hash and rename are called with a path inside / of the temporary folder; latest with its text
-        if target in str(args[1] if phase == "latest" else args[0]):
+        # write, hash and rename are called with a path inside / of the temporary folder; latest with its text
+        if target in str(args[1] if phase in ("latest", "write") else args[0]):
+            if phase == "write":  # half of a file on disk, then gone
+                with open(args[1], "wb") as handle:
+                    handle.write(b"PK" + bytes(1000))
             os.kill(os.getpid(), signal.SIGKILL)
         return original(*args, **kwargs)
 
-    setattr(mod, names[phase], wrapper)
+    setattr(module, names[phase], wrapper)
 
 
 def train(args, zero: int, run_dir: str, losses_path: str, weights_path: str) -> None:
@@ -238,7 +249,9 @@ def train(args, zero: int, run_dir: str, losses_path: str, weights_path: str) ->
     from llmtools.ckpt.signals import StopRequested
 
     engine = build_engine(zero, dropout=args.dropout)
-    manager = CheckpointManager(run_dir, keep_last=args.keep_last)
+    manager = CheckpointManager(
+        run_dir, keep_last=args.keep_last, async_save=getattr(args, "async_save", False)
+    )
     start = 0
     if args.resume:
         path = manager.resolve(args.resume)
@@ -257,10 +270,13 @@ def train(args, zero: int, run_dir: str, losses_path: str, weights_path: str) ->
                 time.sleep(args.step_sleep)
             stopping = stop.should_stop()
             if (args.save_every and step % args.save_every == 0) or stopping:
-                saved = manager.save(engine, step, client_state(step))
+                saved = manager.save(engine, step, client_state(step), blocking=True if stopping else None)
+            else:
+                manager.poll()
             if stopping:
                 print(stop.resume_hint("worker", str(saved)), file=sys.stderr)
                 break
+    manager.wait()
     weights = full_weights(engine)
     if weights_path and rank == 0:
         torch.save(weights, weights_path)
@@ -380,7 +396,10 @@ def main(argv=None) -> int:
     parser.add_argument("--losses", default="auto", help="file, or auto: RUN/losses.txt")
     parser.add_argument("--weights", default="auto", help="file, or auto: RUN/final.pt")
     parser.add_argument("--step-sleep", type=float, default=0.0)
-    parser.add_argument("--crash-at", default="", help="STEP:hash|rename|latest - SIGKILL inside that save")
+    parser.add_argument(
+        "--crash-at", default="", help="STEP:write|hash|rename|latest - SIGKILL inside that save"
+    )
+    parser.add_argument("--async", dest="async_save", action="store_true", help="background saves")
     parser.add_argument("--matrix", action="store_true")
     parser.add_argument("--out", default="")
     parser.add_argument("--scenario", action="store_true")

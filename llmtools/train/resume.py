@@ -1,0 +1,349 @@
+"""Resuming a run: which config keys may change between two runs, which may not, and applying the changes.
+
+A resumed run is the run it claims to be. Its config is compared key by key with the one its checkpoint
+was trained with (``meta.json[config]``); every difference is looked up in :data:`POLICY`:
+
+- ``apply``: the new value is used from the first resumed step on, and announced on stderr and as a
+  ``config_change`` event in ``metrics.jsonl``;
+- ``reset-data``: allowed only with ``--reset-data`` (the data position belongs to the old data);
+- ``reshard``: allowed only with ``--reshard`` (the optimizer state goes through a DeepSpeed universal
+  checkpoint);
+- ``never``: refused, whatever the flags;
+- ``derived``: not compared (it follows from other keys).
+
+A refusal is an :class:`~llmtools.errors.InputError` (exit 2) naming the key, both values and the flag that
+would allow it, raised before anything is written to the run folder.
+
+The learning rate after a change of ``optimizer.lr`` or ``schedule.*``: the schedule is a function of the
+step, ``lr(s) = optimizer.lr x factor(s)`` (:mod:`llmtools.train.schedule`); a resumed run continues at
+its step on the *new* function. The first resumed step ``s + 1`` uses ``new_lr x new_factor(s + 1)``, so a
+new peak scales the rest of the curve and a new shape (kind, warmup, total_steps, ...) is joined where it
+stands at that step; nothing is re-warmed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmtools.errors import InputError
+
+APPLY, RESET_DATA, RESHARD, NEVER, DERIVED = "apply", "reset-data", "reshard", "never", "derived"
+
+# What a refused key says the user can do instead.
+NEW_RUN = "start a new run from these weights, -o NEW_RUN --init-from {checkpoint}"
+OTHER_RUN = "train it as a new run, -o NEW_RUN"
+
+# ZeRO stages DeepSpeed's universal checkpoint converts between (it refuses ZeRO-0 and ZeRO-3 here).
+RESHARDABLE_STAGES = {1, 2}
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str
+    note: str  # how an applied change takes effect, or why a change is refused
+    way: str = ""  # for ``never``: what to do instead
+
+
+# Looked up by the exact key first, then by ``section.*``. Every config key must be covered
+# (tests/writer/test_resume_policy.py checks it), so a new key forces a decision here.
+POLICY: dict[str, Rule] = {
+    "model.preset": Rule(DERIVED, "a name; the model's fields are compared one by one"),
+    "model.init_from": Rule(APPLY, "no effect on a resumed run: its weights come from the checkpoint"),
+    "model.expert_parallel": Rule(
+        APPLY, "DeepSpeed's universal conversion re-spreads the experts over the new groups"
+    ),
+    "model.initializer_range": Rule(
+        APPLY, "no effect on a resumed run: its weights come from the checkpoint"
+    ),
+    "model.router_aux_loss_coef": Rule(
+        APPLY, "the router's auxiliary loss weighs this from the next step on"
+    ),
+    "model.router_z_loss_coef": Rule(APPLY, "the router's z-loss weighs this from the next step on"),
+    "model.*": Rule(NEVER, "a different model cannot continue this checkpoint", OTHER_RUN),
+    "tokenizer": Rule(NEVER, "token ids would mean something else (a different tokenizer)", OTHER_RUN),
+    "data.cache_dir": Rule(APPLY, "only where the sample-index cache is kept"),
+    "data.plan": Rule(RESET_DATA, "another sample plan under this data"),
+    "data.*": Rule(RESET_DATA, "the data position belongs to the old data"),
+    "training.train_steps": Rule(APPLY, "the run now ends at this step"),
+    "training.train_tokens": Rule(APPLY, "the run now ends after this many tokens"),
+    "training.micro_batch_size": Rule(APPLY, "same samples per step, another accumulation"),
+    "training.global_batch_size": Rule(
+        NEVER, "the data position and the schedule are counted in batches of the old size", NEW_RUN
+    ),
+    "training.precision": Rule(NEVER, "the optimizer state was saved in the old precision's layout", NEW_RUN),
+    "training.clip_grad": Rule(APPLY, "set in the optimizer from the next step on"),
+    "training.seed": Rule(RESET_DATA, "the RNG streams restart from the new seed"),
+    "training.activation_checkpointing": Rule(APPLY, "same results, other memory and speed"),
+    "optimizer.name": Rule(NEVER, "the optimizer state belongs to the old optimizer", NEW_RUN),
+    "optimizer.lr": Rule(APPLY, "the schedule continues at this step with the new peak"),
+    "optimizer.betas": Rule(APPLY, "set in the optimizer from the next step on; its moments are kept"),
+    "optimizer.eps": Rule(APPLY, "set in the optimizer from the next step on"),
+    "optimizer.weight_decay": Rule(APPLY, "set for the decayed parameters from the next step on"),
+    "schedule.*": Rule(APPLY, "the learning rate follows the new curve from this step on"),
+    "eval.*": Rule(APPLY, "from the next step on"),
+    "logging.*": Rule(APPLY, "from the next step on"),
+    "checkpoint.*": Rule(APPLY, "from the next step on"),
+    "health.*": Rule(APPLY, "from the next step on"),
+    "distributed.*": Rule(APPLY, "the process groups of this run use it"),
+    "task": Rule(NEVER, "another training task", OTHER_RUN),
+    "lora": Rule(NEVER, "other adapters than the checkpoint holds", OTHER_RUN),
+    "world_size": Rule(
+        APPLY, "resharded through a DeepSpeed universal checkpoint; RNG streams are not restored"
+    ),
+    "zero_optimization.stage": Rule(RESHARD, "the optimizer state is partitioned for the old stage"),
+}
+
+_FLAGS = {
+    RESET_DATA: "pass --reset-data to continue the step count and schedule on the new data from its beginning",
+    RESHARD: "pass --reshard to convert the optimizer state through a DeepSpeed universal checkpoint",
+}
+_SECTIONS = (
+    "model", "data", "training", "optimizer", "schedule", "eval", "logging", "checkpoint", "health", "distributed"
+)
+_TOKENIZER_IDENTITY = ("hash", "vocab_size", "eod_id")
+
+
+def rule_for(key: str) -> Rule:
+    if key in POLICY:
+        return POLICY[key]
+    section = key.split(".", 1)[0]
+    if f"{section}.*" in POLICY:
+        return POLICY[f"{section}.*"]
+    return Rule(NEVER, "not covered by the resume policy", OTHER_RUN)
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    old: Any
+    new: Any
+    rule: Rule
+
+    def describe(self) -> str:
+        return f"{self.key}: {_show(self.old)} -> {_show(self.new)} ({self.rule.note})"
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else repr(value)
+
+
+# ------------------------------------------------------------------------------------------ views
+def _model_fields(model: dict) -> dict:
+    """Every model field with derived ones filled in, so both sides compare alike."""
+    from llmtools.model.presets import load_model_config
+
+    fields = {k: v for k, v in model.items() if k not in ("preset", "init_from")}
+    try:
+        fields = load_model_config(dict(fields)).to_dict(full=True)
+    except Exception:  # noqa: BLE001 - not a complete model config: compare the fields as given
+        pass
+    return {**{k: model[k] for k in ("preset", "init_from") if k in model}, **fields}
+
+
+def view(resolved: dict) -> dict[str, Any]:
+    """A resolved config (RUN/config.yaml, meta.json[config]) as ``key -> value`` for comparison."""
+    out: dict[str, Any] = {}
+    for section, value in resolved.items():
+        if section == "resolved":
+            continue
+        if section in _SECTIONS and isinstance(value, dict):
+            if section == "model":
+                # expert_parallel is left out of a config that does not set it: None then, not unknown
+                value = {"expert_parallel": None, **_model_fields(value)}
+            for key, item in value.items():
+                out[f"{section}.{key}"] = item
+        else:
+            out[section] = value
+    extra = resolved.get("resolved") or {}
+    if "world_size" in extra:
+        out["world_size"] = extra["world_size"]
+    if "zero_stage" in extra:
+        out["zero_optimization.stage"] = extra["zero_stage"]
+    tokenizer = extra.get("tokenizer")
+    if isinstance(tokenizer, dict):
+        out["tokenizer"] = {k: tokenizer.get(k) for k in _TOKENIZER_IDENTITY if k in tokenizer}
+    if extra.get("data_plan") is not None:
+        out["data.plan"] = extra["data_plan"]
+    return out
+
+
+def saved_view(meta: dict) -> dict[str, Any]:
+    """What a checkpoint was trained with: meta.json[config], or what older checkpoints recorded."""
+    config = meta.get("config")
+    if isinstance(config, dict):
+        saved = view(config)
+    else:  # saved before meta.json carried the config: the few keys it has
+        resolved: dict[str, Any] = {
+            "world_size": meta.get("world_size"),
+            "zero_stage": meta.get("zero_stage"),
+            "tokenizer": meta.get("tokenizer"),
+        }
+        raw: dict[str, Any] = {"training": {"precision": meta.get("precision")}, "resolved": resolved}
+        if isinstance(meta.get("model"), dict):
+            raw["model"] = dict(meta["model"])
+        fingerprint = (meta.get("data") or {}).get("fingerprint")
+        try:
+            raw["data"] = json.loads(fingerprint) if isinstance(fingerprint, str) else None
+        except ValueError:
+            raw["data"] = None
+        if not isinstance(raw["data"], dict):
+            raw.pop("data")
+        saved = {k: v for k, v in view(raw).items() if v is not None}
+    plan = (meta.get("data") or {}).get("plan")
+    if plan is not None:
+        saved["data.plan"] = plan
+    if "expert_parallel" in meta:  # the layout the files were written in, whatever the config said
+        saved["model.expert_parallel"] = meta["expert_parallel"]
+    return saved
+
+
+# ------------------------------------------------------------------------------------------ review
+def review(
+    meta: dict,
+    checkpoint: str | Path,
+    current: dict,
+    *,
+    reset_data: bool = False,
+    reshard: bool = False,
+    own_scheduler: bool = False,
+) -> list[Change]:
+    """Compare the checkpoint's config with ``current`` (a resolved config); the changes to apply, or
+    InputError for the first refused one (naming the key, both values and what would allow it)."""
+    where = Path(checkpoint) / "meta.json"
+    saved, now = saved_view(meta), view(current)
+    if "data.plan" in saved and "data.plan" not in now:
+        now["data.plan"] = None  # the run no longer reads a plan with an identity (prefixes, or none yet)
+    changes, refused = [], []
+    for key in sorted((k for k in now if k in saved), key=_order):  # stable: the config's own order within
+        if saved[key] == now[key]:
+            continue
+        rule = rule_for(key)
+        if rule.kind == DERIVED:
+            continue
+        change = Change(key, saved[key], now[key], rule)
+        allowed = (
+            rule.kind == APPLY
+            or (rule.kind == RESET_DATA and reset_data)
+            or (rule.kind == RESHARD and reshard)
+        )
+        (changes if allowed else refused).append(change)
+    if refused:
+        first, rest = refused[0], refused[1:]
+        also = f" (and {len(rest)} more: {', '.join(c.key for c in rest)})" if rest else ""
+        raise InputError(
+            f"{where}[{first.key}]: checkpoint has {_show(first.old)}, the config has {_show(first.new)}; "
+            f"{first.rule.note} ({_way(first.rule, checkpoint)}){also}"
+        )
+    step = int(meta.get("step") or 0)
+    for change in changes:
+        _check_applicable(change, where, step, own_scheduler)
+    return changes
+
+
+def _order(key: str) -> int:
+    # Refusals name the most fundamental key first: the model's shape, the rest of the model, then the
+    # tokenizer, precision, data ...
+    from llmtools.model.config import SHAPE_FIELDS
+
+    if key.startswith("model.") and key[len("model.") :] in SHAPE_FIELDS:
+        return 0
+    first = (
+        "model.",
+        "tokenizer",
+        "task",
+        "lora",
+        "training.precision",
+        "zero_optimization",
+        "optimizer.name",
+    )
+    for rank, prefix in enumerate(first, start=1):
+        if key.startswith(prefix):
+            return rank
+    return len(first) + 1
+
+
+def _way(rule: Rule, checkpoint: str | Path) -> str:
+    if rule.kind in _FLAGS:
+        return _FLAGS[rule.kind]
+    return "no flag allows it: " + rule.way.format(checkpoint=checkpoint)
+
+
+def _check_applicable(change: Change, where: Path, step: int, own_scheduler: bool) -> None:
+    key = change.key
+    if key == "model.expert_parallel" and (change.old is None) != (change.new is None):
+        path = where.parent
+        if change.old is None:
+            raise InputError(
+                f"{where}[{key}]: saved without expert parallelism, and this run sets model.expert_parallel="
+                f"{change.new}; resume it without (or start from its weights: model.init_from {path})"
+            )
+        raise InputError(
+            f"{where}[{key}]: saved with model.expert_parallel={change.old} (DeepSpeed's expert-parallel layout); "
+            "set model.expert_parallel to resume it (any value dividing the world size), or start from its "
+            f"weights: llm-ckpt convert {path} --to hf, then model.init_from"
+        )
+    if key == "zero_optimization.stage" and not {change.old, change.new} <= RESHARDABLE_STAGES:
+        raise InputError(
+            f"{where}[{key}]: checkpoint has {change.old!r}, the config has {change.new!r}; --reshard converts "
+            f"between ZeRO-1 and ZeRO-2 only (DeepSpeed's universal checkpoint): keep ZeRO-{change.old}, "
+            f"or {NEW_RUN.format(checkpoint=where.parent)}"
+        )
+    if key == "training.train_steps" and isinstance(change.new, int) and change.new <= step:
+        raise InputError(
+            f"{where}[{key}]: the checkpoint is at step {step}, the config now ends at step {change.new}: "
+            f"nothing to train (raise training.train_steps above {step})"
+        )
+    if own_scheduler and (key == "optimizer.lr" or key.startswith("schedule.")):
+        raise InputError(
+            f"{where}[{key}]: checkpoint has {_show(change.old)}, the config has {_show(change.new)}; the "
+            "DeepSpeed config's own scheduler keeps its state in the checkpoint and cannot take a new value "
+            "(remove 'scheduler' from the DeepSpeed config to use the train config's schedule)"
+        )
+
+
+# ------------------------------------------------------------------------------------------ apply
+def apply(engine, changes: list[Change], config) -> list[str]:
+    """Put the changed optimizer and schedule values into the loaded engine; notes on what moved.
+
+    Everything else the loop reads from the new config by itself (steps, cadences, clipping through the
+    DeepSpeed config, the data with --reset-data).
+    """
+    keys = {c.key for c in changes}
+    notes: list[str] = []
+    optimizer = engine.optimizer
+    groups = optimizer.param_groups
+    if keys & {"optimizer.betas", "optimizer.eps", "optimizer.weight_decay"}:
+        decayed = [g for g in groups if g.get("weight_decay", 0.0) != 0.0] or groups[:1]
+        for group in groups:
+            if "optimizer.betas" in keys and "betas" in group:
+                group["betas"] = tuple(config.optimizer.betas)
+            if "optimizer.eps" in keys and "eps" in group:
+                group["eps"] = config.optimizer.eps
+        if "optimizer.weight_decay" in keys:
+            for group in decayed:  # norms and biases keep no decay
+                group["weight_decay"] = config.optimizer.weight_decay
+    if "training.clip_grad" in keys and hasattr(optimizer, "clip_grad"):
+        # DeepSpeed's ZeRO-1/2 and bf16 optimizers take their clipping back from the checkpoint.
+        optimizer.clip_grad = config.training.clip_grad
+    if "optimizer.lr" in keys or any(k.startswith("schedule.") for k in keys):
+        scheduler = engine.lr_scheduler
+        before = [g["lr"] for g in scheduler.optimizer.param_groups]
+        # LambdaLR's lambdas were built from the new schedule; only its peak came back from the checkpoint.
+        scheduler.base_lrs = [config.optimizer.lr for _ in scheduler.base_lrs]
+        for group, fn, base in zip(
+            scheduler.optimizer.param_groups, scheduler.lr_lambdas, scheduler.base_lrs, strict=True
+        ):
+            group["initial_lr"] = base
+            group["lr"] = base * fn(scheduler.last_epoch)
+        scheduler._last_lr = [g["lr"] for g in scheduler.optimizer.param_groups]
+        step = scheduler.last_epoch + 1
+        notes.append(f"learning rate at step {step}: {before[0]:.6g} -> {scheduler._last_lr[0]:.6g}")
+    if "training.seed" in keys:
+        from llmtools.ckpt import rng
+
+        rng.seed_all(config.training.seed)
+        notes.append(f"RNG streams restarted from seed {config.training.seed}")
+    return notes
