@@ -316,3 +316,31 @@ def test_muon_refusals_name_the_setting(byte_data):
         make_plan(config_for(byte_data["mix"], "muon"), offload)
     plan = make_plan(config_for(byte_data["mix"], "lion"), {"zero_optimization": {"stage": 3}})
     assert plan.zero_stage == 3  # Lion is elementwise: stage 3 is fine
+
+
+def test_resume_policy_applies_muon_settings_to_muon_groups_only(byte_data):
+    """A resumed Muon run with a new momentum, muon_lr, lr or eps: each lands in the groups it belongs to."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from llmtools.train.optim import build_optimizer
+    from llmtools.train.resume import APPLY, Change, Rule, apply
+    from llmtools.train.schedule import build_lr_scheduler
+
+    old = config_for(byte_data["mix"], "muon", optimizer__lr=1e-3)
+    new = config_for(byte_data["mix"], "muon", optimizer__lr=2e-3, optimizer__muon_lr=0.02,
+                     optimizer__momentum=0.9, optimizer__eps=1e-6)  # fmt: skip
+    groups = [
+        {"params": [torch.nn.Parameter(torch.zeros(4, 4))], "weight_decay": 0.1, "muon": True},
+        {"params": [torch.nn.Parameter(torch.zeros(4))], "weight_decay": 0.0, "muon": False},
+    ]
+    optimizer = build_optimizer(old.optimizer, groups)
+    scheduler = build_lr_scheduler(optimizer, old.schedule, 20)
+    engine = SimpleNamespace(optimizer=optimizer, lr_scheduler=scheduler)
+    keys = ("optimizer.lr", "optimizer.muon_lr", "optimizer.momentum", "optimizer.eps")
+    apply(engine, [Change(k, None, None, Rule(APPLY, "")) for k in keys], new)
+    muon, adamw = optimizer.param_groups
+    assert muon["momentum"] == 0.9 and muon["eps"] == 1e-7 and "betas" not in muon  # Muon's own eps kept
+    assert adamw["eps"] == 1e-6 and "momentum" not in adamw
+    assert scheduler.base_lrs == [0.02, 2e-3]
