@@ -471,8 +471,8 @@ class _Trainer:
             losses, metrics = accumulate_and_update(
                 engine, plan, batches, gate, self.coalesce, self.own_norm, self.router
             )
-        except Exception:
-            self._stop_if_scale_collapsed()
+        except Exception as error:
+            self._stop_if_scale_collapsed(error)
             raise
         loss, self.step_metrics = step_means(losses, metrics, plan.task.metric_names, engine.device)
         self.step_norms = (self.norms.finish(engine.device) or {}) if self.norms is not None else {}
@@ -499,11 +499,11 @@ class _Trainer:
         scale = getattr(self.engine.optimizer, "loss_scale", None) if self.fp16 else None
         return None if scale is None else float(scale)
 
-    def _stop_if_scale_collapsed(self) -> None:
+    def _stop_if_scale_collapsed(self, error: Exception) -> None:
         """DeepSpeed raises when gradients overflow at the minimum loss scale: stop with the last good state
         (that step was not applied) and say what to change. Any other failure is left to propagate."""
         scale, floor = self.loss_scale(), self.cfg.fp16.min_loss_scale
-        if scale is None or scale > floor or self.cfg.fp16.loss_scale:
+        if scale is None or scale > floor or self.cfg.fp16.loss_scale or "scale" not in str(error).lower():
             return
         step = self.progress.step
         saved = self.save()

@@ -23,9 +23,11 @@ class NormMonitor:
     calls :meth:`before` and :meth:`after` around each inner step while :attr:`active`."""
 
     def __init__(self, optimizer, model) -> None:
-        own = {id(p) for p in model.parameters()}
-        # Partitions (ZeRO, bf16 optimizer) hold a share of the parameters each: the sums add over ranks.
-        self.partitioned = any(id(p) not in own for g in optimizer.param_groups for p in g["params"])
+        # Partitions (ZeRO, DeepSpeed's bf16 optimizer) hold a share of the parameters each: the sums add
+        # over ranks. Whole tensors (the model's own, or fp32 copies of them) are the same on every rank.
+        trained = sorted(tuple(p.shape) for p in model.parameters() if p.requires_grad)
+        held = sorted(tuple(p.shape) for g in optimizer.param_groups for p in g["params"])
+        self.partitioned = held != trained
         self.active = False
         self._params_sq = 0.0
         self._update_sq = 0.0

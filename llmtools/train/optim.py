@@ -255,8 +255,9 @@ def _classes() -> dict:
             """After ``deepspeed.initialize``: learn which slices of which matrices each flat partition in
             a Muon group holds (DeepSpeed's ``_hp_mapping``); every rank learns every matrix's place.
             Returns the number of flat partitions bound (0 when the optimizer holds whole matrices)."""
-            own = {id(p) for p in model.parameters()}
-            flats = [p for g in self.param_groups if g["muon"] for p in g["params"] if id(p) not in own]
+            # Muon groups hold matrices; a 1-D tensor there is a flat partition (DeepSpeed's fp32 copies of
+            # whole matrices, as its fp16/bf16 wrapper at ZeRO-0 keeps them, stay matrices).
+            flats = [p for g in self.param_groups if g["muon"] for p in g["params"] if p.ndim == 1]
             if not flats:
                 return 0
             world = dist.get_world_size(process_group) if dist.is_initialized() else 1
