@@ -25,9 +25,8 @@ class HealthGate:
     def __init__(self, health, norm_source, loss_scaling: bool = False) -> None:
         self.health = health
         self.norm_source = norm_source  # () -> float | None, the global pre-clip grad norm
-        self.loss_scaling = (
-            loss_scaling  # fp16: DeepSpeed skips overflowing steps as its loss scaler's routine
-        )
+        # fp16: DeepSpeed skips overflowing steps as its loss scaler's routine.
+        self.loss_scaling = loss_scaling
         self.history: deque[float] = deque(maxlen=health.spike_window)
         self.update_history: deque[float] = deque(maxlen=health.spike_window)
         self.reset()

@@ -97,9 +97,8 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
     # Every check before any compute, before torch is even imported (a bad config fails in about a second)
     # and before the process group exists (so it fails on every rank alike).
     plan = make_plan(config, ds_raw, world_size=world, cpu=False, ds_source=options.ds_source)
-    if (
-        config.training.precision == "fp16"
-    ):  # a device without fp16 arithmetic: refused before anything is written
+    # A device without fp16 arithmetic: refused before anything is written.
+    if config.training.precision == "fp16":
         from llmtools.train.engine import check_fp16_support
 
         check_fp16_support(config.source or "<train config>")

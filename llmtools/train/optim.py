@@ -158,7 +158,16 @@ def __getattr__(name: str):
 def _classes() -> dict:
     import torch
     import torch.distributed as dist
-    from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+
+    # torch.optim.Muon's own pieces: its Newton-Schulz iteration, learning-rate adjustment and constants.
+    from torch.optim._muon import (
+        DEFAULT_A,
+        DEFAULT_B,
+        DEFAULT_C,
+        EPS,
+        _adjust_lr,
+        _zeropower_via_newtonschulz,
+    )
 
     class Lion(torch.optim.Optimizer):
         """Lion: ``p -= lr * (sign(beta1 m + (1 - beta1) g) + wd p)``, then ``m = beta2 m + (1 - beta2) g``.
@@ -230,8 +239,8 @@ def _classes() -> dict:
                 group.update(
                     momentum=momentum,
                     nesterov=nesterov,
-                    ns_coefficients=(3.4445, -4.775, 2.0315),  # torch.optim.Muon's (Keller Jordan's)
-                    eps=1e-7,
+                    ns_coefficients=(DEFAULT_A, DEFAULT_B, DEFAULT_C),
+                    eps=EPS,
                     ns_steps=ns_steps,
                     adjust_lr_fn=adjust_lr_fn,
                 )

@@ -263,6 +263,7 @@ def review(
     step = int(meta.get("step") or 0)
     for change in changes:
         _check_applicable(change, where, step, own_scheduler)
+        _check_reshardable(change, where, now.get("optimizer.name"))
     return changes
 
 
@@ -292,6 +293,19 @@ def _way(rule: Rule, checkpoint: str | Path) -> str:
     if rule.kind in _FLAGS:
         return _FLAGS[rule.kind]
     return "no flag allows it: " + rule.way.format(checkpoint=checkpoint)
+
+
+def _check_reshardable(change: Change, where: Path, optimizer: str | None) -> None:
+    """Resharding goes through DeepSpeed's universal checkpoint, which carries Adam's moments (exp_avg,
+    exp_avg_sq) and nothing else: Lion's, Muon's or Adafactor's state cannot cross it."""
+    if change.key not in ("world_size", "zero_optimization.stage") or optimizer in (None, "adamw"):
+        return
+    raise InputError(
+        f"{where}[{change.key}]: checkpoint has {_show(change.old)}, the config has {_show(change.new)}; "
+        f"optimizer.name={optimizer!r}: DeepSpeed's universal checkpoint, which reshards the optimizer state, "
+        f"carries Adam's moments only: resume with {change.key.split('.')[-1]} {_show(change.old)}, or "
+        f"{NEW_RUN.format(checkpoint=where.parent)}"
+    )
 
 
 def _check_applicable(change: Change, where: Path, step: int, own_scheduler: bool) -> None:

@@ -344,3 +344,24 @@ def test_resume_policy_applies_muon_settings_to_muon_groups_only(byte_data):
     assert muon["momentum"] == 0.9 and muon["eps"] == 1e-7 and "betas" not in muon  # Muon's own eps kept
     assert adamw["eps"] == 1e-6 and "momentum" not in adamw
     assert scheduler.base_lrs == [0.02, 2e-3]
+
+
+@pytest.mark.parametrize("key, old, new", [("world_size", 2, 1), ("zero_optimization.stage", 2, 1)])
+def test_resharding_a_lion_or_muon_run_is_refused_before_compute(byte_data, key, old, new):
+    """World-size changes and --reshard go through DeepSpeed's universal checkpoint, which carries Adam's
+    moments only: refused in one line naming the key, the optimizer and the way out."""
+    from llmtools.train.resume import review
+
+    def resolved(value, optimizer):
+        config = config_for(byte_data["mix"], optimizer).to_dict()
+        extra = {"world_size": value, "zero_stage": 2} if key == "world_size" else {"zero_stage": value}
+        return {**config, "resolved": extra}
+
+    for optimizer in ("lion", "muon"):
+        meta = {"step": 4, "config": resolved(old, optimizer)}
+        with pytest.raises(InputError) as error:
+            review(meta, "run/checkpoints/step_00000004", resolved(new, optimizer), reshard=True)
+        message = str(error.value)
+        assert message.startswith(f"run/checkpoints/step_00000004/meta.json[{key}]: checkpoint has {old}")
+        assert f"optimizer.name='{optimizer}'" in message and "carries Adam's moments only" in message
+    assert review({"step": 4, "config": resolved(old, "adamw")}, "ckpt", resolved(new, "adamw"), reshard=True)
