@@ -7,6 +7,7 @@ A killed command therefore never leaves a file or folder that looks finished: at
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -23,6 +24,15 @@ def check_writable(paths, force: bool) -> None:
     for path in paths:
         if not force and Path(path).exists():
             raise OutputExistsError(path)
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file's bytes, read in chunks (memory stays flat)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def tmp_sibling(path: str | os.PathLike, suffix: str = "") -> Path:

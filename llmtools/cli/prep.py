@@ -271,6 +271,10 @@ from llmtools.cli.prep_sft import register as _register_sft  # noqa: E402 - sft 
 
 _register_sft(app)
 
+from llmtools.cli.prep_pref import register as _register_pref  # noqa: E402 - pref lives in its own module
+
+_register_pref(app)
+
 
 def main() -> None:
     run(app, "llm-prep")

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from llmtools.errors import UsageError
 from llmtools.logs.records import Counts, Record
 
+# The reward metrics llm-train's preference task (and TRL) log; the summary shows how they moved.
+PREFERENCE_METRICS = ("rewards/accuracies", "rewards/margins")
+
 
 @dataclass
 class SpikeConfig:
@@ -96,6 +99,7 @@ class RunSummary:
         self.resume_steps: list[int] = []
         self._detector = SpikeDetector(self.spike_config)
         self._last_step_seen: int | None = None
+        self.preference: dict[str, list[float]] = {}  # name -> [first, last] of a preference run's rewards
 
     def add(self, record: Record) -> None:
         if record.kind == "event":
@@ -142,6 +146,10 @@ class RunSummary:
             if value is not None and math.isfinite(value):
                 self._sums[name] += value
                 self._ns[name] += 1
+        for name in PREFERENCE_METRICS:
+            value = values.get(name)
+            if value is not None and math.isfinite(value):
+                self.preference.setdefault(name, [value, value])[1] = value
 
     def mean(self, name: str) -> float | None:
         return self._sums[name] / self._ns[name] if self._ns[name] else None
@@ -194,6 +202,8 @@ class RunSummary:
             "gaps": gaps[:50],
             "events": dict(self.events),
             "lines": self.counts.as_dict(),
+            # preference training (llm-train task: dpo): the first and last value of its reward metrics
+            "rewards": {name: {"first": a, "last": b} for name, (a, b) in self.preference.items()} or None,
         }
 
 
@@ -234,6 +244,19 @@ def format_table(summaries: list[dict]) -> str:
                 + (f" (step {s['eval_step']})" if s["eval_step"] is not None else ""),
             ),
             ("eval acc / bpb", f"{_fmt(s['eval_accuracy'])} / {_fmt(s['eval_bpb'])}"),
+            *(
+                [
+                    (
+                        "reward acc / margin",
+                        " / ".join(
+                            f"{_fmt(r['first'])} -> {_fmt(r['last'])}" if r else "-"
+                            for r in (s["rewards"].get(n) for n in PREFERENCE_METRICS)
+                        ),
+                    )
+                ]
+                if s.get("rewards")
+                else []
+            ),
             ("mean tokens/s", _fmt(s["mean_tokens_per_s"])),
             ("mean update ratio", _fmt(s["mean_update_ratio"])),
             ("mean samples/s", _fmt(s["mean_samples_per_s"])),

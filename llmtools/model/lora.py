@@ -19,6 +19,8 @@ This module does not import torch at import time (the train config imports :clas
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,8 +97,11 @@ def _lora_linear_class():
             nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # peft's default init
             self.scaling = alpha / r
             self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+            self.adapter_enabled = True  # off: exactly the frozen base layer (see adapters_disabled)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if not self.adapter_enabled:
+                return F.linear(x, self.weight)
             update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)
             return F.linear(x, self.weight) + update * self.scaling
 
@@ -146,6 +151,22 @@ def apply_lora(model, section: LoraSection) -> dict[str, int]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     return {"trainable": trainable, "frozen": frozen, "modules": replaced}
+
+
+@contextmanager
+def adapters_disabled(model) -> Iterator[int]:
+    """Inside the block, every LoRA layer of ``model`` computes its frozen base alone (``peft``'s
+    ``disable_adapter``): the model is the base model it started from. Yields the number of layers switched
+    off (0 for a model without LoRA)."""
+    layers = [m for m in model.modules() if hasattr(m, "adapter_enabled")]
+    before = [m.adapter_enabled for m in layers]
+    for layer in layers:
+        layer.adapter_enabled = False
+    try:
+        yield len(layers)
+    finally:
+        for layer, state in zip(layers, before, strict=True):
+            layer.adapter_enabled = state
 
 
 # -- merging ----------------------------------------------------------------------------------------

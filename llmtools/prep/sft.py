@@ -91,6 +91,14 @@ class SftConfig:
     def keys(self) -> tuple[str, ...]:
         return KEYS if self.pack else KEYS[:2]
 
+    def hf_columns(self) -> tuple[list[str], list[str]]:
+        """The columns an HF dataset input must have, and those read when present."""
+        if self.format == "messages":
+            return [self.messages_key], [self.system_key]
+        if self.format == "prompt-response":
+            return [self.prompt_key, self.response_key], [self.system_key]
+        return ["instruction", "output"], ["input", self.system_key]
+
 
 @dataclass
 class SftResult:
@@ -150,25 +158,7 @@ def to_messages(obj, config: SftConfig) -> list[dict]:
             isinstance(m, dict) and m.get("role") == "system" for m in messages
         ):
             out.append({"role": "system", "content": system})
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict):
-                raise BadSample(
-                    "bad_messages", f"{config.messages_key}[{i}]: expected an object with role and content"
-                )
-            for key in ("role", "content"):
-                if key not in message:
-                    raise BadSample("missing_key", f"{config.messages_key}[{i}]: missing key {key!r}")
-                if not isinstance(message[key], str):
-                    raise BadSample(
-                        "not_a_string",
-                        f"{config.messages_key}[{i}][{key}]: expected a string, got {_kind(message[key])}",
-                    )
-            if message["role"] not in ROLES:
-                raise BadSample(
-                    "unknown_role",
-                    f"{config.messages_key}[{i}]: unknown role {message['role']!r} (expected one of {', '.join(ROLES)})",
-                )
-            out.append({"role": message["role"], "content": message["content"]})
+        out += check_messages(messages, config.messages_key)
     elif config.format == "prompt-response":
         prompt = _field(obj, config.prompt_key, str, "not_a_string", "a string")
         response = _field(obj, config.response_key, str, "not_a_string", "a string")
@@ -195,6 +185,29 @@ def to_messages(obj, config: SftConfig) -> list[dict]:
     for i in assistant:
         if not out[i]["content"].strip():
             raise BadSample("empty_assistant", f"assistant turn {i} is empty")
+    return out
+
+
+def check_messages(messages: list, key: str) -> list[dict]:
+    """A list of ``{role, content}`` messages, checked (roles: :data:`ROLES`) and copied without extra keys;
+    ``key`` names the list in errors (raises :class:`BadSample`, without the place)."""
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadSample("bad_messages", f"{key}[{i}]: expected an object with role and content")
+        for name in ("role", "content"):
+            if name not in message:
+                raise BadSample("missing_key", f"{key}[{i}]: missing key {name!r}")
+            if not isinstance(message[name], str):
+                raise BadSample(
+                    "not_a_string", f"{key}[{i}][{name}]: expected a string, got {_kind(message[name])}"
+                )
+        if message["role"] not in ROLES:
+            raise BadSample(
+                "unknown_role",
+                f"{key}[{i}]: unknown role {message['role']!r} (expected one of {', '.join(ROLES)})",
+            )
+        out.append({"role": message["role"], "content": message["content"]})
     return out
 
 
@@ -301,10 +314,11 @@ def mask_from_offsets(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.n
 # ---------------------------------------------------------------------------------------------------
 # Reading inputs
 # ---------------------------------------------------------------------------------------------------
-def iter_records(
-    config: SftConfig, inputs: list[dict], skipped: dict[str, int]
-) -> Iterator[tuple[str, object]]:
+def iter_records(config, inputs: list[dict], skipped: dict[str, int]) -> Iterator[tuple[str, object]]:
     """``(place, record)`` for every record of every input, in order; ``place`` is ``file:line``.
+
+    ``config`` gives ``inputs``, ``skip_bad``, ``split`` and ``hf_columns()`` (an :class:`SftConfig`, or
+    the preference pairs' config).
 
     Malformed lines are yielded as :class:`BadSample` (the caller decides: stop or count).
     ``inputs`` gets the sidecar entries of what was read.
@@ -318,7 +332,7 @@ def iter_records(
             yield from _jsonl_records(spec, config, inputs, skipped)
 
 
-def _jsonl_records(spec: str, config: SftConfig, inputs: list[dict], skipped: dict[str, int]):
+def _jsonl_records(spec: str, config, inputs: list[dict], skipped: dict[str, int]):
     from llmtools.prep.jsonl import JsonlSource
 
     source = JsonlSource([spec], skip_bad=config.skip_bad)
@@ -348,17 +362,12 @@ def _jsonl_records(spec: str, config: SftConfig, inputs: list[dict], skipped: di
     inputs.extend(source.inputs())
 
 
-def _hf_records(spec: str, config: SftConfig, inputs: list[dict]):
+def _hf_records(spec: str, config, inputs: list[dict]):
     from llmtools.prep.hf_import import file_inputs, open_hf
 
     table = open_hf(spec, config.split)
     have = set(table.schema.names)
-    if config.format == "messages":
-        needed, optional = [config.messages_key], [config.system_key]
-    elif config.format == "prompt-response":
-        needed, optional = [config.prompt_key, config.response_key], [config.system_key]
-    else:
-        needed, optional = ["instruction", "output"], ["input", config.system_key]
+    needed, optional = config.hf_columns()
     table.check_columns(needed)
     columns = needed + [c for c in optional if c in have and c not in needed]
     row = 0

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.mix import MIN_SEQ_LENGTH
 from llmtools.model.lora import LoraSection  # no torch at import: config validation stays instant
+from llmtools.train.tasks.dpo import DpoSection  # likewise
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULES = ("cosine", "linear", "constant", "wsd", "inverse_sqrt")
@@ -419,6 +420,8 @@ class TrainConfig:
     """What is trained: a name in the table of tasks (llmtools.train.tasks.TASKS)."""
     lora: LoraSection | None = None
     """LoRA adapters on a frozen base; None trains every weight."""
+    dpo: DpoSection | None = None
+    """Preference training's settings (task: dpo only; its defaults when not given)."""
     source: str | None = field(default=None, metadata={"internal": True})
 
     # -- derived values --------------------------------------------------------------------------
@@ -448,7 +451,7 @@ class TrainConfig:
             if f.metadata.get("internal"):
                 continue
             value = getattr(self, f.name)
-            if not dataclasses.is_dataclass(value):  # task (a string), lora when off (None)
+            if not dataclasses.is_dataclass(value):  # task (a string), lora / dpo when not given (None)
                 out[f.name] = value
                 continue
             plain = dataclasses.asdict(value)
@@ -477,6 +480,8 @@ class TrainConfig:
         # Configs written before tasks and LoRA existed keep their hash: both enter it only when set.
         if self.task != DEFAULT_TASK or self.lora is not None:
             keep.update(task=d["task"], lora=d["lora"])
+        if self.dpo is not None:  # where a stored reference is read from does not change the weights
+            keep["dpo"] = {k: v for k, v in d["dpo"].items() if k != "reference"}
         return "sha256:" + hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
 
 
@@ -493,6 +498,7 @@ SECTION_TYPES = {
     "health": HealthSection,
     "distributed": DistributedSection,
     "lora": LoraSection,
+    "dpo": DpoSection,
 }
 
 
@@ -640,7 +646,7 @@ def from_dict(raw: Any, where: str = "<config>") -> TrainConfig:
 
             sections["task"] = check_task(value, where)
             continue
-        if key == "lora" and value is None:  # `lora: null` (or `lora:`) is LoRA off
+        if key in ("lora", "dpo") and value is None:  # `lora: null` (or `lora:`): not given
             continue
         if key not in SECTION_TYPES:
             raise InputError(
@@ -654,6 +660,12 @@ def from_dict(raw: Any, where: str = "<config>") -> TrainConfig:
             f"{where}: missing section 'training' (training.train_steps or training.train_tokens)"
         )
     config = TrainConfig(**sections, source=where)
+    from llmtools.train.tasks import TASKS, check_sections
+
+    check_sections(config)
+    own = TASKS[config.task].section
+    if own is not None and getattr(config, own) is None:  # the task's own section, with its defaults
+        setattr(config, own, SECTION_TYPES[own]())
     if config.schedule.total_steps is not None and config.training.train_steps is not None:
         if config.training.train_steps > config.schedule.total_steps:
             raise InputError(

@@ -288,6 +288,21 @@ class _Trainer:
             return None
         return float(value)
 
+    def prepare_task(self) -> None:
+        """The task's work before the first step, with the starting weights (before a checkpoint loads)."""
+        from llmtools.train.tasks import RunContext
+
+        run = RunContext(
+            run_dir=self.run_dir,
+            rank=self.rank,
+            world_size=self.world,
+            device=self.device,
+            micro_batch_size=self.cfg.training.micro_batch_size,
+            log=self.log,
+            quiet=self.options.quiet,
+        )
+        self.plan.task.prepare(self.engine, run)
+
     # -- checkpoints -------------------------------------------------------------------------------
     def resume(self, chosen, resolved: dict, review: dict) -> None:
         """Load the checkpoint :func:`checkpointing.choose` picked (falling back to an older one when it
@@ -669,6 +684,7 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info, watch) -> RunResult:
     if chosen is None and dist_info.rank == 0:
         write_resolved(plan, options.run_dir)
     trainer = _Trainer(plan, options, dist_info)
+    trainer.prepare_task()
     trainer.resume(chosen, resolved, review)
     watch.progress = trainer.progress  # from here on, a lost peer is reported at the step in progress
     return trainer.run()

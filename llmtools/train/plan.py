@@ -50,8 +50,13 @@ class TrainPlan:
         return zero_stage(self.ds_config)
 
     @property
+    def tokens_per_sample(self) -> int:
+        """Tokens the model runs per sample: ``seq_length`` per sequence (a preference pair has two)."""
+        return self.seq_length * self.task.sequences_per_sample
+
+    @property
     def tokens_per_step(self) -> int:
-        return self.config.training.global_batch_size * self.seq_length
+        return self.config.training.global_batch_size * self.tokens_per_sample
 
 
 def resolve_model_config(config: TrainConfig):
@@ -118,10 +123,13 @@ def make_plan(
     # The data: a mix fixes seq_length and the number of samples; otherwise the task opens what the run
     # needs, which depends on seq_length when the run is given in tokens.
     task = make_task(config)
-    train = task.open_data("train", lambda seq_length: config.steps(seq_length) * t.global_batch_size)
+    per_sample = task.sequences_per_sample  # training.train_tokens counts every sequence the model runs
+    train = task.open_data(
+        "train", lambda seq_length: config.steps(seq_length * per_sample) * t.global_batch_size
+    )
     seq_length = train.seq_length
-    steps = config.steps(seq_length)
-    total_steps = config.total_steps(seq_length)
+    steps = config.steps(seq_length * per_sample)
+    total_steps = config.total_steps(seq_length * per_sample)
     if steps > total_steps:
         raise InputError(
             f"{where}: the run has {steps} steps but schedule.total_steps={total_steps}: "

@@ -102,6 +102,13 @@ POLICY: dict[str, Rule] = {
     "distributed.*": Rule(APPLY, "the process groups of this run use it"),
     "task": Rule(NEVER, "another training task", OTHER_RUN),
     "lora": Rule(NEVER, "other adapters than the checkpoint holds", OTHER_RUN),
+    "dpo": Rule(NEVER, "preference settings where the checkpoint had none (another task)", OTHER_RUN),
+    "dpo.beta": Rule(APPLY, "the preference loss and rewards use it from the next step on"),
+    "dpo.loss": Rule(APPLY, "the preference loss from the next step on"),
+    "dpo.label_smoothing": Rule(APPLY, "the preference loss uses it from the next step on"),
+    "dpo.reference": Rule(
+        APPLY, "read from there; used only if computed from the run's starting weights and data"
+    ),
     "world_size": Rule(
         APPLY, "resharded through a DeepSpeed universal checkpoint; RNG streams are not restored"
     ),
@@ -113,18 +120,9 @@ _FLAGS = {
     RESHARD: "pass --reshard to convert the optimizer state through a DeepSpeed universal checkpoint",
 }
 _SECTIONS = (
-    "model",
-    "data",
-    "training",
-    "fp16",
-    "optimizer",
-    "schedule",
-    "eval",
-    "logging",
-    "checkpoint",
-    "health",
-    "distributed",
-)
+    "model", "data", "training", "fp16", "optimizer", "schedule", "eval", "logging", "checkpoint", "health",
+    "distributed", "dpo",
+)  # fmt: skip
 _TOKENIZER_IDENTITY = ("hash", "vocab_size", "eod_id")
 
 

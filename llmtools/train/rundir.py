@@ -20,14 +20,16 @@ from llmtools.fsutil import write_text_atomic
 from llmtools.train.plan import TrainPlan
 
 RUN_FILES = ("metrics.jsonl", "config.yaml", "ds_config.json")
-RUN_FOLDERS = ("checkpoints", "tensorboard")
+RUN_FOLDERS = ("checkpoints", "tensorboard", "reference")  # reference: a preference run's reference pass
 
 
 def prepare_run_dir(run_dir: Path, resume: str | None, force: bool, rank: int = 0) -> None:
     """Refuse to train over an existing run unless resuming or --force (which starts over: see
     :func:`clear_run_dir`). Reads only; every rank checks, so a refusal stops every rank alike."""
     del rank  # every rank decides alike
-    existing = [run_dir / name for name in ("metrics.jsonl", "checkpoints") if (run_dir / name).exists()]
+    existing = [
+        run_dir / name for name in ("metrics.jsonl", "checkpoints", "reference") if (run_dir / name).exists()
+    ]
     if existing and resume is None and not force:
         raise UsageError(
             f"{run_dir}: already holds a run ({existing[0].name}); --resume auto continues it, "

@@ -2,7 +2,8 @@
 
     python -m llmtools.train.schema > schemas/train-config.schema.json
 
-Field descriptions are the attribute docstrings in :mod:`llmtools.train.config`.
+Field descriptions are the attribute docstrings of the section classes (:mod:`llmtools.train.config`, and the
+modules that define the LoRA and task sections).
 """
 
 from __future__ import annotations
@@ -19,8 +20,18 @@ from llmtools.train import config as config_module
 
 
 def _field_docs() -> dict[tuple[str, str], str]:
+    """Attribute docstrings of every section class, read from the module each one lives in (the LoRA and
+    task sections are defined beside their code)."""
     docs = {}
-    for node in ast.parse(inspect.getsource(config_module)).body:
+    modules = {inspect.getmodule(cls) for cls in config_module.SECTION_TYPES.values()} | {config_module}
+    for module in sorted(modules, key=lambda m: m.__name__):
+        docs.update(_class_field_docs(module))
+    return docs
+
+
+def _class_field_docs(module) -> dict[tuple[str, str], str]:
+    docs = {}
+    for node in ast.parse(inspect.getsource(module)).body:
         if not isinstance(node, ast.ClassDef):
             continue
         for i, stmt in enumerate(node.body[:-1]):

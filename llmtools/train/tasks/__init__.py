@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmtools.errors import InputError
-from llmtools.train.tasks.base import LossOutput, Task, TaskData, TokenScores, score_tokens
+from llmtools.train.tasks.base import LossOutput, RunContext, Task, TaskData, TokenScores, score_tokens
+from llmtools.train.tasks.dpo import DpoTask
 from llmtools.train.tasks.pretrain import PretrainTask
 from llmtools.train.tasks.sft import SftTask
 
@@ -20,15 +21,17 @@ if TYPE_CHECKING:
 __all__ = [
     "TASKS",
     "LossOutput",
+    "RunContext",
     "Task",
     "TaskData",
     "TokenScores",
+    "check_sections",
     "check_task",
     "make_task",
     "score_tokens",
 ]
 
-TASKS: dict[str, type[Task]] = {task.name: task for task in (PretrainTask, SftTask)}
+TASKS: dict[str, type[Task]] = {task.name: task for task in (PretrainTask, SftTask, DpoTask)}
 
 
 def check_task(value, where: str) -> str:
@@ -36,6 +39,16 @@ def check_task(value, where: str) -> str:
     if value not in TASKS:
         raise InputError(f"{where}: task: {value!r} is not one of {', '.join(TASKS)}")
     return value
+
+
+def check_sections(config: TrainConfig) -> None:
+    """A task's own section of the train config (``dpo:``) is allowed only with that task."""
+    for task in TASKS.values():
+        if task.section and getattr(config, task.section, None) is not None and config.task != task.name:
+            raise InputError(
+                f"{config.source or '<train config>'}: {task.section}: only with task: {task.name} "
+                f"(this config has task: {config.task})"
+            )
 
 
 def make_task(config: TrainConfig) -> Task:

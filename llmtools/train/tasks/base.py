@@ -17,16 +17,21 @@ A task answers four questions, and nothing else about it is visible to the loop:
   a task that scores no tokens (a preference loss) returns none and is evaluated on its loss alone.
 - **its client state**: :meth:`Task.state_dict` / :meth:`Task.load_state_dict`, saved with every
   checkpoint and given back on resume.
+- **work before the first step** (optional): :meth:`Task.prepare` is called once on every rank with the
+  run's starting weights, after the engine is built and before a checkpoint is loaded into it. The
+  preference task computes (or reloads) its reference log-probabilities there, in one pass over its data.
 
-A preference task, for example, opens paired chosen/rejected data whose ``batch()`` also returns the
-reference model's log-probabilities stored beside it, computes its loss from both halves, and reports
-its rewards and margins as metrics, all without a change to the trainer.
+The preference task (``task: dpo``) opens paired chosen/rejected data whose ``batch()`` also returns the
+reference log-probabilities :meth:`Task.prepare` attached to it, computes its loss from both halves, and
+reports its rewards and margins as metrics, all without a change to the trainer.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -88,6 +93,20 @@ def score_tokens(logits, labels, mask=None, byte_lengths=None) -> TokenScores:
     return TokenScores(count, nats.sum(), hits.sum().to(nats.dtype), scored_bytes)
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What :meth:`Task.prepare` may know about the run: where it writes, who this rank is, how to say so."""
+
+    run_dir: Path
+    rank: int
+    world_size: int
+    device: str
+    micro_batch_size: int
+    log: Callable[[str], None]
+    """A line on stderr from rank 0 (silent with --quiet)."""
+    quiet: bool = False
+
+
 class Task(ABC):
     """One kind of training (pretraining, SFT, ...): its data, its loss, its metrics, its state."""
 
@@ -97,6 +116,11 @@ class Task(ABC):
     """Whether the task has a valid split to evaluate on (``eval.every``)."""
     metric_names: ClassVar[tuple[str, ...]] = ()
     """The keys of :attr:`LossOutput.metrics`: added to the train (and eval) records."""
+    sequences_per_sample: ClassVar[int] = 1
+    """Sequences of ``seq_length`` tokens the model runs per sample (a preference pair: 2); tokens per step
+    and throughput count them all."""
+    section: ClassVar[str | None] = None
+    """The task's own section of the train config (``dpo:``), allowed only with this task."""
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
@@ -120,6 +144,11 @@ class Task(ABC):
         """The loss of one valid micro-batch (no gradients), and the :class:`TokenScores` of a task that
         predicts tokens; ``byte_lengths`` (a tensor over the vocabulary, or None) counts their bytes."""
         return self.loss(model, batch, device), None
+
+    def prepare(self, model, run: RunContext) -> None:  # noqa: B027 - nothing to do unless overridden
+        """Once, on every rank, before the first step: ``model`` (the engine) holds the run's starting
+        weights (a checkpoint to resume from is loaded only afterwards). May compute over the opened data;
+        every rank must make the same collective calls."""
 
     def state_dict(self) -> dict[str, Any]:
         """What the task needs to continue exactly after a resume (kept in each checkpoint)."""

@@ -20,6 +20,23 @@ from llmtools.errors import InputError
 from llmtools.train.tasks.base import LossOutput, Task, TokenScores, score_tokens
 
 
+class EpochOrder:
+    """Sample ``i`` -> document, over ``n`` documents visited epoch after epoch, each epoch in a fresh seeded
+    permutation (the same on every rank)."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = int(n), seed
+        self._epochs: dict[int, np.ndarray] = {}
+
+    def __call__(self, i: int) -> int:
+        epoch, offset = divmod(int(i), self.n)
+        order = self._epochs.get(epoch)
+        if order is None:
+            order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+            self._epochs[epoch] = order
+        return int(order[offset])
+
+
 class SftTrainData:
     """``num_samples`` samples over an SFT prefix: ``batch(indices)`` -> the arrays of SftDataset.batch."""
 
@@ -39,7 +56,7 @@ class SftTrainData:
         sidecar = read_sidecar(f"{prefix}_input_ids_document")
         self.tokenizer = (sidecar or {}).get("tokenizer")
         self.vocab_size = (self.tokenizer or {}).get("vocab_size")
-        self._epochs: dict[int, np.ndarray] = {}
+        self.document_of = EpochOrder(len(self.dataset), seed)
 
     @property
     def packed(self) -> bool:
@@ -47,16 +64,6 @@ class SftTrainData:
 
     def __len__(self) -> int:
         return self.num_samples
-
-    def document_of(self, i: int) -> int:
-        """Sample ``i`` -> document: a fresh seeded permutation per epoch (same on every rank)."""
-        n = len(self.dataset)
-        epoch, offset = divmod(int(i), n)
-        order = self._epochs.get(epoch)
-        if order is None:
-            order = np.random.default_rng([self.seed, epoch]).permutation(n)
-            self._epochs[epoch] = order
-        return int(order[offset])
 
     def batch(self, indices) -> dict[str, np.ndarray]:
         arrays = self.dataset.batch([self.document_of(i) for i in indices], self.seq_length)
