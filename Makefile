@@ -20,6 +20,7 @@ help:
 	@echo "make setup     create .venv and install llmtools with its test extras"
 	@echo "make pretrain  built-in corpus -> tokenizer -> json2bin -> mix -> train -> checkpoint -> logs (out/pretrain/)"
 	@echo "make test      run the test suite"
+	@echo "make lint      ruff check and format check (installs ruff into .venv on first use)"
 	@echo "make bench     run the benchmarks in benchmarks/ (slow; quiet machine please)"
 
 setup: $(STAMP)
@@ -38,7 +39,9 @@ test: setup
 bench: setup
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
+# ruff is a lint-time tool, not a test dependency: installed on first use.
 lint: setup
+	test -x $(VENV)/bin/ruff || $(PIP) install -q 'ruff>=0.6'
 	$(VENV)/bin/ruff check llmtools tests benchmarks
 	$(VENV)/bin/ruff format --check llmtools tests benchmarks
 

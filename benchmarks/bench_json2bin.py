@@ -3,9 +3,12 @@
 
 One run, one input, one tokenizer, the same cores for every row:
 
-* input: 600 MB of JSONL (``--size-mb``) built in a temp folder from ../shared/data corpora (lambada,
-  tinyshakespeare, wikitext-2, the OpenWebText fixture, C4 samples), repeated in rotation until the
-  target size, and a 10x smaller one;
+* input: 600 MB of JSONL (``--size-mb``) built in a temp folder, and a 10x smaller one. With
+  ``--corpus linux`` (the real, non-repeating one): the Linux kernel sources of Debian's
+  ``linux-source`` package, one JSON line per source file, in archive order (files that are not UTF-8
+  are left out); ``--install-linux-source`` runs ``apt-get install linux-source`` when the tarball is
+  not in /usr/src yet. With ``--corpus shared`` (default): the ../shared/data corpora (lambada,
+  tinyshakespeare, wikitext-2, the OpenWebText fixture, C4 samples), repeated in rotation;
 * raw batch encoding with HF ``tokenizers`` (``encode_batch_fast``), ``tiktoken`` (GPT-2 built offline
   from the local vocab.json/merges.txt) and ``gigatoken`` (``encode_batch``) of the same texts (in
   memory), on the first 30 MB (``--slow-mb``: the slow ones would take an hour on 600 MB); each one's
@@ -23,6 +26,13 @@ One run, one input, one tokenizer, the same cores for every row:
   compared with ours. (The fast script appends an EOD to *empty* documents too, unlike preprocess_data.py;
   the benchmark input has none, so all three outputs can be byte-identical.)
 
+* the many-machines path (``--shards 10``; ``--corpus linux`` only): the same documents cut into 64
+  JSONL files; ``json2bin --shard I/10`` for each I, one after the other on this machine, then
+  ``llm-prep merge``, against one json2bin run over the 64 files (bytes compared): the sum of the
+  shard runs, and the critical path a cluster would see (the slowest shard + the merge).
+
+Every MB/s is also given per core (``--workers`` cores for every row).
+
 Ratios: json2bin / raw gigatoken (the fastest encoder with identical ids; same texts, median seconds);
 json2bin / Megatron (input-file MB/s, both end to end). On the small input a fixed ~0.7 s of start-up
 (gigatoken's imports -- awkward, pyarrow -- and two tokenizer loads for the identity probe) weighs more
@@ -31,6 +41,7 @@ than the encoding itself; the large input shows the steady state.
     python benchmarks/bench_json2bin.py --quick                 # ~6 MB, under a minute
     python benchmarks/bench_json2bin.py                         # 600 MB, ~5 minutes on 2 cores
     python benchmarks/bench_json2bin.py --megatron-dir /work/megatron-src --megatron-mb 10
+    python benchmarks/bench_json2bin.py --corpus linux --install-linux-source    # the kernel, 600 MB
 
 ``--megatron-dir`` is a folder holding Megatron-LM's ``tools/preprocess_data.py`` and its ``megatron/``
 package (e.g. ``git archive HEAD tools megatron | tar -x -C DIR`` of a Megatron-LM clone; never inside
@@ -46,12 +57,14 @@ since it is ~100x slower; its MB/s is compared with ours on the full input.
 from __future__ import annotations
 
 import argparse
+import glob
 import gzip
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -98,6 +111,95 @@ def build_input(lines: list[bytes], path: Path, target_bytes: int) -> int:
                 if written >= target_bytes:
                     break
     return docs
+
+
+LINUX_TARBALLS = "/usr/src/linux-source-*.tar.*"
+
+
+def linux_tarball(install: bool) -> Path:
+    """Debian's kernel source tarball; installed with apt-get when asked (root; the network to Debian)."""
+    found = sorted(glob.glob(LINUX_TARBALLS))
+    if not found and install:
+        apt_env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], check=False, env=apt_env)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "linux-source"], check=True, env=apt_env)
+        found = sorted(glob.glob(LINUX_TARBALLS))
+    if not found:
+        raise SystemExit(
+            f"no {LINUX_TARBALLS}: pass --install-linux-source (runs apt-get install linux-source) or install it"
+        )
+    return Path(found[-1])
+
+
+def build_linux_input(tarball: Path, path: Path, target_bytes: int) -> int:
+    """One JSON line per (UTF-8, non-empty) file of the kernel tarball, in archive order, until
+    ``target_bytes``; returns the number of documents."""
+    written = docs = 0
+    with tarfile.open(tarball) as tar, open(path, "wb") as out:
+        for member in tar:
+            if not member.isfile() or member.size == 0:
+                continue
+            data = tar.extractfile(member).read()
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            line = (json.dumps({"text": text}, ensure_ascii=False) + "\n").encode("utf-8")
+            out.write(line)
+            written += len(line)
+            docs += 1
+            if written >= target_bytes:
+                break
+    return docs
+
+
+def split_lines(src: Path, folder: Path, parts: int) -> list[Path]:
+    """``src`` cut into ``parts`` JSONL files of about equal size, lines in order (part-000, ...)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    budget = src.stat().st_size / parts
+    paths, out, size = [], None, 0.0
+    with open(src, "rb") as inp:
+        for line in inp:
+            if out is None or (size >= budget and len(paths) < parts):
+                if out is not None:
+                    out.close()
+                paths.append(folder / f"part-{len(paths):03d}.jsonl")
+                out, size = open(paths[-1], "wb"), 0.0  # noqa: SIM115 - closed above and below
+            out.write(line)
+            size += len(line)
+    if out is not None:
+        out.close()
+    return paths
+
+
+def shards_vs_one_run(parts: Path, tokenizer: Path, work: Path, workers: int, shards: int, env: dict) -> dict:
+    """One json2bin run over the part files, then ``shards`` runs with --shard I/N (one after the other)
+    and a merge; seconds of each, and whether the merged bytes equal the single run's."""
+    pattern = f"{parts}/*.jsonl"
+    one = run_measured(json2bin_cmd(pattern, tokenizer, work / "one", workers, "auto"), env)
+    if one["rc"] != 0:
+        raise SystemExit(f"json2bin failed: {one['stderr'][-2000:]}")
+    shard_seconds = []
+    for i in range(shards):
+        cmd = json2bin_cmd(pattern, tokenizer, work / "sharded", workers, "auto") + [
+            "--shard",
+            f"{i}/{shards}",
+        ]
+        result = run_measured(cmd, env)
+        if result["rc"] != 0:
+            raise SystemExit(f"json2bin --shard {i}/{shards} failed: {result['stderr'][-2000:]}")
+        shard_seconds.append(result["seconds"])
+    merge_cmd = [sys.executable, "-m", "llmtools.cli.prep", "merge", f"{work}/sharded-*-of-*_text_document"]
+    merge = run_measured(merge_cmd + ["-o", str(work / "merged"), "-q", "--force"], env)
+    if merge["rc"] != 0:
+        raise SystemExit(f"merge failed: {merge['stderr'][-2000:]}")
+    return {
+        "one_seconds": one["seconds"],
+        "shard_seconds": shard_seconds,
+        "merge_seconds": merge["seconds"],
+        "merge_maxrss_mb": merge["maxrss_mb"],
+        "identical": same_bytes(work / "one_text_document", work / "merged"),
+    }
 
 
 def read_texts(path: Path) -> tuple[list[str], int]:
@@ -290,7 +392,9 @@ def kill_tree(pid: int) -> None:
         pass
 
 
-def json2bin_cmd(input_path: Path, tokenizer: Path, prefix: Path, workers: int, backend: str) -> list[str]:
+def json2bin_cmd(
+    input_path: Path | str, tokenizer: Path, prefix: Path, workers: int, backend: str
+) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -519,6 +623,18 @@ def main() -> None:
         "--rounds", type=int, default=3, help="paired json2bin / raw gigatoken rounds (default 3)"
     )
     parser.add_argument("--workers", type=int, default=2, help="cores for every row (default 2)")
+    parser.add_argument(
+        "--corpus",
+        choices=("shared", "linux"),
+        default="shared",
+        help="shared (repeated) or linux (real, non-repeating)",
+    )
+    parser.add_argument(
+        "--install-linux-source", action="store_true", help="apt-get install linux-source if it is missing"
+    )
+    parser.add_argument(
+        "--shards", type=int, default=10, help="the --shard I/N + merge row (--corpus linux; 0: skip)"
+    )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
     parser.add_argument(
         "--megatron-dir", type=Path, default=None, help="Megatron-LM source folder (outside the repo)"
@@ -554,10 +670,18 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     figures: dict = {"size_mb": size_mb, "slow_mb": slow_mb, "workers": args.workers, "cpus": os.cpu_count()}
     try:
-        lines = corpus_lines(args.data)
         large, small = work / "input.jsonl", work / "input-small.jsonl"
-        docs = build_input(lines, large, int(size_mb * MB))
-        build_input(lines, small, int(size_mb * MB / 10))
+        if args.corpus == "linux":
+            tarball = linux_tarball(args.install_linux_source)
+            figures["corpus"] = f"linux ({tarball.name})"
+            print(f"building {size_mb:.0f} MB of JSONL from {tarball} ...", file=sys.stderr)
+            docs = build_linux_input(tarball, large, int(size_mb * MB))
+            prefix_file(large, small, size_mb / 10)
+        else:
+            lines = corpus_lines(args.data)
+            figures["corpus"] = "shared (repeated in rotation)"
+            docs = build_input(lines, large, int(size_mb * MB))
+            build_input(lines, small, int(size_mb * MB / 10))
         slow_input = prefix_file(large, work / "input-slow.jsonl", slow_mb)
         shutil.copyfile(tokenizer_dir / "tokenizer.json", work / "gpt2-tokenizer.json")  # for the raw child
         file_bytes = large.stat().st_size
@@ -804,9 +928,28 @@ def main() -> None:
 
         print()
         print(
-            f"json2bin benchmark: {file_bytes / MB:.1f} MB JSONL ({text_bytes / MB:.1f} MB text, {docs} docs), "
+            f"json2bin benchmark: {figures['corpus']}, {file_bytes / MB:.1f} MB JSONL ({text_bytes / MB:.1f} MB text, {docs} docs), "
             f"GPT-2 ({tokenizer_dir}), {args.workers} workers on {os.cpu_count()} cpus"
         )
+        if args.corpus == "linux" and args.shards:
+            print(f"{args.shards} shards + merge vs one run ...", file=sys.stderr)
+            parts = split_lines(large, work / "parts", 64)
+            sharded = shards_vs_one_run(work / "parts", tokenizer, work, args.workers, args.shards, env)
+            figures["shards"] = sharded | {"parts": len(parts)}
+            total = sum(sharded["shard_seconds"]) + sharded["merge_seconds"]
+            critical = max(sharded["shard_seconds"]) + sharded["merge_seconds"]
+            check = "identical to one run" if sharded["identical"] else "DIFFERS from one run"
+            rows.append([f"json2bin, one run over {len(parts)} files", f"{sharded['one_seconds']:.2f}",
+                         f"{text_bytes / MB / sharded['one_seconds']:.2f}", "", "", "", ""])  # fmt: skip
+            rows.append([f"{args.shards} x json2bin --shard I/{args.shards} (in turn) + merge", f"{total:.2f}",
+                         f"{text_bytes / MB / total:.2f}", "", "", check, ""])  # fmt: skip
+            rows.append([f"  critical path: slowest shard + merge ({sharded['merge_seconds']:.2f} s, "
+                         f"{sharded['merge_maxrss_mb']:.0f} MB)", f"{critical:.2f}", f"{text_bytes / MB / critical:.2f}",
+                         "", "", "on 10 machines", ""])  # fmt: skip
+        # MB/s per core: every row ran on --workers cores
+        rows[0].insert(3, "MB/s/core")
+        for row in rows[1:]:
+            row.insert(3, f"{float(row[2]) / args.workers:.2f}" if row[2] else "")
         print()
         print(table(rows))
         print()

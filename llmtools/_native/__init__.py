@@ -26,7 +26,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 SOURCES = [Path(__file__).with_name(name) for name in ("mixhelpers.c", "jsonl.c")]
 # No -march=native and no contraction: the greedy blend must evaluate w*x - c exactly as Megatron's build does.
 CFLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math"]
@@ -55,6 +55,17 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.llm_abi_version.argtypes = []
     lib.llm_blend_indices.restype = None
     lib.llm_blend_indices.argtypes = [_f64p, ctypes.c_int32, ctypes.c_int64, _i16p, _i64p, _i64p]
+    lib.llm_blend_indices_continued.restype = None
+    lib.llm_blend_indices_continued.argtypes = [
+        _f64p,
+        ctypes.c_int32,
+        ctypes.c_int64,
+        _i16p,
+        _i64p,
+        _i16p,
+        _i64p,
+        _i64p,
+    ]
     lib.llm_sample_idx.restype = ctypes.c_int64
     lib.llm_sample_idx.argtypes = [
         _i32p,
@@ -90,6 +101,16 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     ]
     lib.llm_count_newlines.restype = ctypes.c_int64
     lib.llm_count_newlines.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.llm_check_index.restype = ctypes.c_int64
+    lib.llm_check_index.argtypes = [
+        _i32p,
+        _i64p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        _i64p,
+        ctypes.c_int64,
+    ]
     return lib
 
 

@@ -10,6 +10,7 @@
  * so that its file can be found; the functions are called through ctypes either way.
  */
 #include <stdint.h>
+#include <string.h>
 
 #if defined(_WIN32)
 #define LLM_EXPORT __declspec(dllexport)
@@ -17,15 +18,22 @@
 #define LLM_EXPORT __attribute__((visibility("default")))
 #endif
 
-LLM_EXPORT int32_t llm_abi_version(void) { return 4; }
+LLM_EXPORT int32_t llm_abi_version(void) { return 5; }
 
 /* Greedy blend: sample t goes to the source i with the largest w[i]*max(t,1) - counts[i];
  * strict '>' so ties go to the lowest index. `counts` (n entries) must be zeroed by the caller and
- * holds the per-source sample counts afterwards. */
-LLM_EXPORT void llm_blend_indices(const double *weights, int32_t n, int64_t size, int16_t *dataset_index,
-                                  int64_t *dataset_sample_index, int64_t *counts) {
+ * holds the per-source sample counts afterwards.
+ *
+ * `continued` (a compile-time constant once inlined, so the fresh blend pays nothing for it): a blend
+ * that continues earlier draws writes part_of[i] instead of i and offsets[i] + counts[i] instead of
+ * counts[i]; the choice itself, which only looks at this blend's own counts, is unchanged. */
+static inline void blend(const double *weights, int32_t n, int64_t size, const int16_t *part_of,
+                         const int64_t *offsets, int16_t *dataset_index, int64_t *dataset_sample_index,
+                         int64_t *counts, const int continued) {
     if (n == 2) { /* the common case, unrolled: same expressions, same order */
         const double w0 = weights[0], w1 = weights[1];
+        const int16_t q0 = continued ? part_of[0] : 0, q1 = continued ? part_of[1] : 1;
+        const int64_t o0 = continued ? offsets[0] : 0, o1 = continued ? offsets[1] : 0;
         int64_t c0 = counts[0], c1 = counts[1];
         for (int64_t t = 0; t < size; ++t) {
             const double x = t > 1 ? (double)t : 1.0;
@@ -33,8 +41,8 @@ LLM_EXPORT void llm_blend_indices(const double *weights, int32_t n, int64_t size
             const double e1 = w1 * x - (double)c1;
             /* branch-free: the choice is data dependent and mispredicts ~30% of the time otherwise */
             const int64_t pick = e1 > e0;
-            dataset_index[t] = (int16_t)pick;
-            dataset_sample_index[t] = pick ? c1 : c0;
+            dataset_index[t] = pick ? q1 : q0;
+            dataset_sample_index[t] = pick ? c1 + o1 : c0 + o0;
             c0 += 1 - pick;
             c1 += pick;
         }
@@ -44,6 +52,10 @@ LLM_EXPORT void llm_blend_indices(const double *weights, int32_t n, int64_t size
     }
     if (n == 3) { /* unrolled like n == 2; the comparisons in the generic loop's order */
         const double w0 = weights[0], w1 = weights[1], w2 = weights[2];
+        const int16_t q0 = continued ? part_of[0] : 0, q1 = continued ? part_of[1] : 1;
+        const int16_t q2 = continued ? part_of[2] : 2;
+        const int64_t o0 = continued ? offsets[0] : 0, o1 = continued ? offsets[1] : 0;
+        const int64_t o2 = continued ? offsets[2] : 0;
         int64_t c0 = counts[0], c1 = counts[1], c2 = counts[2];
         for (int64_t t = 0; t < size; ++t) {
             const double x = t > 1 ? (double)t : 1.0;
@@ -54,8 +66,8 @@ LLM_EXPORT void llm_blend_indices(const double *weights, int32_t n, int64_t size
             const double best_error = p1 ? e1 : e0;
             const int64_t p2 = e2 > best_error;
             const int64_t pick = p2 ? 2 : p1;
-            dataset_index[t] = (int16_t)pick;
-            dataset_sample_index[t] = pick == 2 ? c2 : (pick ? c1 : c0);
+            dataset_index[t] = pick == 2 ? q2 : (pick ? q1 : q0);
+            dataset_sample_index[t] = pick == 2 ? c2 + o2 : (pick ? c1 + o1 : c0 + o0);
             c0 += pick == 0;
             c1 += pick == 1;
             c2 += pick == 2;
@@ -76,9 +88,23 @@ LLM_EXPORT void llm_blend_indices(const double *weights, int32_t n, int64_t size
                 best = i;
             }
         }
-        dataset_index[t] = (int16_t)best;
-        dataset_sample_index[t] = counts[best]++;
+        dataset_index[t] = continued ? part_of[best] : (int16_t)best;
+        dataset_sample_index[t] = continued ? offsets[best] + counts[best] : counts[best];
+        counts[best]++;
     }
+}
+
+LLM_EXPORT void llm_blend_indices(const double *weights, int32_t n, int64_t size, int16_t *dataset_index,
+                                  int64_t *dataset_sample_index, int64_t *counts) {
+    blend(weights, n, size, 0, 0, dataset_index, dataset_sample_index, counts, 0);
+}
+
+/* The same greedy for a blend that continues earlier draws (see blend()). */
+LLM_EXPORT void llm_blend_indices_continued(const double *weights, int32_t n, int64_t size,
+                                            const int16_t *part_of, const int64_t *offsets,
+                                            int16_t *dataset_index, int64_t *dataset_sample_index,
+                                            int64_t *counts) {
+    blend(weights, n, size, part_of, offsets, dataset_index, dataset_sample_index, counts, 1);
 }
 
 /* GPT sample index: row k = (position in document_index, token offset) where sample k starts.
@@ -142,6 +168,34 @@ LLM_EXPORT int64_t llm_gather_samples(const uint8_t *bin, int32_t dtype_kind, co
             pos += len;
         }
         if (pos != width) return r;
+    }
+    return -1;
+}
+
+/* An MMIDIDX index against itself and its .bin, in one pass: every length >= 0, every pointer the running
+ * byte offset of the lengths before it (from 0), the last sequence ending exactly at bin_size, document
+ * indices never going back (their first and last values are checked by the caller). Returns -1 when all
+ * holds, else the position of the first problem (the caller's numpy check then says what it is).
+ * The arrays lie in the .idx at offsets that are not multiples of their width: read through memcpy. */
+LLM_EXPORT int64_t llm_check_index(const int32_t *lengths, const int64_t *pointers, int64_t s, int64_t itemsize,
+                                   int64_t bin_size, const int64_t *docs, int64_t d) {
+    const char *lp = (const char *)lengths, *pp = (const char *)pointers, *dp = (const char *)docs;
+    int64_t running = 0;
+    for (int64_t i = 0; i < s; ++i) {
+        int32_t len;
+        int64_t pointer;
+        memcpy(&len, lp + 4 * i, 4);
+        memcpy(&pointer, pp + 8 * i, 8);
+        if (len < 0 || pointer != running) return i;
+        running += (int64_t)len * itemsize; /* no overflow: running <= bin_size before, len * itemsize < 2**34 */
+        if (running > bin_size) return i;
+    }
+    if (running != bin_size) return s;
+    int64_t previous = 0, doc;
+    for (int64_t j = 0; j < d; ++j) {
+        memcpy(&doc, dp + 8 * j, 8);
+        if (j > 0 && doc < previous) return s + j;
+        previous = doc;
     }
     return -1;
 }

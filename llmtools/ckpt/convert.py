@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -72,12 +73,27 @@ class ConvertConfig:
             raise UsageError("--adapter-only: only with --to hf")
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder from a checkpoint, a run folder or a checkpoints folder (its newest good one)."""
+def resolve_checkpoint(path: str | Path, checksums: bool = True) -> Path:
+    """A verified checkpoint folder from a checkpoint, a run folder or a checkpoints folder (its newest
+    verified one). A folder with meta.json must verify (``checksums=False``: all but the sha256 of every
+    file, for readers of structure only); a bare DeepSpeed folder (no meta.json: not ours) has nothing to
+    verify against, but its pickles are still checked against the allowlist."""
+    from llmtools.ckpt.verify import check, check_pickles
+
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such checkpoint")
     if layout.model_states_file(path).is_file():
+        if (path / layout.META).exists():
+            check(path, checksums=checksums)
+        else:
+            check_pickles(path)
+            print(
+                f"warning: {path}: no {layout.META} (not written by llmtools): its files cannot be checked "
+                "for corruption (their pickles were checked for safety)",
+                file=sys.stderr,
+                flush=True,
+            )
         return path
     ckpt_dir = layout.ckpt_dir_of(path)
     if ckpt_dir.is_dir() and layout.list_checkpoints(ckpt_dir):
@@ -250,6 +266,10 @@ def to_hf(
         if extra and "tokenizer.json" in extra and "tokenizer_config.json" not in extra:
             extra["tokenizer_config.json"] = _tokenizer_config(extra["tokenizer.json"], tok, Path(scratch))
 
+        marker = Path(scratch) / "llmtools.json"
+        marker.write_text(json.dumps(_marker(checkpoint, meta, "llmtools.hf-model"), indent=1) + "\n")
+        extra = {**(extra or {}), "llmtools.json": marker}
+
         def write(state: dict) -> None:
             if config.tie_word_embeddings:
                 state.pop("lm_head.weight", None)
@@ -287,6 +307,16 @@ def to_hf(
                     )
             write(state)
     return output
+
+
+def _marker(checkpoint: Path, meta: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    """``llmtools.json`` of a converted folder: what it came from (and the mark --force looks for)."""
+    from llmtools import __version__
+
+    carried = {
+        k: (meta or {}).get(k) for k in ("step", "consumed_samples", "consumed_tokens", "model", "tokenizer")
+    }
+    return {"format": kind, "tool": f"llmtools {__version__}", "source": str(checkpoint), **carried}
 
 
 def _tokenizer_config(tokenizer_json: Path, identity: dict[str, Any], scratch: Path) -> Path:
@@ -336,12 +366,8 @@ def to_universal_dir(checkpoint: str | Path, output: str | Path, force: bool = F
             os.replace(child, tmp / child.name)
         inner.rmdir()
         (tmp / "latest_universal").unlink(missing_ok=True)
-        if meta is not None:
-            carried = {
-                k: meta.get(k) for k in ("step", "consumed_samples", "consumed_tokens", "model", "tokenizer")
-            }
-            carried.update({"format": "llmtools.universal-checkpoint", "source": str(checkpoint)})
-            (tmp / "llmtools.json").write_text(json.dumps(carried, indent=1) + "\n", encoding="utf-8")
+        marker = _marker(checkpoint, meta, "llmtools.universal-checkpoint")
+        (tmp / "llmtools.json").write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
     return output
 
 

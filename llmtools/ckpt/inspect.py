@@ -23,7 +23,7 @@ def list_run(run: str | Path, checksums: bool = True) -> list[dict[str, Any]]:
     latest = layout.read_latest(ckpt_dir)
     rows = []
     for step, path in layout.list_checkpoints(ckpt_dir):
-        report = verify(path, checksums=checksums, shapes=False)
+        report = verify(path, checksums=checksums, shapes=False, found_in=ckpt_dir)
         meta = report.meta or {}
         created = meta.get("time")
         rows.append(
@@ -90,7 +90,8 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     from llmtools.ckpt.expert_parallel import is_expert_parallel
     from llmtools.ckpt.reader import CheckpointReader
 
-    path = resolve_checkpoint(path)
+    # Verified (all but the sha256s: only the pickles are read here, and they are checked for safety).
+    path = resolve_checkpoint(path, checksums=False)
     report = verify(path, checksums=False, shapes=False)
     meta = report.meta or {}
     expert_parallel = is_expert_parallel(meta)

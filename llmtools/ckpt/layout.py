@@ -9,6 +9,7 @@
             rng_rank0000.pt ...
             meta.json
         step_00000020.tmp-save-ID/  a save in progress (or killed): never read, removed by the next save
+        abandoned-20260101T120000Z/ checkpoints newer than a --rollback target, moved aside (never read)
 
 A folder is a checkpoint only when its name is ``step_<digits>`` exactly; anything with ``.tmp-`` in its
 name is work in progress. Since the temporary folder is renamed into place only after meta.json is written
@@ -28,6 +29,7 @@ CHECKPOINTS = "checkpoints"
 META = "meta.json"
 LATEST = "latest"
 STEP_RE = re.compile(r"^step_(\d{8,})$")
+ABANDONED = "abandoned-"  # + UTC time: where --rollback moves the checkpoints of an abandoned timeline
 META_FORMAT = "llmtools.checkpoint"
 META_VERSION = 1
 
@@ -146,6 +148,15 @@ def read_latest(ckpt_dir: str | Path) -> str | None:
     except FileNotFoundError:
         return None
     return text or None
+
+
+def stays_inside(ckpt_dir: str | Path, path: str | Path) -> bool:
+    """A checkpoint folder found in ``ckpt_dir`` (by listing, or named by ``latest``) really lies there:
+    not a symlink to a folder elsewhere."""
+    import os
+
+    root = os.path.realpath(ckpt_dir)
+    return os.path.dirname(os.path.realpath(path)) == root
 
 
 def ckpt_dir_of(path: str | Path) -> Path:

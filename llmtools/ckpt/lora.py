@@ -61,11 +61,9 @@ def checkpoint_lora(checkpoint: Path) -> tuple[LoraSection, dict] | None:
     module state there is complete for ZeRO 0-2 (each rank holds every parameter); ZeRO-3 partitions it,
     so its partitions are gathered (into memory: fine for the models LoRA is used on here).
     """
-    import torch
+    from llmtools.ckpt import layout, safeload
 
-    from llmtools.ckpt import layout
-
-    blob = torch.load(layout.model_states_file(checkpoint), map_location="cpu", weights_only=False, mmap=True)
+    blob = safeload.load(layout.model_states_file(checkpoint), mmap=True)
     raw = blob.get("lora")
     if not raw:
         return None
@@ -74,11 +72,9 @@ def checkpoint_lora(checkpoint: Path) -> tuple[LoraSection, dict] | None:
 
 def checkpoint_weights(checkpoint: Path) -> dict:
     """HF-named weights of any of our checkpoints (ZeRO 0-3), LoRA adapters merged in (``init_from``)."""
-    import torch
+    from llmtools.ckpt import layout, safeload
 
-    from llmtools.ckpt import layout
-
-    blob = torch.load(layout.model_states_file(checkpoint), map_location="cpu", weights_only=False, mmap=True)
+    blob = safeload.load(layout.model_states_file(checkpoint), mmap=True)
     state = _module_state(Path(checkpoint), blob)
     raw = blob.get("lora")
     return merge_state(state, LoraSection(**raw)) if raw else state
@@ -120,4 +116,6 @@ def write_adapter(checkpoint: Path, output: Path, force: bool = False, base_mode
         (tmp / ADAPTER_CONFIG).write_text(
             json.dumps(peft_adapter_config(section, base_model), indent=2) + "\n", encoding="utf-8"
         )
+        marker = {"format": "llmtools.lora-adapter", "source": str(checkpoint)}  # what --force may replace
+        (tmp / "llmtools.json").write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
     return Path(output)

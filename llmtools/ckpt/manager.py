@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmtools.ckpt import dist, layout
+from llmtools.ckpt import dist, layout, safeload
 from llmtools.ckpt import rng as rng_state
 from llmtools.ckpt.verify import check, check_compatible, list_files, read_meta, sha256_file, verify
 from llmtools.ckpt.writer import RankWriter
@@ -55,13 +55,23 @@ def _param_shapes(module) -> dict[str, list[int]]:
     return {name: list(getattr(param, "ds_shape", param.shape)) for name, param in module.named_parameters()}
 
 
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def _load_weights_only(engine, model_states: Path) -> None:
     """Copy a full state dict into the engine's (possibly ZeRO-3-partitioned) parameters, then refresh
     the optimizer's fp32 master copy from them (every ZeRO optimizer keeps one of its own)."""
     import deepspeed
     import torch
 
-    state = torch.load(model_states, map_location="cpu", weights_only=False, mmap=True)["module"]
+    blob = safeload.load(model_states, mmap=True)
+    state = blob.get("module") if isinstance(blob, dict) else None
+    if not isinstance(state, dict):
+        raise InputError(f"{model_states}[module]: missing (not a DeepSpeed model-states file)")
     params = dict(engine.module.named_parameters())
     missing = sorted(set(params) - set(state))
     if missing:
@@ -108,6 +118,8 @@ def _meta_fields(engine, step: int, final: Path, client_state: dict[str, Any]) -
         "data": {
             "consumed_samples": client_state.get("consumed_samples"),
             "fingerprint": client_state.get("data_fingerprint"),
+            # per-source cursors, readable without torch (resume checks, llm-ckpt inspect --data)
+            "ledger": client_state.get("data_ledger"),
         },
         "config_hash": client_state.get("config_hash"),
         "config": client_state.get("config"),  # what a resume compares its config with
@@ -279,27 +291,36 @@ class CheckpointManager:
         return layout.list_checkpoints(self.ckpt_dir)
 
     def latest_verified(self, warn: bool = True, exclude: Collection[Path] = ()) -> Path | None:
-        """The newest checkpoint that verifies fully (not in ``exclude``); warn about every newer one skipped."""
+        """The newest checkpoint that verifies fully (not in ``exclude``); warn about every newer one skipped.
+
+        A checkpoint holding a pickle outside the allowlist is not skipped: it stops the search
+        (:class:`~llmtools.ckpt.safeload.UnsafeFileError`), since someone put it there on purpose.
+        """
         for _step, path in reversed(self.checkpoints()):
             if path in exclude:
                 continue
-            report = verify(path)
+            report = verify(path, found_in=self.ckpt_dir)
+            if report.unsafe is not None:
+                raise report.unsafe
             if report.ok:
                 return path
             if warn:
                 self.warn(f"skipping checkpoint {path}: {report.first_problem()}")
         return None
 
-    def resolve(self, spec: str | os.PathLike, exclude: Collection[Path] = ()) -> Path | None:
+    def resolve(
+        self, spec: str | os.PathLike, exclude: Collection[Path] = (), rollback: bool = False
+    ) -> Path | None:
         """``auto`` | ``latest`` | ``STEP`` | ``PATH`` -> a verified checkpoint folder.
 
         ``auto`` returns None when there is none (start fresh; ``exclude``: ones that failed to load); the
-        others raise InputError when the checkpoint is missing or broken. Under torch.distributed rank 0
-        decides and tells the others.
+        others raise InputError when the checkpoint is missing or broken. A checkpoint of this run older
+        than its newest complete one is refused unless ``rollback``, which first moves the newer ones aside
+        (:meth:`abandon_after`). Under torch.distributed rank 0 decides (and moves) and tells the others.
         """
         if dist.rank() == 0:
             try:
-                result: Any = self._resolve_here(str(spec), exclude)
+                result: Any = self._resolve_here(str(spec), exclude, rollback)
             except InputError as error:
                 result = error
         else:
@@ -309,32 +330,118 @@ class CheckpointManager:
             raise result
         return result
 
-    def _resolve_here(self, spec: str, exclude: Collection[Path] = ()) -> Path | None:
-        spec = spec.strip()
-        if spec == "auto":
+    def _resolve_here(self, spec: str, exclude: Collection[Path] = (), rollback: bool = False) -> Path | None:
+        if spec.strip() == "auto":
             return self.latest_verified(exclude=exclude)
+        path = self.target(spec)
+        check(path)
+        later = self.later_than(path)
+        if later and not rollback:
+            raise self._rollback_refusal(path, later)
+        if later:
+            self.abandon_after(path)
+        return path
+
+    def target(self, spec: str) -> Path:
+        """The folder ``latest`` | ``STEP`` | ``PATH`` names (not verified yet); InputError when there is none.
+
+        ``latest`` is read from a file: it must name a checkpoint folder of this run (``step_N``), not
+        ``../other`` nor an absolute path, and not a symlink out of the checkpoints folder.
+        """
+        spec = spec.strip()
         if spec == "latest":
+            where = self.ckpt_dir / layout.LATEST
             tag = layout.read_latest(self.ckpt_dir)
             if tag is None:
+                raise InputError(f"{where}: missing (no checkpoint was saved in this run)")
+            if layout.parse_step(tag) is None:
                 raise InputError(
-                    f"{self.ckpt_dir / layout.LATEST}: missing (no checkpoint was saved in this run)"
+                    f"{where}: names {tag!r}, not a checkpoint folder of this run (step_NNNNNNNN); refused"
                 )
             path = self.ckpt_dir / tag
             if not path.is_dir():
-                raise InputError(f"{self.ckpt_dir / layout.LATEST}: points to {tag}, which does not exist")
+                raise InputError(f"{where}: points to {tag}, which does not exist")
         elif spec.isdigit():
             path = self.ckpt_dir / layout.step_name(int(spec))
             if not path.is_dir():
                 have = ", ".join(str(step) for step, _ in self.checkpoints()) or "none"
                 raise InputError(f"{path}: no checkpoint for step {int(spec)} (steps saved: {have})")
         else:
-            path = Path(spec)
+            path = Path(spec)  # typed by the user: it may lie anywhere
             if not path.exists():
                 raise InputError(f"{path}: no such checkpoint (use auto, latest, a step number or a folder)")
             if not (path / layout.META).exists() and not layout.is_checkpoint(path):
                 raise InputError(f"{path}: not a checkpoint folder (it has no {layout.META})")
-        check(path)
+            return path
+        if not layout.stays_inside(self.ckpt_dir, path):
+            raise InputError(f"{path}: a symlink out of {self.ckpt_dir}; refused")
         return path
+
+    # ------------------------------------------------------------------ rollback
+    def later_than(self, path: str | os.PathLike) -> list[tuple[int, Path]]:
+        """The complete checkpoints of this run newer than ``path`` (none when ``path`` is not one of this
+        run's checkpoint folders). Complete means meta.json says so; nothing is hashed."""
+        path = Path(path)
+        step = layout.parse_step(path.name)
+        if step is None or not self.ckpt_dir.is_dir() or not _same_folder(path.parent, self.ckpt_dir):
+            return []
+        later = []
+        for other, folder in self.checkpoints():
+            if other > step:
+                try:
+                    if read_meta(folder).get("complete") is True:
+                        later.append((other, folder))
+                except InputError:
+                    continue
+        return later
+
+    def check_rollback(self, spec: str | None, rollback: bool) -> None:
+        """Before any compute: refuse a ``--resume`` that names no checkpoint (a ``latest`` pointing out of
+        the run, a missing step), or an older checkpoint without ``rollback`` (UsageError)."""
+        if spec is None or spec.strip() == "auto":
+            return
+        path = self.target(spec)
+        later = self.later_than(path)
+        if later and not rollback:
+            raise self._rollback_refusal(path, later)
+
+    def _rollback_refusal(self, path: Path, later: list[tuple[int, Path]]) -> UsageError:
+        steps = ", ".join(str(step) for step, _ in later)
+        return UsageError(
+            f"{path}: step {layout.parse_step(path.name)} is older than this run's newest checkpoint "
+            f"(later steps: {steps}); resuming from it would overwrite them. Add --rollback to move them "
+            f"into {self.ckpt_dir}/abandoned-<time>/ (nothing is deleted), or resume with --resume auto"
+        )
+
+    def abandon_after(self, path: str | os.PathLike) -> Path | None:
+        """Move every checkpoint folder newer than ``path`` (complete or not) into
+        ``checkpoints/abandoned-<UTC time>/`` and point ``latest`` at ``path``; returns that folder.
+
+        Nothing is deleted; ``auto``, ``latest`` and pruning look only at ``step_*`` folders directly in
+        the checkpoints folder, so an abandoned timeline can never be resumed by accident.
+        """
+        path = Path(path)
+        step = layout.parse_step(path.name)
+        doomed = [folder for other, folder in self.checkpoints() if step is not None and other > step]
+        if not doomed:
+            return None
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target = self.ckpt_dir / f"{layout.ABANDONED}{stamp}"
+        n = 1
+        while target.exists():
+            n += 1
+            target = self.ckpt_dir / f"{layout.ABANDONED}{stamp}-{n}"
+        target.mkdir()
+        for folder in doomed:
+            os.replace(folder, target / folder.name)
+        fsync_dir(target)
+        write_text_atomic(self.ckpt_dir / layout.LATEST, path.name + "\n")
+        fsync_dir(self.ckpt_dir)
+        self.warn(
+            f"rolled back to {path.name}: moved {', '.join(f.name for f in doomed)} into {target} "
+            "(nothing deleted)"
+        )
+        return target
 
     # ------------------------------------------------------------------ load
     def load(
@@ -346,8 +453,6 @@ class CheckpointManager:
         through DeepSpeed's universal format (model and optimizer state kept; see :mod:`reshard`); so is
         one saved with another ZeRO stage when ``reshard`` is given (ZeRO-1 <-> ZeRO-2).
         """
-        import torch
-
         path = Path(path)
         meta = read_meta(path)
         rank, world = dist.rank(), dist.world_size()
@@ -366,6 +471,7 @@ class CheckpointManager:
                 f"uses ZeRO-{stage}; resume with the same stage, reshard ZeRO-1 <-> ZeRO-2 (--reshard), or start "
                 "a new run from its weights (llm-ckpt import-hf / convert --to hf)"
             )
+        safeload.guard_engine(engine)  # DeepSpeed's own reads of its files: weights only, our allowlist
         if (saved_world != current_dp and saved_stage > 0) or saved_stage != stage:
             from llmtools.ckpt.reshard import load_resharded
 
@@ -381,7 +487,7 @@ class CheckpointManager:
                 raise RuntimeFailure(f"{path}: DeepSpeed could not load this checkpoint")
         rng_file = path / layout.rng_name(rank)
         if saved_world == world and rng_file.is_file():
-            rng_state.restore(torch.load(rng_file, weights_only=False))
+            rng_state.restore(safeload.load(rng_file), rng_file)
         elif rank == 0:
             self.warn(
                 f"{path}: saved with world size {meta['world_size']}, now {world}: RNG states not restored "

@@ -7,7 +7,10 @@ placeholder storages that remember where their bytes lie in the zip archive (tor
 uncompressed), and reads a slice with a plain ``seek`` + ``readinto``: the bytes pass through the page
 cache, never stay in the process.
 
-Only the zip format of ``torch.save`` (the default since torch 1.6) is supported.
+Only the zip format of ``torch.save`` (the default since torch 1.6) is supported. The unpickler looks up
+only the globals of :data:`llmtools.ckpt.safeload.ALLOWED` (anything else is
+:class:`~llmtools.ckpt.safeload.UnsafeFileError`, before it is imported), and puts inert stand-ins where
+the real object is not needed, so reading a checkpoint's structure imports neither DeepSpeed nor runs code.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmtools.ckpt.safeload import allowed_name, latin1_encode
 from llmtools.errors import InputError
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
@@ -31,6 +35,9 @@ class LazyStorage:
     dtype: Any  # torch.dtype
     numel: int
 
+    def __setstate__(self, _state) -> None:  # pickle's BUILD on a storage: no file may retarget one
+        raise pickle.UnpicklingError("a storage cannot be given state")
+
 
 @dataclass
 class LazyTensor:
@@ -38,6 +45,9 @@ class LazyTensor:
     storage_offset: int
     shape: tuple[int, ...]
     stride: tuple[int, ...]
+
+    def __setstate__(self, _state) -> None:  # pickle's BUILD on a tensor: no file may retarget one
+        raise pickle.UnpicklingError("a tensor cannot be given state")
 
     @property
     def dtype(self):
@@ -69,6 +79,11 @@ class LazyTensor:
             raise InputError(
                 f"{self.storage.path}: slice [{start}, {start + count}) out of a tensor of {total}"
             )
+        if self.storage_offset < 0 or self.storage_offset + total > self.storage.numel:
+            raise InputError(
+                f"{self.storage.path}: a tensor of {total} elements at offset {self.storage_offset} lies "
+                f"outside its storage of {self.storage.numel} (corrupt)"
+            )
         itemsize = torch.empty((), dtype=self.dtype).element_size()
         out = torch.empty(count, dtype=self.dtype)
         if count == 0:
@@ -92,7 +107,16 @@ class LazyTensor:
 
 
 def _rebuild_tensor(storage, storage_offset, size, stride, *_args):
-    return LazyTensor(storage, storage_offset, tuple(size), tuple(stride))
+    if not isinstance(storage, LazyStorage):
+        raise pickle.UnpicklingError("a tensor whose storage is not one of the file's storages")
+    try:
+        shape, strides = tuple(int(s) for s in size), tuple(int(s) for s in stride)
+        offset = int(storage_offset)
+    except (TypeError, ValueError):
+        raise pickle.UnpicklingError("a tensor with a malformed size, stride or offset") from None
+    if len(shape) != len(strides) or any(s < 0 for s in shape):
+        raise pickle.UnpicklingError(f"a tensor with size {shape} and stride {strides}")
+    return LazyTensor(storage, offset, shape, strides)
 
 
 def _rebuild_parameter(data, *_args):
@@ -101,7 +125,59 @@ def _rebuild_parameter(data, *_args):
 
 def _rebuild_from_type_v2(func, _new_type, args, _state):
     # Tensor subclasses (ZeRO-3 saves nn.Parameter this way): keep the plain lazy tensor.
+    if func not in (_rebuild_tensor, _rebuild_parameter):
+        raise pickle.UnpicklingError("_rebuild_from_type_v2 of something other than a tensor")
     return func(*args)
+
+
+class _Tag:
+    """What a type that is only ever an argument (a storage type, torch.Tensor) unpickles to."""
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = name
+
+    def __call__(self, *_args, **_kwargs):
+        raise pickle.UnpicklingError(f"{self.__name__} cannot be called here")
+
+
+class _Record:
+    """An inert stand-in for a DeepSpeed object (LossScaler, fragment_address): its attributes only."""
+
+    def __new__(cls, *_args, **_kwargs):
+        return object.__new__(cls)
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.args = args
+        self.__dict__.update(kwargs)
+
+    def __repr__(self) -> str:
+        return f"_Record({self.__dict__})"
+
+
+def _enum_value(value):
+    """ZeroStageEnum(n) -> n: the stage as a plain int."""
+    if not isinstance(value, int):
+        raise pickle.UnpicklingError(f"an enum value {value!r} that is not an int")
+    return int(value)
+
+
+def _stand_in(module: str, name: str):
+    """What the lazy unpickler puts in place of an allowed global."""
+    if module == "torch._utils":
+        return _rebuild_tensor if name == "_rebuild_tensor_v2" else _rebuild_parameter
+    if module == "torch._tensor":
+        return _rebuild_from_type_v2
+    if module == "torch" and name != "Size":
+        return _Tag(f"torch.{name}")  # storages and torch.Tensor: arguments, never called
+    if module == "_codecs":
+        return latin1_encode
+    if module.startswith("deepspeed"):
+        return _enum_value if name == "ZeroStageEnum" else _Record
+    if module == "numpy.core.multiarray":
+        module = "numpy._core.multiarray"
+    import importlib
+
+    return getattr(importlib.import_module(module), name)  # OrderedDict, set, torch.Size, numpy
 
 
 def _local_data_offset(handle, info: zipfile.ZipInfo) -> int:
@@ -140,28 +216,29 @@ def load_lazy(path: str | Path) -> Any:
                 raise InputError(f"{path}: storage {key} missing from the archive")
             if info.compress_type != zipfile.ZIP_STORED:
                 raise InputError(f"{path}: storage {key} is compressed; cannot read it lazily")
-            name = storage_type.__name__ if isinstance(storage_type, type) else str(storage_type)
-            dtype = torch.uint8 if name == "UntypedStorage" else _get_dtype_from_pickle_storage_type(name)
+            if not isinstance(storage_type, _Tag) or not storage_type.__name__.endswith("Storage"):
+                raise InputError(f"{path}: storage {key} has no storage type")
+            dtype = _get_dtype_from_pickle_storage_type(storage_type.__name__.removeprefix("torch."))
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            if not isinstance(numel, int) or numel < 0 or numel * itemsize > info.file_size:
+                raise InputError(
+                    f"{path}: storage {key} claims {numel} elements but holds {info.file_size} bytes"
+                )
             return LazyStorage(path, _local_data_offset(handle, info), dtype, numel)
 
         class _Unpickler(pickle.Unpickler):
             def find_class(self, module, name):
-                if module == "torch._utils" and name == "_rebuild_tensor_v2":
-                    return _rebuild_tensor
-                if module == "torch._utils" and name in (
-                    "_rebuild_parameter",
-                    "_rebuild_parameter_with_state",
-                ):
-                    return _rebuild_parameter
-                if module == "torch._tensor" and name == "_rebuild_from_type_v2":
-                    return _rebuild_from_type_v2
-                return super().find_class(module, name)
+                return _stand_in(*allowed_name(path, module, name))
 
             def persistent_load(self, pid):
+                if not isinstance(pid, tuple) or len(pid) != 5:
+                    raise InputError(f"{path}: malformed persistent id")
                 return persistent_load(pid)
 
         with archive.open(pkl) as stream:
             try:
                 return _Unpickler(stream).load()
-            except (pickle.UnpicklingError, EOFError, AttributeError, ModuleNotFoundError) as error:
-                raise InputError(f"{path}: cannot unpickle ({error})") from error
+            except InputError:
+                raise
+            except Exception as error:  # noqa: BLE001 - any failure to unpickle a hostile file is bad input
+                raise InputError(f"{path}: cannot unpickle ({type(error).__name__}: {error})") from None

@@ -1,10 +1,12 @@
-"""Is a checkpoint complete and intact? meta.json, file sizes and checksums, tensor shapes.
+"""Is a checkpoint complete, intact and safe to load? meta.json, files, checksums, pickles, tensor shapes.
 
 A checkpoint is *complete* when its meta.json parses and says ``complete: true``; it is *verified* when,
 in addition, every file DeepSpeed needs for its ZeRO stage, world size and precision (and every RNG file)
-is listed and present (:func:`llmtools.ckpt.layout.required_files`), every file meta.json lists has the
-recorded size and sha256, and the parameter shapes in DeepSpeed's model-states file equal those meta.json
-recorded at save time.
+is listed (:func:`llmtools.ckpt.layout.required_files`), the files meta.json lists are exactly the files in
+the folder (each inside it: no absolute path, no ``..``, no symlink out), each has the recorded size and
+sha256, every ``.pt`` file names only globals of :data:`llmtools.ckpt.safeload.ALLOWED` (checked without
+loading it), and the parameter shapes in DeepSpeed's model-states file equal those meta.json recorded at
+save time. A checkpoint that verifies is safe to resume from, convert or inspect.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from llmtools.ckpt import layout
 from llmtools.errors import InputError
+from llmtools.fsutil import inside
 
 _CHUNK = 1 << 22
 REQUIRED_KEYS = ("format", "version", "step", "complete", "files", "world_size", "zero_stage", "precision")
@@ -31,11 +34,23 @@ def sha256_file(path: str | Path) -> str:
 
 
 def list_files(folder: str | Path) -> list[str]:
-    """Every file under ``folder`` (relative, sorted), except meta.json itself."""
+    """Every file (and symlink) under ``folder`` (relative, sorted), except meta.json itself.
+
+    Symlinked folders are listed as entries, not entered.
+    """
+    import os
+
     folder = Path(folder)
-    return sorted(
-        p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != layout.META
-    )
+    found = []
+    for root, dirs, files in os.walk(folder):
+        base = Path(root)
+        links = [d for d in dirs if (base / d).is_symlink()]
+        dirs[:] = [d for d in dirs if d not in links]
+        for name in [*files, *links]:
+            relative = (base / name).relative_to(folder).as_posix()
+            if relative != layout.META:
+                found.append(relative)
+    return sorted(found)
 
 
 def file_manifest(folder: str | Path, fsync: bool = False) -> dict[str, dict[str, Any]]:
@@ -71,7 +86,58 @@ def read_meta(path: str | Path) -> dict[str, Any]:
             raise InputError(f"{meta_path}[{key}]: missing")
     if meta["format"] != layout.META_FORMAT:
         raise InputError(f"{meta_path}[format]: {meta['format']!r}, expected {layout.META_FORMAT!r}")
+    _check_types(meta, meta_path)
     return meta
+
+
+def _is_int(value: Any, low: int = 0, high: int | None = None) -> bool:
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value >= low
+        and (high is None or value <= high)
+    )
+
+
+def _check_types(meta: dict[str, Any], meta_path: Path) -> None:
+    """The fields the readers use, with the types they assume (a hostile or mangled meta.json stops here)."""
+
+    def bad(key: str, expected: str) -> InputError:
+        return InputError(f"{meta_path}[{key}]: {meta.get(key)!r}, expected {expected}")
+
+    checks = {
+        "version": (_is_int(meta["version"]), "an integer"),
+        "step": (_is_int(meta["step"]), "an integer >= 0"),
+        "complete": (isinstance(meta["complete"], bool), "true or false"),
+        "files": (isinstance(meta["files"], dict), "an object of file entries"),
+        "world_size": (_is_int(meta["world_size"], 1), "an integer >= 1"),
+        "zero_stage": (_is_int(meta["zero_stage"], 0, 3), "0, 1, 2 or 3"),
+        "precision": (isinstance(meta["precision"], str), "a string"),
+    }
+    optional = {
+        "dp_world_size": lambda v: _is_int(v, 1),
+        "consumed_samples": lambda v: _is_int(v),
+        "consumed_tokens": lambda v: _is_int(v),
+        "param_shapes": lambda v: (
+            isinstance(v, dict)
+            and all(isinstance(s, list) and all(_is_int(d) for d in s) for s in v.values())
+        ),
+        "model": lambda v: isinstance(v, dict),
+        "tokenizer": lambda v: isinstance(v, dict),
+        "init_only": lambda v: isinstance(v, bool),
+        "time": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    }
+    for key, (ok, expected) in checks.items():
+        if not ok:
+            raise bad(key, expected)
+    for key, ok in optional.items():
+        if meta.get(key) is not None and not ok(meta[key]):
+            raise bad(key, "a value of the right type (see schemas/checkpoint-meta.schema.json)")
+    for name, entry in meta["files"].items():
+        if not (
+            isinstance(entry, dict) and _is_int(entry.get("size")) and isinstance(entry.get("sha256"), str)
+        ):
+            raise InputError(f"{meta_path}[files.{name}]: expected {{size: integer, sha256: string}}")
 
 
 @dataclass
@@ -82,6 +148,7 @@ class Report:
     meta: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # files its kind needs that it does not hold or list
+    unsafe: InputError | None = None  # a file naming a global outside the allowlist
 
     @property
     def complete(self) -> bool:
@@ -96,33 +163,49 @@ class Report:
         return self.problems[0] if self.problems else ""
 
 
-def param_shapes_from_model_states(path: Path) -> dict[str, list[int]]:
+def param_shapes_from_model_states(path: Path, state: dict | None = None) -> dict[str, list[int]]:
     """Parameter shapes recorded by DeepSpeed in ``mp_rank_00_model_states.pt`` (lazily: no tensor is read).
 
     ZeRO-3 leaves empty placeholders in ``module``; the true shapes are in ``param_shapes``.
     """
     from llmtools.ckpt.torchfile import load_lazy
 
-    state = load_lazy(path)
-    shapes: dict[str, list[int]] = {}
-    for group in state.get("param_shapes") or []:
-        for name, shape in group.items():
-            shapes[name] = list(shape)
-    module = state.get("module") or {}
-    for name, tensor in module.items():
-        if name not in shapes and hasattr(tensor, "shape"):
-            shapes[name] = list(tensor.shape)
-    for name, info in (state.get("frozen_param_shapes") or {}).items():
-        shapes[name] = list(info)  # frozen params (LoRA's base): ZeRO-3's module holds [0] placeholders
+    state = load_lazy(path) if state is None else state
+    try:
+        shapes: dict[str, list[int]] = {}
+        for group in state.get("param_shapes") or []:
+            for name, shape in group.items():
+                shapes[name] = [int(s) for s in shape]
+        module = state.get("module") or {}
+        for name, tensor in module.items():
+            if name not in shapes and hasattr(tensor, "shape"):
+                shapes[name] = list(tensor.shape)
+        for name, info in (state.get("frozen_param_shapes") or {}).items():
+            # LoRA: the true shapes of frozen parameters (ZeRO-3's module holds [0] for them)
+            shapes[name] = [int(s) for s in info]
+    except (AttributeError, TypeError, ValueError) as error:
+        raise InputError(f"{path}: malformed param_shapes or module ({error})") from None
     return shapes
 
 
-def verify(path: str | Path, checksums: bool = True, shapes: bool = True) -> Report:
-    """Check a checkpoint folder. ``checksums=False`` checks sizes only (fast for listing)."""
+def verify(
+    path: str | Path, checksums: bool = True, shapes: bool = True, found_in: Path | None = None
+) -> Report:
+    """Check a checkpoint folder. ``checksums=False`` checks sizes only (fast for listing).
+
+    The pickles of every ``.pt`` file are checked against the allowlist in every mode (it reads only
+    their small ``data.pkl``, never tensor data). ``found_in``: the checkpoints folder ``path`` was found
+    in by listing it; a symlink from there to a folder elsewhere is a problem.
+    """
+    from llmtools.ckpt.safeload import UnsafeFileError, check_file
+
     path = Path(path)
     report = Report(path)
     if not path.is_dir():
         report.problems.append(f"{path}: not a folder")
+        return report
+    if found_in is not None and not layout.stays_inside(found_in, path):
+        report.problems.append(f"{path}: a symlink out of {found_in} (to {path.resolve()}); refused")
         return report
     try:
         report.meta = read_meta(path)
@@ -134,7 +217,7 @@ def verify(path: str | Path, checksums: bool = True, shapes: bool = True) -> Rep
     if meta.get("complete") is not True:
         report.problems.append(f"{meta_path}[complete]: not true (the save did not finish)")
         return report
-    files = meta.get("files") or {}
+    files = meta["files"]
     if not files:
         report.problems.append(f"{meta_path}[files]: empty")
     try:
@@ -150,38 +233,78 @@ def verify(path: str | Path, checksums: bool = True, shapes: bool = True) -> Rep
                 f"{path / name}: {where}; a ZeRO-{meta.get('zero_stage')} {meta.get('precision')} checkpoint of "
                 f"world size {meta.get('world_size')} needs it (incomplete save?)"
             )
-    for name, entry in sorted(files.items()):
-        file = path / name
+    listed: dict[str, Path] = {}
+    for name in sorted(files):
+        try:
+            listed[name] = inside(path, name, f"{meta_path}[files]")
+        except InputError as error:
+            report.problems.append(str(error))
+    present = set(list_files(path))
+    for name in sorted(present - set(files) - set(needed)):
+        report.problems.append(f"{path / name}: present but not listed in meta.json (added or renamed?)")
+    if report.problems:
+        return report
+    for name, file in listed.items():
+        entry = files[name]
         if not file.is_file():
             report.problems.append(f"{file}: missing")
             continue
         size = file.stat().st_size
-        if size != entry.get("size"):
-            report.problems.append(f"{file}: size {size}, meta.json says {entry.get('size')} (truncated?)")
+        if size != entry["size"]:
+            report.problems.append(f"{file}: size {size}, meta.json says {entry['size']} (truncated?)")
             continue
-        if checksums and sha256_file(file) != entry.get("sha256"):
+        if checksums and sha256_file(file) != entry["sha256"]:
             report.problems.append(f"{file}: sha256 differs from meta.json (corrupt)")
-    if report.problems or not shapes:
+    if report.problems:
         return report
     model_states = layout.model_states_file(path)
+    structures: dict[Path, Any] = {}
+    for file in listed.values():
+        if file.suffix == ".pt":
+            try:
+                structures[file] = check_file(file)
+            except InputError as error:
+                report.problems.append(str(error))
+                if isinstance(error, UnsafeFileError):
+                    report.unsafe = error
+                return report
     expected = meta.get("param_shapes")
-    if expected and model_states.is_file():
-        try:
-            found = param_shapes_from_model_states(model_states)
-        except InputError as error:
-            report.problems.append(str(error))
-            return report
-        for name, shape in expected.items():
-            if name not in found:
-                report.problems.append(f"{model_states}[{name}]: parameter missing")
-            elif list(found[name]) != list(shape):
-                report.problems.append(f"{model_states}[{name}]: shape {found[name]}, meta.json says {shape}")
+    if not shapes or not expected or model_states not in structures:
+        return report
+    state = structures[model_states]
+    if not isinstance(state, dict):
+        report.problems.append(f"{model_states}: not a DeepSpeed model-states dict")
+        return report
+    try:
+        found = param_shapes_from_model_states(model_states, state)
+    except InputError as error:
+        report.problems.append(str(error))
+        return report
+    for name, shape in expected.items():
+        if name not in found:
+            report.problems.append(f"{model_states}[{name}]: parameter missing")
+        elif list(found[name]) != list(shape):
+            report.problems.append(f"{model_states}[{name}]: shape {found[name]}, meta.json says {shape}")
     return report
 
 
-def check(path: str | Path) -> dict[str, Any]:
-    """Verify fully; return meta or raise InputError naming what is wrong."""
-    report = verify(path)
+def check_pickles(folder: str | Path) -> None:
+    """Every ``.pt`` file in ``folder`` (a checkpoint without meta.json) against the allowlist; symlinks
+    out of the folder refused. InputError / UnsafeFileError naming the file otherwise."""
+    from llmtools.ckpt.safeload import check_file
+
+    folder = Path(folder)
+    for name in list_files(folder):
+        if name.endswith(".pt"):
+            check_file(inside(folder, name, str(folder)))
+
+
+def check(path: str | Path, checksums: bool = True) -> dict[str, Any]:
+    """Verify fully (``checksums=False``: all but the sha256s); return meta or raise InputError naming
+    what is wrong (an unsafe pickle: :class:`~llmtools.ckpt.safeload.UnsafeFileError`, itself)."""
+    report = verify(path, checksums=checksums)
+    if report.unsafe is not None:
+        raise report.unsafe
     if not report.ok:
         more = f" (and {len(report.problems) - 1} more)" if len(report.problems) > 1 else ""
         raise InputError(report.first_problem() + more)

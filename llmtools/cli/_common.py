@@ -35,7 +35,7 @@ def debug_enabled() -> bool:
 
 
 def fail(prog: str, message: str, code: int) -> None:
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    log(f"{prog}: error: {message}")
     sys.exit(code)
 
 
@@ -48,7 +48,7 @@ def run(app: typer.Typer, prog: str) -> None:
             traceback.print_exc()
         fail(prog, str(error), error.exit_code)
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+        log(f"{prog}: interrupted")
         sys.exit(130)
     except BrokenPipeError:
         # The reader of our stdout went away (e.g. `| head`): not an error worth a traceback.
@@ -89,5 +89,51 @@ def report(prog: str, result, as_json: bool, quiet: bool) -> None:
 
 
 def log(message: str) -> None:
-    """A human-facing message on stderr."""
-    print(message, file=sys.stderr, flush=True)
+    """A human-facing message on stderr, in one write: with several ranks on one stream (torchrun, srun)
+    and Python unbuffered (PYTHONUNBUFFERED, common under Slurm), print's separate newline lets lines
+    of two ranks run together."""
+    sys.stderr.write(f"{message}\n")
+    sys.stderr.flush()
+
+
+def expand_multi_value_flags(
+    argv: list[str], flags: tuple[str, ...], stop_at_files: bool = False, grouped: tuple[str, ...] = ()
+) -> list[str]:
+    """Megatron's ``nargs='+'`` spelling for click: ``--flag a b`` -> ``--flag a --flag b``.
+
+    Values run to the next option (a negative number is still a value); with ``stop_at_files`` also to
+    the first existing file, so ``--json-keys text corpus.jsonl`` leaves the input alone. A ``grouped``
+    flag keeps its values together as one: ``--stage end 0.5 0.5`` -> ``--stage "end 0.5 0.5"``."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in grouped:
+            j = i + 1
+            while j < len(argv) and (not argv[j].startswith("-") or _looks_numeric(argv[j])):
+                j += 1
+            out += [arg, " ".join(argv[i + 1 : j])] if j > i + 1 else [arg]
+            i = j
+            continue
+        if arg in flags:
+            j = i + 1
+            while j < len(argv) and (not argv[j].startswith("-") or _looks_numeric(argv[j])):
+                if stop_at_files and j > i + 1 and os.path.isfile(argv[j]):
+                    break
+                out += [arg, argv[j]]
+                j += 1
+            if j == i + 1:
+                out.append(arg)  # let the parser report the missing value
+            i = j
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False

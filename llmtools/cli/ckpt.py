@@ -48,8 +48,12 @@ def list_(
         log(f"{run_dir}: no checkpoints yet")
 
 
-VERIFY_HELP = """Verify a checkpoint: meta.json, file sizes and sha256 checksums, parameter shapes.
+VERIFY_HELP = """Verify a checkpoint: meta.json, file sizes and sha256 checksums, parameter shapes,
+and that it is safe to load.
 
+The files meta.json lists must be exactly those in the folder (none outside it, no symlink out,
+none unlisted), and every .pt file may name only the types llmtools checkpoints hold (checked without
+loading it): a checkpoint that verifies is safe to resume from, convert or inspect.
 Exit 0 and print the path when it is intact; exit 2 naming what is wrong otherwise. Given a run
 folder, every checkpoint in it is verified (exit 2 if any fails).
 
@@ -77,12 +81,13 @@ def verify_(
         or layout.is_checkpoint(path)
         or layout.model_states_file(path).is_file()
     ):
-        targets = [path]
+        reports = [verify(path)]
     else:
-        targets = [p for _, p in layout.list_checkpoints(layout.ckpt_dir_of(path))]
+        ckpt_dir = layout.ckpt_dir_of(path)
+        targets = [p for _, p in layout.list_checkpoints(ckpt_dir)]
         if not targets:
             raise InputError(f"{path}: neither a checkpoint nor a run folder with checkpoints")
-    reports = [verify(target) for target in targets]
+        reports = [verify(target, found_in=ckpt_dir) for target in targets]
     for report in reports:
         if as_json:
             emit(json.dumps({"path": str(report.path), "ok": report.ok, "problems": report.problems}))
@@ -99,10 +104,16 @@ def verify_(
 INSPECT_HELP = """Show what a checkpoint holds: model config, parameter count, dtypes, optimizer state,
 world size, ZeRO stage, data position. Reads no tensor data.
 
+--data prints the run's data ledger instead: per source the samples and tokens consumed, its share,
+epochs, cursor, samples passed over (quarantine), quarantined and repeated, and whether it is still
+drawn from; then the stages blended so far (mixture schedules, mixes changed on resume) and resets.
+
 \b
 Examples:
   llm-ckpt inspect out/run/checkpoints/step_00000100
   llm-ckpt inspect out/run --json          # the newest verified checkpoint of the run
+  llm-ckpt inspect out/run --data          # what the run drew from each source
+  llm-ckpt inspect out/run --data --json | jq '.sources[] | {name, tokens, epochs}'
 """
 
 
@@ -110,11 +121,31 @@ Examples:
 def inspect_(
     path: Path = typer.Argument(..., help="A checkpoint folder (or a run folder: its newest verified one)."),
     as_json: bool = typer.Option(False, "--json", help="JSON instead of text."),
+    data: bool = typer.Option(False, "--data", help="The run's data ledger: what it drew from each source."),
 ) -> None:
+    if data:
+        emit(_data_ledger(path, as_json))
+        return
     from llmtools.ckpt.inspect import format_inspect, inspect_checkpoint
 
     info = inspect_checkpoint(path)
     emit(json.dumps(info, default=str) if as_json else format_inspect(info))
+
+
+def _data_ledger(path: Path, as_json: bool) -> str:
+    from llmtools.ckpt.convert import resolve_checkpoint
+    from llmtools.ckpt.verify import read_meta
+    from llmtools.data.ledger import format_ledger, ledger_report
+    from llmtools.formats.quarantine import quarantine_path, read_records
+
+    checkpoint = resolve_checkpoint(path)
+    meta = read_meta(checkpoint)
+    ledger = (meta.get("data") or {}).get("ledger") if isinstance(meta.get("data"), dict) else None
+    run = ledger.get("run") if isinstance(ledger, dict) else None
+    run_dir = checkpoint.parent.parent
+    records = read_records(quarantine_path(run_dir), run, whose=f"the checkpoint {checkpoint.name}")
+    report = ledger_report(meta, str(checkpoint), records)
+    return json.dumps(report) if as_json else format_ledger(report)
 
 
 PRUNE_HELP = """Remove old checkpoints, keeping the newest K (and every N-th step with --keep-every).
@@ -207,12 +238,13 @@ def convert_(
     world_size: int = typer.Option(
         None, "--world-size", help="With --to universal: the world size you will resume with (any works)."
     ),
-    force: bool = typer.Option(False, "--force", help="Replace the output if it exists."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier output of llmtools."),
     adapter_only: bool = typer.Option(
         False, "--adapter-only", help="LoRA runs, --to hf: write only the adapter, in peft's format."
     ),
 ) -> None:
     from llmtools.ckpt.convert import ConvertConfig, convert
+    from llmtools.cli.outputs import claim, input_paths
 
     config = ConvertConfig(
         checkpoint=checkpoint,
@@ -226,6 +258,7 @@ def convert_(
         force=force,
         adapter_only=adapter_only,
     )
+    claim([output], inputs=input_paths([checkpoint, tokenizer]), force=force)
     emit(str(convert(config)))
 
 
@@ -246,12 +279,14 @@ Examples:
 def import_hf_(
     hf_dir: Path = typer.Argument(..., help="A Hugging Face model folder (config.json + safetensors)."),
     output: Path = typer.Option(..., "-o", "--output", help="The checkpoint folder to write."),
-    force: bool = typer.Option(False, "--force", help="Replace the output if it exists."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier output of llmtools."),
 ) -> None:
     from llmtools.ckpt.convert import import_hf
+    from llmtools.cli.outputs import claim
 
     if not hf_dir.is_dir():
         raise InputError(f"{hf_dir}: not a folder")
+    claim([output], inputs=[hf_dir], force=force)
     emit(str(import_hf(hf_dir, output, force=force)))
 
 

@@ -39,7 +39,9 @@ def _root() -> None:
 @app.command("hf", help=HF_HELP, no_args_is_help=True)
 def hf(
     source: str = typer.Argument(..., help="A .bin/.idx prefix (foo, foo.bin or foo.idx) or a mix.json."),
-    output: str = typer.Option(..., "-o", "--output", help="Output folder (must not exist unless --force)."),
+    output: str = typer.Option(
+        ..., "-o", "--output", help="Output folder (new or empty, or an earlier export with --force)."
+    ),
     format: str = typer.Option("arrow", "--format", help="arrow (save_to_disk folder) or parquet."),
     text: bool = typer.Option(False, "--text", help="Add a detokenized 'text' column (needs --tokenizer)."),
     tokenizer: str = typer.Option(
@@ -59,11 +61,12 @@ def hf(
     split: str = typer.Option(
         "train", "--split", help="For a mix.json: train, valid or test; also the split name written."
     ),
-    force: bool = typer.Option(False, "--force", help="Replace the output folder if it exists."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier export (an llmtools output)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of the output path."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
 ) -> None:
-    from llmtools.export.hf_export import ExportConfig, export_hf, parse_size
+    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.export.hf_export import ExportConfig, export_hf, input_files, parse_size
 
     config = ExportConfig(
         source=source,
@@ -78,6 +81,7 @@ def hf(
         force=force,
         progress=False if quiet else None,
     )
+    claim([config.output], inputs=[*input_files(config), *input_paths([tokenizer])], force=force)
     result = export_hf(config)
     emit(json.dumps(result.to_dict()) if as_json else str(result.output))
 

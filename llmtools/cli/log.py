@@ -123,8 +123,10 @@ def tb(
     ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No counts on stderr."),
 ) -> None:
+    from llmtools.cli.outputs import claim, input_paths
     from llmtools.logs.tb import TbConfig, convert
 
+    claim([logdir], inputs=input_paths(logs), adds=True)
     config = TbConfig(
         logdir=logdir,
         run=run_name,
@@ -162,12 +164,14 @@ def plot(
     pattern: str = typer.Option(None, "--pattern", help=PATTERN_HELP),
     dpi: int = typer.Option(100, "--dpi", help="Resolution; the figure is 12x8 inches."),
     seq_length: int = typer.Option(None, "--seq-length", help=SEQ_HELP),
-    force: bool = typer.Option(False, "--force", help="Overwrite the PNG if it exists."),
+    force: bool = typer.Option(False, "--force", help="Replace a PNG llmtools drew earlier."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No counts on stderr."),
 ) -> None:
+    from llmtools.cli.outputs import claim, input_paths
     from llmtools.logs.plot import PlotConfig, plot_runs
     from llmtools.logs.runs import collect_curves
 
+    claim([output], inputs=input_paths(logs), force=force)
     config = PlotConfig(output=output, x=x, smooth=smooth, title=title, force=force, dpi=dpi)
     runs, counts = collect_curves(logs, x=x, fmt=fmt, pattern=pattern, names=names, seq_length=seq_length)
     for c in counts:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from llmtools.cli._common import emit, log, new_app, run
+from llmtools.cli._common import emit, expand_multi_value_flags, log, new_app, run
 
 HELP = """Blend tokenized .bin/.idx sources into a sample plan, exactly as Megatron-LM would.
 
@@ -22,6 +22,20 @@ Written paths go to stdout, one per line (mix.json first); --explain prints a ta
 Megatron's spelling works too: --data-path 0.7 A 0.3 B (or prefixes only, weighed by size), and
 per-split blends with --train-data-path / --valid-data-path / --test-data-path.
 
+A mixture schedule blends the train split in stages: --stage UNTIL WEIGHTS... once per stage, each
+running from the end of the one before until UNTIL (step:N with --global-batch-size, tokens:T,
+samples:N, a share of the plan like 90%, or end). Within a stage the blend is Megatron's for its
+weights; every source continues its own sample order across stages (nothing repeated or skipped until
+its epoch ends). A weight of 0 leaves a source out of a stage; WEIGHTS may be @FILE, the weights
+listed in FILE (a blend of many sources). The valid and test splits take --weights, or the last
+stage's weights. --explain prints each stage.
+
+Many sources: a PREFIX may be a glob ('shards/web-*_text_document', 'shards/*.idx'; sorted) or
+@list.txt (one prefix or glob per line); --weights then needs one weight per dataset named. A
+--data-path value @FILE (or --data-args-path FILE, as Megatron spells it) reads the blend from FILE
+('0.7 A 0.3 B', whitespace or newlines; # comments); globs there are for unweighted lists. With
+more than 20 sources --explain groups them by folder.
+
 \b
 Examples:
   llm-mix data/wiki_text_document data/code_text_document --weights 0.7,0.3 \\
@@ -33,6 +47,14 @@ Examples:
       --seq-length 2048 --num-samples 50000 --valid-samples 500 -o mix.json
   llm-mix data/a data/b --weights 0.9,0.1 --seq-length 512 --num-samples 1000 \\
       -o mix.json --materialize out/train_samples      # also the blended samples as .bin/.idx
+  llm-mix data/web data/code data/hq --seq-length 2048 --tokens 2B -o mix.json \\
+      --stage 90% 0.7,0.3,0 --stage end 0.3,0.2,0.5   # anneal on hq in the last 10% of tokens
+  llm-mix data/web data/code --seq-length 1024 --num-samples 64K --global-batch-size 64 \\
+      --stage step:800 0.8 0.2 --stage end 0.5 0.5 --explain
+  llm-mix 'shards/*_text_document' --seq-length 2048 --tokens 100B -o out/mix.json --explain
+  llm-mix @shards.txt --seq-length 2048 --tokens 100B -o out/mix.json \
+      --stage 90% @pretrain_weights.txt --stage end @anneal_weights.txt   # one weight per shard
+  llm-mix --data-path @blend.txt --seq-length 4096 --num-samples 1M -o out/mix.json
 """
 
 app = new_app("llm-mix", "Blend tokenized sources into a Megatron-identical sample plan.")
@@ -40,6 +62,8 @@ app = new_app("llm-mix", "Blend tokenized sources into a Megatron-identical samp
 # Megatron's flags take a variable number of values; click options take one. main() rewrites
 # `--data-path 0.7 A 0.3 B` into `--data-path 0.7 --data-path A ...` before typer sees it.
 MULTI_VALUE_FLAGS = ("--data-path", "--train-data-path", "--valid-data-path", "--test-data-path")
+# `--stage UNTIL W1 W2 ...` keeps its values together: one `--stage "UNTIL W1 W2 ..."` per stage.
+GROUPED_FLAGS = ("--stage",)
 
 
 @app.command(help=HELP, no_args_is_help=True)
@@ -103,6 +127,9 @@ def mix(
     test_data_path: list[str] = typer.Option(
         None, "--test-data-path", metavar="[W] PREFIX ...", help="Per-split blend for test."
     ),
+    data_args_path: str = typer.Option(
+        None, "--data-args-path", metavar="FILE", help="Megatron: the --data-path blend read from FILE."
+    ),
     explain: bool = typer.Option(
         False, "--explain", help="Print per source: requested vs realized share, epochs, tokens, warnings."
     ),
@@ -121,13 +148,28 @@ def mix(
     surplus: float = typer.Option(
         0.005, "--surplus", metavar="S", help="Megatron's mid_level_dataset_surplus."
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
+    stage: list[str] = typer.Option(
+        None,
+        "--stage",
+        metavar="UNTIL WEIGHTS...",
+        help="A stage of the train split's mixture schedule, until UNTIL (step:N, tokens:T, samples:N, "
+        "90%, end) with one weight per PREFIX (repeat, in order).",
+    ),
+    global_batch_size: str = typer.Option(
+        None,
+        "--global-batch-size",
+        metavar="N",
+        help="Samples per training step: turns stage ends given in steps into samples.",
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace earlier outputs of llmtools."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
 ) -> None:
     from llmtools.cli import mix_args
+    from llmtools.cli.outputs import claim
     from llmtools.data import mix as lib
     from llmtools.errors import UsageError
-    from llmtools.fsutil import check_writable
+    from llmtools.formats.indexed import strip_suffix
+    from llmtools.formats.outputs import marker_path
 
     if output is None and not explain:
         raise UsageError("-o/--output mix.json is required (or --explain for a dry run)")
@@ -135,8 +177,12 @@ def mix(
         raise UsageError("--materialize needs -o/--output")
     if seq_length is None:
         raise UsageError("--seq-length is required")
+    if data_args_path is not None:
+        if data_path:
+            raise UsageError("give either --data-path or --data-args-path, not both")
+        data_path = [f"@{data_args_path}"]
     per_split = {
-        name: mix_args.parse_data_path(values, flag)
+        name: mix_args.read_data_path(values, flag)
         for name, values, flag in (
             ("train", train_data_path, "--train-data-path"),
             ("valid", valid_data_path, "--valid-data-path"),
@@ -148,9 +194,11 @@ def mix(
     if data_path:
         if prefixes or weights:
             raise UsageError("give either PREFIX... [--weights] or --data-path, not both")
-        blend = mix_args.parse_data_path(data_path)
+        blend = mix_args.read_data_path(data_path, "--data-path")
     elif prefixes:
-        blend = lib.Blend(list(prefixes), mix_args.parse_weights(weights))
+        from llmtools.formats.pathlists import expand_prefixes
+
+        blend = lib.Blend(expand_prefixes(prefixes), mix_args.parse_weights(weights))
     elif weights:
         raise UsageError("--weights given but no PREFIX")
     if blend is not None and per_split:
@@ -174,20 +222,31 @@ def mix(
         surplus=surplus,
         allow_mixed_tokenizers=allow_mixed_tokenizers,
         max_epochs=max_epochs,
+        stages=mix_args.parse_stages(stage),
+        global_batch_size=mix_args.parse_count(global_batch_size, "--global-batch-size"),
     )
     outputs = [output] if output else []
     if materialize:
-        outputs += [Path(f"{materialize}.bin"), Path(f"{materialize}.idx")]
+        written_prefix = [Path(f"{materialize}{suffix}") for suffix in (".bin", ".idx", ".json")]
+        outputs += [*written_prefix, *map(marker_path, written_prefix[:2])]
+    blends = [blend, *per_split.values()]
+    sources = [strip_suffix(p) for b in blends if b is not None for p in b.prefixes]
+    from llmtools.cli import mix_explain
     from llmtools.locks import lock_output
 
     # One writer per mix.json and per materialized prefix, from the existence check to the last rename.
     with lock_output([p for p in (output, materialize) if p]):
-        check_writable(outputs, force)
+        inputs = [f"{p}{suffix}" for p in sources for suffix in (".bin", ".idx", ".json")]
+        # the @FILE lists the command line names (sources, --data-path, stage weights) are inputs too
+        flags = (prefixes, data_path, train_data_path, valid_data_path, test_data_path, stage)
+        words = [word for values in flags for v in values or [] for word in str(v).replace(",", " ").split()]
+        list_files = [word[1:] for word in words if word.startswith("@") and len(word) > 1]
+        claim(outputs, inputs=[*inputs, *list_files], force=force)
 
         plan = lib.build_plan(config)
-        for note in plan.notes:
+        for note in mix_explain.fold(plan.notes):
             log(f"llm-mix: note: {note}")
-        for warning in plan.warnings:
+        for warning in mix_explain.fold(plan.warnings):
             log(f"llm-mix: warning: {warning}")
         written: list[Path] = []
         if output is not None:
@@ -204,45 +263,21 @@ def mix(
         summary["written"] = [str(p) for p in written]
         emit(json.dumps(summary))
     elif explain:
-        emit(lib.explain(plan))
-        for path in written:
-            log(f"llm-mix: wrote {path}")
+        emit(mix_explain.explain(plan))
+        if len(written) > mix_explain.GROUP_OVER:
+            log(f"llm-mix: wrote {written[0]} and {len(written) - 1} index cache files beside it")
+        else:
+            for path in written:
+                log(f"llm-mix: wrote {path}")
     else:
         for path in written:
             emit(str(path))
 
 
-def expand_multi_value_flags(argv: list[str]) -> list[str]:
-    """``--data-path 0.7 A 0.3 B`` -> ``--data-path 0.7 --data-path A --data-path 0.3 --data-path B``."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg in MULTI_VALUE_FLAGS:
-            j = i + 1
-            # values run to the next option; a negative number (a bad weight) is still a value
-            while j < len(argv) and (not argv[j].startswith("-") or _looks_numeric(argv[j])):
-                out += [arg, argv[j]]
-                j += 1
-            if j == i + 1:
-                out.append(arg)  # let the parser report the missing value
-            i = j
-            continue
-        out.append(arg)
-        i += 1
-    return out
-
-
-def _looks_numeric(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
 def main(argv: list[str] | None = None) -> None:
-    sys.argv[1:] = expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv))
+    sys.argv[1:] = expand_multi_value_flags(
+        list(sys.argv[1:] if argv is None else argv), MULTI_VALUE_FLAGS, grouped=GROUPED_FLAGS
+    )
     run(app, "llm-mix")
 
 

@@ -1,13 +1,14 @@
-"""llm-mix's option strings: counts with suffixes (``10M``, ``1.5B``), weight lists, and Megatron's
-``--data-path 0.7 A 0.3 B`` spelling, turned into the values :mod:`llmtools.data.mix` takes. Each error
-is a one-line :class:`UsageError` naming the flag."""
+"""llm-mix's option strings: counts with suffixes (``10M``, ``1.5B``), weight lists, Megatron's
+``--data-path 0.7 A 0.3 B`` spelling and mixture stages (``--stage tokens:1.8B 0.7,0.3``), turned into the
+values :mod:`llmtools.data.mix` takes. Each error is a one-line :class:`UsageError` naming the flag."""
 
 from __future__ import annotations
 
 import re
 
 from llmtools.data.mix import Blend
-from llmtools.errors import UsageError
+from llmtools.data.stages import StageKey, StageSpec
+from llmtools.errors import InputError, UsageError
 
 # -- Megatron's --data-path spelling ----------------------------------------------------------------
 _NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$|^[-+]?(nan|inf|infinity)$", re.IGNORECASE)
@@ -33,6 +34,30 @@ def parse_data_path(tokens: list[str], flag: str = "--data-path") -> Blend:
         bad = weights[numeric.index(False)]
         raise UsageError(f"{flag}: expected 'WEIGHT PREFIX' pairs, but {bad!r} is not a number")
     return Blend(prefixes, [float(w) for w in weights], flag)
+
+
+def read_data_path(values: list[str], flag: str = "--data-path") -> Blend:
+    """Megatron's blend spelling, with ``@FILE`` values read from FILE and globs in unweighted lists."""
+    import glob
+
+    from llmtools.formats.pathlists import expand_prefixes, read_list_file
+
+    tokens = []
+    for value in values:
+        if value.startswith("@") and len(value) > 1:
+            tokens += [t for line in read_list_file(value[1:]) for t in line.split()]
+        else:
+            tokens.append(value)
+    blend = parse_data_path(tokens, flag)
+    patterns = [p for p in blend.prefixes if glob.has_magic(p)]
+    if not patterns:
+        return blend
+    if blend.weights is not None:
+        raise UsageError(
+            f"{flag}: {patterns[0]!r} is a glob in a weighted blend; give one weight per dataset "
+            "(or list the prefixes without weights, to weigh them by size)"
+        )
+    return Blend(expand_prefixes(blend.prefixes), None, flag)
 
 
 # -- counts and weights -----------------------------------------------------------------------------
@@ -76,4 +101,76 @@ def parse_weights(text: str | None) -> list[float] | None:
             out.append(float(part))
         except ValueError:
             raise UsageError(f"--weights: weight {i + 1} ({part!r}) is not a number") from None
+    return out
+
+
+# -- mixture stages ---------------------------------------------------------------------------------
+_UNIT_ALIASES = {"step": "step", "steps": "step", "tokens": "tokens", "token": "tokens", "samples": "samples",
+                 "sample": "samples"}  # fmt: skip
+
+
+def parse_stage_key(text: str, flag: str = "--stage") -> StageKey:
+    """``step:800``, ``tokens:1.8B``, ``samples:12K``, ``90%`` or ``end`` -> a :class:`StageKey`."""
+    raw = str(text).strip()
+    if raw.lower() == "end":
+        return StageKey("end")
+    if raw.endswith("%"):
+        try:
+            value = float(raw[:-1])
+        except ValueError:
+            raise UsageError(f"{flag}: {raw!r} is not a percentage like 90%") from None
+        if not 0 < value <= 100:
+            raise UsageError(f"{flag}: {raw!r}: a share of the plan must be in (0%, 100%]")
+        return StageKey("percent", value)
+    unit, sep, number = raw.partition(":")
+    if not sep or unit.lower() not in _UNIT_ALIASES:
+        raise UsageError(
+            f"{flag}: stage end {raw!r}: give step:N, tokens:T, samples:N, a share like 90%, or end"
+        )
+    value = parse_count(number, f"{flag} {unit}:")
+    try:
+        return StageKey(_UNIT_ALIASES[unit.lower()], value)
+    except InputError as error:
+        raise UsageError(f"{flag}: {error}") from None
+
+
+def _stage_weights(parts: list[str]):
+    """(weight text, where it came from) of each weight: given inline, or read from an ``@FILE`` (numbers
+    separated by spaces, commas or newlines; ``#`` lines skipped), one per source of a blend of many."""
+    from llmtools.formats.pathlists import LIST_MARK, read_list_file
+
+    for part in parts:
+        if part.startswith(LIST_MARK) and len(part) > 1:
+            for line in read_list_file(part[1:]):
+                for value in line.replace(",", " ").split():
+                    yield value, f" in {part[1:]}"
+        else:
+            yield part, ""
+
+
+def parse_stages(values: list[str] | None) -> list[StageSpec] | None:
+    """``["tokens:1.8B 0.7,0.3", "end 0.2 0.8"]`` -> stages; each starts where the one before ends. A weight
+    ``@FILE`` stands for the weights listed in FILE."""
+    if not values:
+        return None
+    out: list[StageSpec] = []
+    start = StageKey("samples", 0)
+    for k, value in enumerate(values):
+        parts = str(value).replace(",", " ").split()
+        flag = f"--stage {k + 1}"
+        if len(parts) < 2:
+            raise UsageError(
+                f"{flag}: expected UNTIL WEIGHTS... (e.g. --stage tokens:1.8B 0.7,0.3), got {value!r}"
+            )
+        until = parse_stage_key(parts[0], flag)
+        weights = []
+        for part, where in _stage_weights(parts[1:]):
+            try:
+                weights.append(float(part))
+            except ValueError:
+                raise UsageError(
+                    f"{flag}: weight {len(weights) + 1} ({part!r}{where}) is not a number"
+                ) from None
+        out.append(StageSpec(start, until, tuple(weights)))
+        start = until
     return out

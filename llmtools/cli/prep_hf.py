@@ -60,16 +60,19 @@ def hf2bin_cmd(
     skip_bad: bool = typer.Option(
         False, "--skip-bad", help="Skip rows with a null text, counting them, instead of stopping."
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
+    force: bool = typer.Option(False, "--force", help="Replace earlier outputs of llmtools."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary on stderr."),
 ) -> None:
-    from llmtools.prep.hf_import import Hf2BinConfig, hf2bin
+    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.prep.hf_import import Hf2BinConfig, hf2bin, hf2bin_outputs
 
     keys = [k.strip() for item in json_keys or [] for k in item.split(",") if k.strip()] or None
     config = Hf2BinConfig(source=source, output_prefix=output, json_keys=keys, split=split, tokenizer=tokenizer,
                           append_eod=append_eod, workers=workers, backend=backend, special_tokens=special_tokens,
                           skip_bad=skip_bad, force=force, progress=False if quiet else None)  # fmt: skip
+    outputs, read = hf2bin_outputs(config)
+    claim(outputs, inputs=[*read, *input_paths([tokenizer])], force=force)
     result = hf2bin(config)
     report("llm-prep hf2bin", result, as_json, quiet)
 

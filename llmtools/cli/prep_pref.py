@@ -82,10 +82,11 @@ def pref_cmd(
     overflow: str = typer.Option("truncate", "--overflow", help="truncate | drop pairs over --max-length."),
     split: str = typer.Option(None, "--split", help="Split of an HF dataset input."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip bad pairs, counting them by kind."),
-    force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
+    force: bool = typer.Option(False, "--force", help="Replace earlier outputs of llmtools."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary on stderr."),
 ) -> None:
+    from llmtools.cli.outputs import claim, input_paths
     from llmtools.prep.pref import PrefConfig, build_pref
 
     config = PrefConfig(inputs=inputs, tokenizer=tokenizer, output_prefix=output, chat_template=chat_template,
@@ -93,6 +94,7 @@ def pref_cmd(
                         system_key=system_key, system_prompt=system_prompt, max_length=max_length,
                         max_prompt_length=max_prompt_length, overflow=overflow, split=split, skip_bad=skip_bad,
                         force=force)  # fmt: skip
+    claim(config.outputs(), inputs=input_paths([*inputs, tokenizer, chat_template]), force=force)
     result = build_pref(config)
     report("llm-prep pref", result, as_json, quiet)
 

@@ -78,10 +78,11 @@ def sft_cmd(
     ),
     split: str = typer.Option(None, "--split", help="Split of an HF dataset input."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip bad records, counting them by kind."),
-    force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
+    force: bool = typer.Option(False, "--force", help="Replace earlier outputs of llmtools."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary on stderr."),
 ) -> None:
+    from llmtools.cli.outputs import claim, input_paths
     from llmtools.prep.sft import SftConfig, build_sft
 
     config = SftConfig(inputs=inputs, tokenizer=tokenizer, output_prefix=output, format=fmt,
@@ -89,6 +90,7 @@ def sft_cmd(
                        response_key=response_key, system_key=system_key, system_prompt=system_prompt,
                        max_length=max_length, overflow=overflow, pack=pack, append_eod=append_eod, split=split,
                        skip_bad=skip_bad, force=force)  # fmt: skip
+    claim(config.outputs(), inputs=input_paths([*inputs, tokenizer, chat_template]), force=force)
     result = build_sft(config)
     report("llm-prep sft", result, as_json, quiet)
 

@@ -45,6 +45,11 @@ Examples:
   llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json -o runs/tiny --resume auto
 
 \b
+  # change the mix of a running job: every source of both mixes continues where it stopped, new ones start
+  llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json -o runs/tiny --resume auto \\
+      --set data.mix=out/mix2.json
+
+\b
   # check the config, data and DeepSpeed config without training (prints the resolved DeepSpeed config)
   llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json --dry-run
 """
@@ -86,10 +91,17 @@ def train(
         help="Start from these weights (a Hugging Face folder, or one of our checkpoints or run folders): "
         "the same as --set model.init_from=DIR.",
     ),
+    rollback: bool = typer.Option(
+        False,
+        "--rollback",
+        help="With --resume STEP|PATH|latest older than the run's newest checkpoint: move the newer "
+        "checkpoints into RUN/checkpoints/abandoned-<time>/ (never deleted) and continue from STEP.",
+    ),
     reset_data: bool = typer.Option(
         False,
         "--reset-data",
-        help="With --resume: keep the step count and LR schedule, start the (new) data from its beginning.",
+        help="With --resume: keep the step count and LR schedule, start the (new) data from its beginning "
+        "(without it, a changed mix continues every source where it stopped).",
     ),
     reshard: bool = typer.Option(
         False,
@@ -100,7 +112,12 @@ def train(
     tensorboard: bool = typer.Option(
         False, "--tensorboard", help="Also write TensorBoard events to RUN/tensorboard/."
     ),
-    force: bool = typer.Option(False, "--force", help="Start over in a run folder that already holds a run."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Start over in a run folder that already holds a run of llmtools (its metrics, config and "
+        "checkpoints are removed; nothing else).",
+    ),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Check everything, print the resolved DeepSpeed config, train nothing."
     ),
@@ -120,6 +137,10 @@ def train(
         from llmtools.errors import UsageError
 
         raise UsageError("--reset-data: only with --resume (it restarts the data of a resumed run)")
+    if rollback and (resume is None or resume.strip() == "auto"):
+        from llmtools.errors import UsageError
+
+        raise UsageError("--rollback: only with --resume STEP, PATH or latest (auto always takes the newest)")
     if reshard and resume is None:
         from llmtools.errors import UsageError
 
@@ -129,6 +150,8 @@ def train(
     cfg = load_train_config(config, set_)
     ds_raw = load_ds_config(deepspeed)
     run_dir = output or Path("runs") / config.stem
+    if resume is None and not dry_run:
+        _claim_run_dir(run_dir, [config, deepspeed], cfg, force)
     if dry_run:
         from llmtools.train.distributed import detect_environment
         from llmtools.train.plan import make_plan
@@ -168,6 +191,7 @@ def train(
                 force=force,
                 reset_data=reset_data,
                 reshard=reshard,
+                rollback=rollback,
             ),
         )
     finally:
@@ -191,6 +215,25 @@ def train(
         emit(str(result.run_dir / "metrics.jsonl"))
         if result.checkpoint:
             emit(str(result.checkpoint))
+
+
+def _claim_run_dir(run_dir: Path, given: list[Path], cfg, force: bool) -> None:
+    """A new run writes (and --force first removes) a run folder's metrics, config and checkpoints: only
+    over an earlier run of ours, never over an input. Without --force an earlier run of ours is left to
+    prepare_run_dir, whose refusal says how to continue it."""
+    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.formats.indexed import strip_suffix
+    from llmtools.formats.outputs import RUN_FILES, RUN_FOLDERS, not_ours, run_folder_entries
+
+    data = cfg.data
+    prefixes = [strip_suffix(p) for p in (data.prefixes or [])]
+    inputs = [*given, data.mix, cfg.model.init_from, cfg.dpo.reference if cfg.dpo else None]
+    inputs += [f"{p}{suffix}" for p in prefixes for suffix in (".bin", ".idx", ".json")]
+    entries = [run_dir / name for name in (*RUN_FILES, *RUN_FOLDERS)]  # a fresh run writes these
+    entries += [p for p in run_folder_entries(run_dir) if p not in entries]  # --force removes these too
+    if not force:
+        entries = [path for path in entries if not_ours(path)]
+    claim(entries, inputs=input_paths(inputs), force=force)
 
 
 def main() -> None:

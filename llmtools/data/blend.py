@@ -61,34 +61,77 @@ def samples_per_dataset(
     return targets, built
 
 
-def build_blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+def build_blending_indices(
+    weights: Sequence[float],
+    size: int,
+    parts: Sequence[int] | None = None,
+    offsets: Sequence[int] | None = None,
+    with_counts: bool = False,
+):
     """(dataset_index int16, dataset_sample_index int64) of length ``size``, Megatron's greedy.
 
     ``weights`` are used as given (Megatron's BlendedDataset normalises them once more before the
     call; :func:`blend_weights` reproduces that).
+
+    A blend that continues earlier draws passes ``parts`` (what ``dataset_index`` holds for each
+    dataset, instead of its position in ``weights``) and ``offsets`` (added to each dataset's sample
+    counts): the choices are the same greedy's, only the numbers written differ. This costs nothing
+    over a fresh blend (the compiled loop writes the final values directly). ``with_counts`` adds a
+    third array: the samples drawn from each dataset.
     """
     w = np.ascontiguousarray(weights, dtype=np.float64)
     n = int(w.size)
     if n == 0 or n > MAX_DATASETS:
         raise ValueError(f"can blend 1..{MAX_DATASETS} datasets, not {n}")
+    continued = parts is not None or offsets is not None
+    if continued:
+        part_of = np.ascontiguousarray(range(n) if parts is None else parts, dtype=np.int16)
+        shift = np.ascontiguousarray(np.zeros(n) if offsets is None else offsets, dtype=np.int64)
+        if part_of.shape != (n,) or shift.shape != (n,):
+            raise ValueError(f"parts and offsets need one entry per dataset ({n})")
     size = int(size)
     dataset_index = np.empty(size, dtype=np.int16)  # every element is written below
     dataset_sample_index = np.empty(size, dtype=np.int64)
     counts = np.zeros(n, dtype=np.int64)
     lib = _native.load()
     if lib is not None:
-        lib.llm_blend_indices(
-            _native.ptr(w, _native._f64p),
-            n,
-            size,
-            _native.ptr(dataset_index, _native._i16p),
-            _native.ptr(dataset_sample_index, _native._i64p),
-            _native.ptr(counts, _native._i64p),
+        if continued:
+            lib.llm_blend_indices_continued(
+                _native.ptr(w, _native._f64p),
+                n,
+                size,
+                _native.ptr(part_of, _native._i16p),
+                _native.ptr(shift, _native._i64p),
+                _native.ptr(dataset_index, _native._i16p),
+                _native.ptr(dataset_sample_index, _native._i64p),
+                _native.ptr(counts, _native._i64p),
+            )
+        else:
+            lib.llm_blend_indices(
+                _native.ptr(w, _native._f64p),
+                n,
+                size,
+                _native.ptr(dataset_index, _native._i16p),
+                _native.ptr(dataset_sample_index, _native._i64p),
+                _native.ptr(counts, _native._i64p),
+            )
+        return (
+            (dataset_index, dataset_sample_index, counts)
+            if with_counts
+            else (dataset_index, dataset_sample_index)
         )
-        return dataset_index, dataset_sample_index
     _native.warn_fallback("blending")
     _blend_python(w.tolist(), size, dataset_index, dataset_sample_index)
-    return dataset_index, dataset_sample_index
+    if with_counts:
+        counts[:] = np.bincount(dataset_index, minlength=n)
+    if continued:
+        dataset_sample_index += shift[dataset_index]
+        dataset_index[:] = part_of[dataset_index]
+    return (
+        (dataset_index, dataset_sample_index, counts)
+        if with_counts
+        else (dataset_index, dataset_sample_index)
+    )
 
 
 def _blend_python(

@@ -119,17 +119,18 @@ class BlendedGPTDataset:
                 pass  # a read-only folder: the rebuilt arrays in memory are just as good
         check_arrays(mix, path, split, arrays)
         parts = []
-        for k, comp in enumerate(mix["splits"][split]["components"]):
+        components = mix["splits"][split]["components"]
+        for k, comp in enumerate(components):
             described = mix["sources"][comp["source"]]
             reader = _open_described(described, path)
-            parts.append(
-                _part(
-                    reader,
-                    arrays[f"{k}.document_index"],
-                    arrays[f"{k}.sample_index"],
-                    arrays[f"{k}.shuffle_index"],
-                )
-            )
+            found = [
+                arrays.get(f"{k}.{what}") for what in ("document_index", "sample_index", "shuffle_index")
+            ]
+            _check_part_arrays(reader, *found, mix["seq_length"] + 1, f"{path} (split {split}, source {k})")
+            parts.append(_part(reader, *found))
+        _check_blend_arrays(
+            arrays.get("dataset_index"), arrays.get("dataset_sample_index"), parts, f"{path} (split {split})"
+        )
         tokenizer = mix.get("tokenizer")
         return cls(
             parts,
@@ -162,25 +163,17 @@ class BlendedGPTDataset:
         """Build a plan in code (``num_samples`` for ``split_name``); ``cache_dir`` keeps its ``.npy`` files."""
         from llmtools.data import mix as mixlib
 
-        if split_name not in SPLITS:
-            raise UsageError(f"split {split_name!r}: use one of {', '.join(SPLITS)}")
-        sizes = {"train": 1, "valid": 0, "test": 0}
-        sizes[split_name] = num_samples
-        config = mixlib.MixConfig(
-            blend=mixlib.Blend([str(p) for p in prefixes], None if weights is None else list(weights)),
-            seq_length=seq_length,
-            num_samples=sizes["train"],
-            valid_samples=sizes["valid"],
-            test_samples=sizes["test"],
+        plan = mixlib.plan_prefixes(
+            prefixes,
+            weights,
+            seq_length,
+            num_samples,
             seed=seed,
             split=split,
+            split_name=split_name,
             allow_mixed_tokenizers=allow_mixed_tokenizers,
+            cache_dir=cache_dir,
         )
-        plan = mixlib.build_plan(config, only=split_name)
-        if split_name not in plan.splits:
-            raise InputError(f"{', '.join(map(str, prefixes))}: no {split_name} split with --split {split}")
-        if cache_dir is not None:
-            mixlib.write_cache(plan, Path(cache_dir), durable=False)
         return cls.from_plan(plan, split_name, source=", ".join(map(str, prefixes)))
 
     @classmethod
@@ -373,12 +366,79 @@ def _part(reader: IndexedDatasetReader, document_index, sample_index, shuffle_in
     )
 
 
+def _index_array(array, name: str, where: str, ndim: int = 1) -> np.ndarray:
+    if not isinstance(array, np.ndarray) or array.ndim != ndim or not np.issubdtype(array.dtype, np.integer):
+        raise InputError(
+            f"{where}: cached {name} is missing or not a {ndim}-D integer array (corrupt cache?)"
+        )
+    return array
+
+
+def _out_of(array: np.ndarray, low: int, high: int) -> bool:
+    return bool(array.size) and (int(array.min()) < low or int(array.max()) >= high)
+
+
+def _check_part_arrays(reader, document_index, sample_index, shuffle_index, width: int, where: str) -> None:
+    """The cached indices of one source, checked against its (validated) index before any sample is read:
+    every document id names a sequence, every sample bound lies inside its sequence and spans exactly
+    ``width`` tokens, every shuffled sample exists. Vectorised, O(samples + documents drawn)."""
+    doc = _index_array(document_index, "document_index", where)
+    bounds = _index_array(sample_index, "sample_index", where, ndim=2)
+    shuffle = _index_array(shuffle_index, "shuffle_index", where)
+    if bounds.shape[1] != 2 or bounds.shape[0] < 1:
+        raise InputError(f"{where}: cached sample_index has shape {bounds.shape}, expected (samples + 1, 2)")
+    if _out_of(doc, 0, reader.num_sequences):
+        raise InputError(f"{where}: cached document_index names sequences outside {reader.idx_file}")
+    if _out_of(bounds[:, 0], 0, max(doc.size, 1)) or _out_of(shuffle, 0, bounds.shape[0] - 1):
+        raise InputError(f"{where}: cached sample_index or shuffle_index out of range (corrupt cache?)")
+    if doc.size == 0:
+        if bounds.shape[0] > 1:
+            raise InputError(f"{where}: cached samples but no documents (corrupt cache?)")
+        return
+    lengths = reader.sequence_lengths[doc].astype(np.int64)
+    start = np.zeros(doc.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=start[1:])  # token position of each drawn document in the epoch stream
+    row_docs, offsets = bounds[:, 0], bounds[:, 1]
+    # Every bound is a token of its document (the first one may also be offset 0 of an empty document):
+    # the inclusive end of a sample is read, so an offset at or past the length would read past it.
+    inside_doc = (offsets >= 0) & (offsets < lengths[row_docs])
+    inside_doc[0] |= offsets[0] == 0
+    at = start[row_docs] + offsets
+    if not inside_doc.all() or np.any(at[1:] - at[:-1] != width - 1):
+        raise InputError(
+            f"{where}: cached sample_index does not describe {width}-token samples (corrupt cache?)"
+        )
+
+
+def _check_blend_arrays(dataset_index, dataset_sample_index, parts: list, where: str) -> None:
+    """The blend's cached arrays: each position names an existing source and one of its samples."""
+    which = _index_array(dataset_index, "dataset_index", where)
+    sample = _index_array(dataset_sample_index, "dataset_sample_index", where)
+    if which.shape != sample.shape or _out_of(which, 0, len(parts)):
+        raise InputError(
+            f"{where}: cached dataset_index out of range or of the wrong length (corrupt cache?)"
+        )
+    for d, part in enumerate(parts):
+        mine = sample[which == d] if len(parts) > 1 else sample
+        if _out_of(mine, 0, part.shuffle_index.size):
+            raise InputError(
+                f"{where}: cached dataset_sample_index out of range for source {d} (corrupt cache?)"
+            )
+
+
 def _open_described(described: dict, mix_path: Path) -> IndexedDatasetReader:
-    """Reopen a source named in a mix.json: its absolute path, else as given relative to the mix.json."""
+    """Reopen a source named in a mix.json: its absolute path, else as given relative to the mix.json.
+
+    Sources may lie outside the mix.json's folder (datasets live on shared storage, mixes beside runs);
+    what a mix.json names is only ever opened as a validated ``.bin/.idx`` pair. A relative name is
+    resolved inside the mix.json's folder, never above it.
+    """
     candidates = [described["prefix"]]
     given = described.get("prefix_as_given")
-    if given:
-        candidates += [str(mix_path.parent / given), given]
+    if isinstance(given, str) and given:
+        if not Path(given).is_absolute() and ".." not in Path(given).parts:
+            candidates.append(str(mix_path.parent / given))
+        candidates.append(given)
     for prefix in candidates:
         prefix = strip_suffix(prefix)
         if Path(f"{prefix}.idx").exists() and Path(f"{prefix}.bin").exists():

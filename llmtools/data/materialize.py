@@ -57,4 +57,9 @@ def materialize(
     written = [bin_path(prefix), idx_path(prefix)]
     if tok is not None:  # without a known tokenizer the file is like one Megatron wrote: no sidecar
         written.append(write_sidecar(prefix, sidecar))
+    else:  # ...but markers say llmtools wrote it (what --force may replace)
+        from llmtools.formats.outputs import write_marker
+
+        for path in written:
+            write_marker(path, "llm-mix --materialize", mix=str(mix_path) if mix_path else None)
     return written

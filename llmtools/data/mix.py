@@ -13,6 +13,11 @@ split or per-split blends) into a :class:`MixPlan` holding, per split, each sour
 
 A source with weight 0 is left out of the blend (Megatron refuses it) with a warning.
 
+A **mixture schedule** (``MixConfig.stages``, ``llm-mix --stage UNTIL WEIGHTS``) blends the train split
+in stages (:mod:`llmtools.data.stages`): each stage is Megatron's blend of its own weights over its
+range, and every source continues its stream (:mod:`llmtools.data.streams`) across stages. A schedule of
+one stage is the static plan of the same weights, array for array.
+
 :func:`save_plan` writes ``mix.json`` and the index cache (``.npy`` files beside it named by the plan's
 hash, each written atomically); :func:`load_split` reopens one split, rebuilding the arrays when the
 cache is missing.
@@ -40,6 +45,9 @@ from llmtools.data.blend import (
 )
 from llmtools.data.gpt_index import GPTIndices, build_gpt_indices
 from llmtools.data.splits import DEFAULT_SPLIT, SPLITS, parse_split, split_matrix, split_range
+from llmtools.data.stages import Stage, StageSpec, resolve_ranges
+from llmtools.data.stages import build as build_stages
+from llmtools.data.streams import SourceStream, StreamSpec, display_name
 from llmtools.errors import InputError, RuntimeFailure, UsageError
 from llmtools.formats.fingerprint import fingerprint
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
@@ -100,6 +108,10 @@ class MixConfig:
     surplus: float = DEFAULT_SURPLUS
     allow_mixed_tokenizers: bool = False
     max_epochs: float = DEFAULT_MAX_EPOCHS
+    stages: list[StageSpec] | None = None
+    """A mixture schedule for the train split (one weight per train prefix in each stage)."""
+    global_batch_size: int | None = None
+    """Turns stage boundaries given in steps into samples."""
 
     def __post_init__(self) -> None:
         _positive_int(self.seq_length, "--seq-length")
@@ -130,6 +142,30 @@ class MixConfig:
                 raise UsageError("per-split blends need a train blend (--train-data-path)")
         else:
             self.split_vector = parse_split(self.split)
+        if self.global_batch_size is not None:
+            _positive_int(self.global_batch_size, "--global-batch-size")
+        if self.stages is not None:
+            self._check_stages()
+
+    def _check_stages(self) -> None:
+        train = self.blend if self.blend is not None else self.blend_per_split["train"]
+        if not self.stages:
+            raise UsageError("--stage: an empty schedule")
+        for k, stage in enumerate(self.stages):
+            if len(stage.weights) != len(train.prefixes):
+                raise UsageError(
+                    f"--stage {k + 1} ({stage.until.text()}): {len(stage.weights)} weight(s) for "
+                    f"{len(train.prefixes)} source(s); give one weight per PREFIX (0 leaves one out)"
+                )
+            check_weights(stage.weights, f"--stage {k + 1} ({stage.until.text()})")
+        if any(s.until.unit == "step" or s.start.unit == "step" for s in self.stages) and (
+            self.global_batch_size is None
+        ):
+            raise UsageError("--stage in steps needs --global-batch-size N (the samples of one step)")
+        # ranges in samples: overlaps, gaps and a schedule that ends early are refused here
+        self.stage_ranges = resolve_ranges(
+            self.stages, int(self.num_samples), self.seq_length, self.global_batch_size, "--stage {n}"
+        )
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -194,9 +230,7 @@ def open_source(prefix: str, base: Path | None = None) -> Source:
     )
     if not Path(f"{chosen}.idx").exists() and not Path(f"{chosen}.bin").exists():
         raise InputError(f"{given}: no such dataset (expected {given}.bin and {given}.idx)")
-    reader = IndexedDatasetReader(chosen)
-    if reader.num_sequences and int(reader.sequence_lengths.min()) < 0:
-        reader.validate()  # names the bad place
+    reader = IndexedDatasetReader(chosen)  # validated on open
     if reader.num_tokens == 0:
         raise InputError(
             f"{reader.idx_file}: the dataset is empty (0 tokens in {reader.num_documents} documents)"
@@ -251,6 +285,8 @@ class Component:
     built_samples: int | None  # what the GPT index was asked for (None: one epoch)
     indices: GPTIndices | None = field(default=None, repr=False)
     drawn: int = 0
+    segment: int = 0
+    """Which segment of the source's stream (staged plans read past segment 0 into one-epoch ones)."""
 
 
 @dataclass
@@ -262,6 +298,18 @@ class SplitPlan:
     components: list[Component]
     dataset_index: np.ndarray | None = field(default=None, repr=False)
     dataset_sample_index: np.ndarray | None = field(default=None, repr=False)
+    stages: list[StagePlan] | None = None
+
+
+@dataclass
+class StagePlan:
+    """One stage of a staged train split, with what it drew."""
+
+    spec: StageSpec
+    stage: Stage
+    sources: list[int]  # plan source of each of stage.keys
+    drawn: list[int]  # samples drawn from each in the stage
+    ends: list[int]  # stream position of each after the stage
 
 
 @dataclass
@@ -300,6 +348,9 @@ def _identity(
             for name, (b, bk) in blends.items()
         },
     }
+    if config.stages is not None:  # absent otherwise, so static plans keep their hash
+        ident["stages"] = [stage.to_json() for stage in config.stages]
+        ident["global_batch_size"] = config.global_batch_size
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -316,9 +367,21 @@ def _index_of(sources: list[Source], prefix: str, positions: dict[str, int] | No
 def _split_blends(config: MixConfig) -> dict[str, tuple[Blend, tuple | None]]:
     """Per split: the blend and the book-end of each source's sequences that it reads."""
     if config.blend_per_split is not None:
-        return {name: (blend, (0.0, 1.0)) for name, blend in config.blend_per_split.items()}
-    matrix = split_matrix(config.split_vector)
-    return {name: (config.blend, matrix[i]) for i, name in enumerate(SPLITS)}
+        out = {name: (blend, (0.0, 1.0)) for name, blend in config.blend_per_split.items()}
+    else:
+        matrix = split_matrix(config.split_vector)
+        out = {name: (config.blend, matrix[i]) for i, name in enumerate(SPLITS)}
+    if config.stages is not None:
+        # Evaluation data is not scheduled: without --weights, valid and test take the last stage's
+        # weights (what the model ends on).
+        for name in ("valid", "test"):
+            blend, bookend = out.get(name, (None, None))
+            if blend is not None and blend.weights is None and blend is out["train"][0]:
+                out[name] = (
+                    Blend(list(blend.prefixes), list(config.stages[-1].weights), blend.flag),
+                    bookend,
+                )
+    return out
 
 
 def build_plan(
@@ -327,11 +390,12 @@ def build_plan(
     """Open the sources, check them, and compute every index of every split (or of split ``only``)."""
     blends = _split_blends(config)
     sources: list[Source] = []
+    opened: set[str] = set()
     by_abs: dict[str, int] = {}
     for blend, _ in blends.values():
         for prefix in blend.prefixes:
             given = strip_suffix(prefix)
-            if any(s.prefix == given for s in sources):
+            if given in opened:  # a set: blends of thousands of sources
                 continue
             source = open_source(given, base)
             if source.path in by_abs:
@@ -339,6 +403,7 @@ def build_plan(
                     f"{given}: the same dataset is given twice ({sources[by_abs[source.path]].prefix})"
                 )
             by_abs[source.path] = len(sources)
+            opened.add(given)
             sources.append(source)
     tokenizer, notes = check_tokenizers(sources, config.allow_mixed_tokenizers)
     warnings: list[str] = []
@@ -356,6 +421,9 @@ def build_plan(
         if only is None and name != "train" and size == 0 and per_split and blend is not None:
             raise UsageError(f"--{name}-data-path given but --{name}-samples is 0; give --{name}-samples N")
         if blend is None or bookend is None or size == 0 or (only is not None and name != only):
+            continue
+        if name == "train" and config.stages is not None:
+            splits[name] = _plan_staged(size, blend, bookend, sources, config, with_arrays)
             continue
         splits[name] = _plan_split(
             name, size, blend, bookend, sources, config, warnings, with_arrays, per_split
@@ -379,7 +447,8 @@ def _plan_split(
     with_arrays: bool,
     per_split: bool = False,
 ) -> SplitPlan:
-    ids = [_index_of(sources, p) for p in blend.prefixes]
+    positions = {s.prefix: i for i, s in reversed(list(enumerate(sources)))}  # first one wins
+    ids = [_index_of(sources, p, positions) for p in blend.prefixes]
     weights = blend.weights
     components: list[Component] = []
     if weights is not None:
@@ -438,6 +507,130 @@ def _plan_split(
     return plan
 
 
+def source_names(sources: list[Source]) -> list[str]:
+    """A short unique name per source (reports, metrics, the run's data ledger)."""
+    taken: set[str] = set()
+    names = []
+    for source in sources:
+        name = display_name(source.path, taken)
+        taken.add(name)
+        names.append(name)
+    return names
+
+
+def _plan_staged(
+    size: int, blend: Blend, bookend, sources: list[Source], config: MixConfig, with_arrays: bool
+) -> SplitPlan:
+    """The train split of a mixture schedule: each stage Megatron's blend of its weights, the sources'
+    streams continued across stages (segment 0 built as Megatron would for the first stage that draws
+    from a source; one-epoch segments after it)."""
+    positions = {s.prefix: i for i, s in reversed(list(enumerate(sources)))}  # first one wins
+    ids = [_index_of(sources, p, positions) for p in blend.prefixes]
+    names = source_names(sources)
+    keys = [s.idx_sha256 for s in sources]
+    ranges = config.stage_ranges
+    streams: dict[str, SourceStream] = {}
+    stage_list: list[Stage] = []
+    kept_per_stage: list[list[int]] = []
+    for k, (spec, (start, end)) in enumerate(zip(config.stages, ranges, strict=True)):
+        kept = [(i, w) for i, w in zip(ids, spec.weights, strict=True) if w > 0]
+        norm = normalize_weights([w for _, w in kept])
+        targets, built = samples_per_dataset(norm, end - start, config.surplus)
+        if k == len(config.stages) - 1:
+            end = start + sum(targets)  # the last stage is as long as Megatron's blend of it
+        for (i, _), n0 in zip(kept, built, strict=True):
+            if keys[i] in streams:
+                continue
+            beg, stop = _range(sources[i], bookend, "train")
+            lengths = sources[i].reader.sequence_lengths
+            tokens = int(np.sum(lengths[beg:stop], dtype=np.int64))
+            if tokens < 2:
+                raise InputError(
+                    f"{sources[i].prefix}: its train split (sequences {beg}..{stop}) holds fewer than 2 tokens"
+                )
+            stream_spec = StreamSpec(
+                keys[i], sources[i].path, names[i], (beg, stop), config.seq_length, config.seed, n0, tokens
+            )
+            streams[keys[i]] = SourceStream.open(stream_spec, sources[i].reader)
+        stage_list.append(
+            Stage(
+                start,
+                end,
+                [keys[i] for i, _ in kept],
+                blend_weights(norm),
+                norm,
+                None,
+                {"stage": k},
+            )
+        )
+        kept_per_stage.append([i for i, _ in kept])
+    built = build_stages(streams, stage_list, 0)
+    by_key = {keys[i]: i for i in ids}
+    components: list[Component] = []
+    drawn = np.bincount(built.dataset_index, minlength=len(built.parts))
+    for p, (key, segment) in enumerate(built.parts):
+        stream = streams[key]
+        comp = Component(
+            by_key[key],
+            None,
+            0.0,
+            stream.spec.sequence_range,
+            int(drawn[p]),  # what the schedule draws from this segment
+            stream.spec.first_samples if segment == 0 else None,
+            stream.segment(segment),
+            int(drawn[p]),
+            segment,
+        )
+        components.append(comp)
+    stage_plans = []
+    for k, stage in enumerate(built.stages):
+        counts = [built.counts[k][key] for key in stage.keys]
+        ends = [built.position_after(k, key, n) for key, n in zip(stage.keys, counts, strict=True)]
+        stage_plans.append(StagePlan(config.stages[k], stage, kept_per_stage[k], counts, ends))
+    total = built.end
+    for comp in components:  # the share of each source over the whole schedule
+        comp.normalized_weight = sum(c.drawn for c in components if c.source == comp.source) / total
+    plan = SplitPlan("train", size, total, [], components, stages=stage_plans)
+    plan.dataset_index, plan.dataset_sample_index = built.dataset_index, built.dataset_sample_index
+    return plan
+
+
+def plan_prefixes(
+    prefixes,
+    weights,
+    seq_length: int,
+    num_samples: int,
+    *,
+    seed: int = DEFAULT_SEED,
+    split: str = DEFAULT_SPLIT,
+    split_name: str = "train",
+    allow_mixed_tokenizers: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+) -> MixPlan:
+    """A plan built in code for one split (``num_samples`` samples of ``split_name``), as llm-mix would
+    plan it; ``cache_dir`` keeps its ``.npy`` files."""
+    if split_name not in SPLITS:
+        raise UsageError(f"split {split_name!r}: use one of {', '.join(SPLITS)}")
+    sizes = {"train": 1, "valid": 0, "test": 0}
+    sizes[split_name] = num_samples
+    config = MixConfig(
+        blend=Blend([str(p) for p in prefixes], None if weights is None else list(weights)),
+        seq_length=seq_length,
+        num_samples=sizes["train"],
+        valid_samples=sizes["valid"],
+        test_samples=sizes["test"],
+        seed=seed,
+        split=split,
+        allow_mixed_tokenizers=allow_mixed_tokenizers,
+    )
+    plan = build_plan(config, only=split_name)
+    if split_name not in plan.splits:
+        raise InputError(f"{', '.join(map(str, prefixes))}: no {split_name} split with --split {split}")
+    if cache_dir is not None:
+        write_cache(plan, Path(cache_dir), durable=False)
+    return plan
+
+
 def _range(source: Source, bookend, name: str) -> tuple[int, int]:
     beg, end = split_range(source.reader.num_sequences, bookend)
     if end <= beg:
@@ -462,6 +655,9 @@ def _warnings(plan: MixPlan) -> list[str]:
     out = []
     seq = plan.config.seq_length
     for split in plan.splits.values():
+        if split.stages is not None:
+            out += _stage_warnings(plan, split)
+            continue
         for c in split.components:
             src = plan.sources[c.source]
             epochs = epochs_drawn(c, seq)
@@ -478,6 +674,40 @@ def _warnings(plan: MixPlan) -> list[str]:
                 out.append(
                     f"{src.prefix}: exhausted: its {split.name} split is read {epochs:.2f} times (repeated data)"
                 )
+    return out
+
+
+def _stage_warnings(plan: MixPlan, split: SplitPlan) -> list[str]:
+    out = []
+    seq, limit = plan.config.seq_length, plan.config.max_epochs
+    for k, st in enumerate(split.stages):
+        for i, n in zip(st.sources, st.drawn, strict=True):
+            if n == 0:
+                out.append(
+                    f"{plan.sources[i].prefix}: its weight in stage {k} ({st.spec.until.text()}) is too small: "
+                    f"it gets no sample of the stage's {st.stage.end - st.stage.start}"
+                )
+    for i, (epochs, _) in source_epochs(split, seq).items():
+        prefix = plan.sources[i].prefix
+        if epochs > limit:
+            out.append(f"{prefix}: repeated {epochs:.2f} epochs over the schedule (more than {limit:g})")
+        elif epochs > 1:
+            out.append(f"{prefix}: exhausted: its train split is read {epochs:.2f} times over the schedule")
+    return out
+
+
+def source_epochs(split: SplitPlan, seq_length: int) -> dict[int, tuple[float, int]]:
+    """Per source of a staged split: (epochs its draws read, stream segments built)."""
+    by_source: dict[int, list[Component]] = {}
+    for c in split.components:
+        by_source.setdefault(c.source, []).append(c)
+    out = {}
+    for i in sorted(by_source):
+        parts = by_source[i]
+        drawn = sum(c.drawn for c in parts)
+        tpe = parts[0].indices.tokens_per_epoch
+        built = sum(c.indices.num_epochs for c in parts)
+        out[i] = ((drawn * seq_length + 1) / tpe if drawn else 0.0, built)
     return out
 
 
@@ -501,6 +731,7 @@ def plan_to_json(plan: MixPlan) -> dict:
             comps.append(
                 {
                     "source": c.source,
+                    "segment": c.segment,
                     "prefix": src.path,
                     "weight": c.weight,
                     "normalized_weight": c.normalized_weight,
@@ -524,18 +755,26 @@ def plan_to_json(plan: MixPlan) -> dict:
             "components": comps,
         }
     sources = []
-    for i, s in enumerate(plan.sources):
+    train = plan.splits["train"]
+    staged = source_epochs(train, seq) if train.stages is not None else {}
+    for i, (s, name) in enumerate(zip(plan.sources, source_names(plan.sources), strict=True)):
         entry = s.describe()
-        train = plan.splits["train"]
-        comp = next((c for c in train.components if c.source == i), None)
+        entry["name"] = name
+        parts = [c for c in train.components if c.source == i]
+        comp = parts[0] if parts else None
+        drawn = sum(c.drawn for c in parts)
         entry["weight"] = comp.weight if comp else None
         entry["normalized_weight"] = comp.normalized_weight if comp else 0.0
-        entry["samples_drawn"] = comp.drawn if comp else 0
-        entry["epochs"] = comp.indices.num_epochs if comp else 0
-        entry["epochs_drawn"] = round(epochs_drawn(comp, seq), 6) if comp else 0.0
-        entry["realized_share"] = comp.drawn / train.size if comp else 0.0
+        entry["samples_drawn"] = drawn
+        if train.stages is None:
+            entry["epochs"] = comp.indices.num_epochs if comp else 0
+            entry["epochs_drawn"] = round(epochs_drawn(comp, seq), 6) if comp else 0.0
+        else:
+            epochs, built = staged.get(i, (0.0, 0))
+            entry["epochs"], entry["epochs_drawn"] = built, round(epochs, 6)
+        entry["realized_share"] = drawn / train.size if comp else 0.0
         sources.append(entry)
-    return {
+    out = {
         "format": FORMAT,
         "version": VERSION,
         "tool": f"llmtools {__version__}",
@@ -561,6 +800,31 @@ def plan_to_json(plan: MixPlan) -> dict:
         "cache": {"hash": plan.hash, "files": files},
         "config": _config_json(config),
     }
+    if train.stages is not None:
+        out["global_batch_size"] = config.global_batch_size
+        out["stages"] = [_stage_json(k, st, train.stages, seq) for k, st in enumerate(train.stages)]
+    return out
+
+
+def _stage_json(k: int, st: StagePlan, stages: list[StagePlan], seq: int) -> dict:
+    length = st.stage.end - st.stage.start
+    return {
+        "index": k,
+        "from": st.spec.start.to_json(),
+        "until": st.spec.until.to_json(),
+        "start": st.stage.start,
+        "end": st.stage.end,
+        "weights": list(st.spec.weights),
+        "sources": list(st.sources),
+        "keys": list(st.stage.keys),
+        "normalized_weights": list(st.stage.weights),
+        "blend_weights": list(st.stage.blend_weights),
+        "offsets": [st.stage.offsets[key] for key in st.stage.keys],
+        "samples_drawn": list(st.drawn),
+        "tokens_drawn": [n * seq for n in st.drawn],
+        "realized_share": [n / length for n in st.drawn],
+        "positions_after": list(st.ends),
+    }
 
 
 def _config_json(config: MixConfig) -> dict:
@@ -582,7 +846,27 @@ def _config_json(config: MixConfig) -> dict:
         "split": config.split,
         "surplus": config.surplus,
         "allow_mixed_tokenizers": config.allow_mixed_tokenizers,
+        "stages": None if config.stages is None else [stage.to_json() for stage in config.stages],
+        "global_batch_size": config.global_batch_size,
     }
+
+
+def _stages_from_json(raw, path: Path) -> list[StageSpec] | None:
+    from llmtools.data.stages import StageKey
+
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise InputError(f"{path}[config.stages]: expected a list of stages")
+    out = []
+    for k, item in enumerate(raw):
+        at = f"{path}[config.stages[{k}]]"
+        if not isinstance(item, dict) or not isinstance(item.get("weights"), list):
+            raise InputError(f"{at}: expected {{'from': ..., 'until': ..., 'weights': [...]}}")
+        start = StageKey.from_json(item.get("from"), f"{at}.from")
+        until = StageKey.from_json(item.get("until"), f"{at}.until")
+        out.append(StageSpec(start, until, tuple(item["weights"])))
+    return out
 
 
 def config_from_json(data: dict, path: Path) -> MixConfig:
@@ -607,6 +891,8 @@ def config_from_json(data: dict, path: Path) -> MixConfig:
             split=raw["split"],
             surplus=raw["surplus"],
             allow_mixed_tokenizers=raw.get("allow_mixed_tokenizers", False),
+            stages=_stages_from_json(raw.get("stages"), path),
+            global_batch_size=raw.get("global_batch_size"),
         )
     except (KeyError, TypeError) as error:
         raise InputError(f"{path}[config]: malformed ({error})") from None
@@ -664,6 +950,9 @@ def explain(plan: MixPlan) -> str:
         f"plan {plan.hash}: seq_length {seq} (+1 token per sample), seed {plan.config.seed}, {MEGATRON_SEMANTICS}"
     ]
     for split in plan.splits.values():
+        if split.stages is not None:
+            lines += _explain_stages(plan, split)
+            continue
         lines.append(
             f"\n[{split.name}] {split.size} samples (requested {split.requested}), {split.size * seq:,} tokens"
         )
@@ -681,3 +970,68 @@ def explain(plan: MixPlan) -> str:
     for warning in plan.warnings:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
+
+
+@dataclass
+class StageRow:
+    """One source in one stage of a schedule (or over the whole schedule), as the explain tables show it."""
+
+    source: int
+    requested: float  # share of the stage's samples asked for
+    drawn: int
+    epochs: float  # epochs of its split read by the end of the stage
+
+
+def stage_rows(plan: MixPlan, split: SplitPlan) -> list[tuple[str, int, list[StageRow]]]:
+    """Per stage of a staged split, then for the whole schedule: (title, samples, one row per source)."""
+    seq = plan.config.seq_length
+    gbs = plan.config.global_batch_size
+    tpe = {c.source: c.indices.tokens_per_epoch for c in split.components}
+    out = []
+    for k, st in enumerate(split.stages):
+        length = st.stage.end - st.stage.start
+        steps = f", steps {st.stage.start // gbs + 1}-{-(-st.stage.end // gbs)}" if gbs else ""
+        title = (
+            f"stage {k}: {st.spec.start.text()} .. {st.spec.until.text()} = samples "
+            f"[{st.stage.start}, {st.stage.end}){steps}, {length * seq:,} tokens"
+        )
+        rows = [
+            StageRow(i, w, n, (end * seq + 1) / tpe[i] if end else 0.0)
+            for i, w, n, end in zip(st.sources, st.stage.weights, st.drawn, st.ends, strict=True)
+        ]
+        out.append((title, length, rows))
+    drawn: dict[int, int] = {}
+    for c in split.components:
+        drawn[c.source] = drawn.get(c.source, 0) + c.drawn
+    requested: dict[int, float] = {}
+    for st in split.stages:
+        for j, w in zip(st.sources, st.stage.weights, strict=True):
+            requested[j] = requested.get(j, 0.0) + w * (st.stage.end - st.stage.start)
+    whole = [
+        StageRow(i, requested.get(i, 0.0) / split.size, drawn[i], epochs)
+        for i, (epochs, _) in source_epochs(split, seq).items()
+    ]
+    out.append(("whole schedule:", split.size, whole))
+    return out
+
+
+def _explain_stages(plan: MixPlan, split: SplitPlan) -> list[str]:
+    """Per stage and source: requested and realized share, samples, tokens, epochs read by the stage's end."""
+    seq = plan.config.seq_length
+    names = source_names(plan.sources)
+    lines = [
+        f"\n[{split.name}] {split.size} samples (requested {split.requested}), {split.size * seq:,} tokens, "
+        f"{len(split.stages)} stages"
+    ]
+    header = (
+        f"    {'source':<32} {'requested':>9} {'realized':>9} {'samples':>10} {'tokens':>15} {'epochs':>7}"
+    )
+    for title, length, rows in stage_rows(plan, split):
+        lines += [f"  {title}", header]
+        for row in rows:
+            name = names[row.source] if len(names[row.source]) <= 32 else "…" + names[row.source][-31:]
+            lines.append(
+                f"    {name:<32} {row.requested:>9.4f} {row.drawn / length:>9.4f} {row.drawn:>10} "
+                f"{row.drawn * seq:>15,} {row.epochs:>7.2f}"
+            )
+    return lines

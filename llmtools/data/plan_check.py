@@ -43,6 +43,8 @@ def check_recorded(mix: dict, path: Path) -> None:
         if blend is None:
             raise InputError(f"{where(path, key=f'splits.{name}')}: config names no blend for this split")
         weights = blend.weights
+        if name == "train" and config.stages is not None:
+            weights = None  # a schedule's weights are its stages': checked through the plan hash below
         if weights is not None:
             kept = [w for w in weights if w > 0]
             have = [c.get("weight") for c in comps]

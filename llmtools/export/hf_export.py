@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmtools.errors import InputError, UsageError, where
+from llmtools.errors import InputError, UsageError
 from llmtools.export.hf_card import dataset_card
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
 from llmtools.formats.sidecar import read_sidecar
@@ -226,6 +226,7 @@ class PrefixDocuments:
         return cols
 
     def batches(self, releaser: _PageReleaser) -> Iterator[tuple[dict, int]]:
+        # The reader validated the index on open: documents are runs of sequences laid end to end.
         reader = self.reader
         itemsize = reader.dtype.itemsize
         flat = releaser.array(reader.dtype)
@@ -235,22 +236,12 @@ class PrefixDocuments:
         while a < self.num_rows:
             b = self._batch_end(a)
             seqs = np.asarray(doc_idx[a : b + 1], dtype=np.int64)
-            if seqs.size > 1 and np.any(np.diff(seqs) < 0):
-                bad = a + 1 + int(np.argmax(np.diff(seqs) < 0))
-                raise InputError(
-                    f"{where(reader.idx_file)}: document index {bad} goes backwards (corrupt index)"
-                )
             s0, s1 = int(seqs[0]), int(seqs[-1])
             lengths = np.asarray(reader.sequence_lengths[s0:s1], dtype=np.int64)
             cum = np.zeros(lengths.size + 1, dtype=np.int64)
             np.cumsum(lengths, out=cum[1:])
-            self._check_pointers(s0, lengths, cum, position, itemsize)
             offsets = cum[seqs - s0]
             values = flat[position : position + int(cum[-1])]
-            if values.size != int(cum[-1]):
-                raise InputError(
-                    f"{where(reader.bin_file, offset=position * itemsize)}: .bin ends inside document {a}"
-                )
             cols = {"input_ids": _list_array(_cast_ids(values, self.out_dtype, reader.bin_file), offsets)}
             if self.with_sequence_lengths:
                 cols["sequence_lengths"] = _list_array(lengths.astype(np.int32), seqs - s0)
@@ -270,26 +261,6 @@ class PrefixDocuments:
             b = a + (b - a) // 2
         return b
 
-    def _check_pointers(
-        self, s0: int, lengths: np.ndarray, cum: np.ndarray, position: int, itemsize: int
-    ) -> None:
-        if not lengths.size:
-            return
-        reader = self.reader
-        if int(lengths.min()) < 0:
-            bad = s0 + int(np.argmax(lengths < 0))
-            raise InputError(
-                f"{where(reader.idx_file, offset=34 + 4 * bad)}: sequence {bad} has a negative length"
-            )
-        expected = (position + cum[:-1]) * itemsize
-        mismatch = np.flatnonzero(np.asarray(reader.sequence_pointers[s0 : s0 + lengths.size]) != expected)
-        if mismatch.size:
-            bad = s0 + int(mismatch[0])
-            raise InputError(
-                f"{where(reader.idx_file, offset=34 + 4 * reader.num_sequences + 8 * bad)}: pointer of sequence {bad} "
-                f"is {int(reader.sequence_pointers[bad])}, expected {int(expected[mismatch[0]])} (corrupt index)"
-            )
-
 
 class PrefixBlocks:
     """The Hugging Face ``group_texts`` recipe: all tokens concatenated and cut into ``seq_length``
@@ -298,7 +269,6 @@ class PrefixBlocks:
     def __init__(
         self, reader: IndexedDatasetReader, out_dtype: np.dtype, seq_length: int, batch_rows: int
     ) -> None:
-        _check_index(reader)  # the blocks ignore document boundaries, so check the index up front
         self.reader = reader
         self.out_dtype = out_dtype
         self.seq_length = seq_length
@@ -361,32 +331,6 @@ def _cast_ids(values: np.ndarray, dtype: np.dtype, origin) -> np.ndarray:
                 f"{origin}: token id {hi if hi > info.max else lo} does not fit {dtype} (vocabulary size wrong?)"
             )
     return values.astype(dtype)
-
-
-def _check_index(reader: IndexedDatasetReader, chunk: int = 1 << 22) -> None:
-    """``reader.validate()`` in bounded memory: pointers against lengths, chunk by chunk."""
-    itemsize = reader.dtype.itemsize
-    running = 0
-    for lo in range(0, reader.num_sequences, chunk):
-        lengths = np.asarray(reader.sequence_lengths[lo : lo + chunk], dtype=np.int64)
-        if int(lengths.min()) < 0:
-            bad = lo + int(np.argmax(lengths < 0))
-            raise InputError(
-                f"{where(reader.idx_file, offset=34 + 4 * bad)}: sequence {bad} has a negative length"
-            )
-        expected = np.empty_like(lengths)
-        expected[0] = running
-        np.cumsum(lengths[:-1] * itemsize, out=expected[1:])
-        expected[1:] += running
-        mismatch = np.flatnonzero(np.asarray(reader.sequence_pointers[lo : lo + chunk]) != expected)
-        if mismatch.size:
-            bad = lo + int(mismatch[0])
-            raise InputError(
-                f"{where(reader.idx_file, offset=34 + 4 * reader.num_sequences + 8 * bad)}: pointer of sequence {bad} "
-                f"is {int(reader.sequence_pointers[bad])}, expected {int(expected[mismatch[0]])} (corrupt index)"
-            )
-        running = int(expected[-1] + lengths[-1] * itemsize)
-    reader.check_bin_size()
 
 
 def _has_multi_sequence_documents(reader: IndexedDatasetReader, chunk: int = 1 << 22) -> bool:
@@ -542,6 +486,24 @@ class _Detokenizer:
                 row = row[:-1]
             texts.append(self.tokenizer.decode(row.tolist()))
         return pa.array(texts, type=pa.string())
+
+
+def input_files(config: ExportConfig) -> list[Path]:
+    """What an export reads: the prefix's files, or the mix.json, its cache and its sources' files."""
+    from llmtools.formats.mix import read_mix
+
+    if not config.is_mix:
+        prefix = strip_suffix(config.source)
+        return [Path(f"{prefix}{suffix}") for suffix in (".bin", ".idx", ".json")]
+    mix_path = Path(config.source)
+    mix = read_mix(mix_path)
+    found = [mix_path]
+    for names in (mix["cache"].get("files") or {}).values():
+        found += [mix_path.parent / str(name) for name in (names.values() if isinstance(names, dict) else [])]
+    for source in mix["sources"]:
+        prefix = strip_suffix(source["prefix"])
+        found += [Path(f"{prefix}{suffix}") for suffix in (".bin", ".idx", ".json")]
+    return found
 
 
 def open_source(config: ExportConfig):

@@ -17,7 +17,7 @@ import numpy as np
 from llmtools.errors import InputError, where
 from llmtools.formats.fingerprint import sha256_file
 from llmtools.formats.jsonfile import read_json_object
-from llmtools.fsutil import atomic_file, write_text_atomic
+from llmtools.fsutil import atomic_file, inside, sync_files, write_text_atomic
 
 FORMAT = "llmtools.mix"
 VERSION = 1
@@ -112,9 +112,11 @@ def write_arrays(
     written = []
     for key, array in arrays.items():
         path = folder / names[key]
-        with atomic_file(path, "wb", durable=durable) as handle:
+        with atomic_file(path, "wb", durable=False) as handle:  # made durable together below
             np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
         written.append(path)
+    if durable:  # one filesystem sync, not an fsync per file: 1,000 sources write thousands of files
+        sync_files(written, folder)
     return written
 
 
@@ -140,19 +142,20 @@ def load_split_arrays(mix: dict, path: Path, split: str) -> dict[str, np.ndarray
     """Memory-map one split's cached arrays; None when any file is missing or unreadable.
 
     Files that are there must be the ones llm-mix wrote: same size and sha256 as ``cache.digests``
-    records (an index array left from another plan under the same name is refused, naming it).
+    records (an index array left from another plan under the same name is refused, naming it), and
+    inside the mix's folder (a name read from the file never leads outside it).
     """
     import hashlib
     import io
 
-    files = mix["cache"].get("files", {}).get(split)
+    files = (mix["cache"].get("files") or {}).get(split)
     if not isinstance(files, dict):
         return None
     digests = (mix["cache"].get("digests") or {}).get(split) or {}
     arrays = {}
     folder = str(path.parent)
     for key, name in files.items():
-        file = os.path.join(folder, name)
+        file = str(inside(folder, name, f"{path}[cache.files.{split}.{key}]"))
         try:
             size = os.path.getsize(file)
         except OSError:

@@ -126,6 +126,10 @@ class JsonlParser(Parser):
             for key, value in data.items():
                 if type(value) is bool and key not in skip:
                     values[key] = 1.0 if value else 0.0
+                elif type(value) is dict:  # a group of scalars, e.g. source_tokens: {source: tokens}
+                    for name, item in value.items():
+                        if type(item) in _NUMBER_TYPES:
+                            values[f"{key}/{name}"] = item
             values.update(_moe_layer_values(data.get("moe_layers")))
         return kind, [Record(kind, step, wall, values, line=number)]
 

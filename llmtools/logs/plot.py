@@ -5,11 +5,14 @@ Panels: loss (raw, faint, and an exponential moving average, bold; eval loss as 
 rate, gradient norm (with an fp16 run's loss scale, dotted, on a right-hand axis), throughput
 (tokens/s, or samples/s when a log has no token counts). Rows added when a log has them:
 
+* a mixture-of-experts run's router: its load-balancing loss and the expert-load imbalance
+  (coefficient of variation of the load: mean over layers, solid; worst layer, dashed);
 * the update's size and the parameters (``update_ratio``, the norm of each step's update over the
   parameters' norm, log scale; ``params_norm``, which Megatron-LM logs too);
 * eval quality beyond the loss (``eval_accuracy``, top-1 token accuracy; ``eval_bpb``, bits per byte);
-* a mixture-of-experts run's router: its load-balancing loss and the expert-load imbalance
-  (coefficient of variation of the load: mean over layers, solid; worst layer, dashed).
+* last, tokens per source (llm-train's ``source_tokens``): each source's share of the tokens consumed
+  between two records (the realized mix, stage by stage) and its tokens consumed so far (over 20
+  sources: the 19 largest by tokens, the others summed into one band).
 
 The x axis is steps or consumed tokens. matplotlib runs headless (Agg); the PNG is written atomically.
 """
@@ -22,12 +25,16 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmtools import __version__
 from llmtools.errors import InputError, UsageError
 from llmtools.fsutil import check_writable, commit_file, tmp_sibling
 from llmtools.logs.analysis import SpikeDetector
 from llmtools.logs.records import Record
 
 PANELS = ("loss", "lr", "grad_norm", "throughput")
+SOURCE_PANELS = ("share", "source_tokens")  # drawn when the logs carry tokens per source
+SOURCE_TOKENS = "source_tokens/"
+MAX_SOURCES_DRAWN = 20  # more sources than this: the 19 largest, and the rest as one
 MOE_PANELS = ("moe_aux_loss", "moe_load_cv")
 MOE_SERIES = ("moe_aux_loss", "moe_z_loss", "moe_load_cv", "moe_load_cv_max")
 # Rows of one series per panel, drawn when some log has them: (train or eval, ((key, title, log y), ...)).
@@ -119,9 +126,108 @@ class Curves:
             value = values.get(name)
             if value is not None and math.isfinite(value):
                 self._append(name, x, value)
+        for name, value in values.items():
+            if name.startswith(SOURCE_TOKENS) and math.isfinite(value):
+                self._append(name, x, value)
+
+    def sources(self) -> list[str]:
+        """The sources whose tokens the log records, in order of appearance."""
+        return [key[len(SOURCE_TOKENS) :] for key in self.series if key.startswith(SOURCE_TOKENS)]
+
+    def shares(self) -> dict[str, tuple[list[float], list[float]]]:
+        """Per source: its share of the tokens consumed between consecutive records, at each record."""
+        names = self.sources()
+        if not names:
+            return {}
+        table: dict[float, dict[str, float]] = {}
+        for name in names:
+            xs, ys = self.series[SOURCE_TOKENS + name]
+            for x, y in zip(xs, ys, strict=True):
+                table.setdefault(x, {})[name] = y
+        points = sorted(table)
+        out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in names}
+        previous = {name: 0.0 for name in names}
+        for x in points:
+            row = table[x]
+            delta = {name: row.get(name, previous[name]) - previous[name] for name in names}
+            total = sum(max(d, 0.0) for d in delta.values())
+            if total > 0:
+                for name in names:
+                    out[name][0].append(x)
+                    out[name][1].append(max(delta[name], 0.0) / total)
+            previous.update(row)
+        return out
 
     def points(self, key: str) -> int:
         return len(self.series[key][0]) if key in self.series else 0
+
+    def lump_sources(self, keep: set[str], other: str) -> None:
+        """The tokens of every source not in ``keep`` summed into one series named ``other`` (each
+        source's last count carried forward between its own records)."""
+        lumped = [n for n in self.sources() if n not in keep]
+        if not lumped:
+            return
+        table: dict[float, dict[str, float]] = {}
+        for name in lumped:
+            xs, ys = self.series.pop(SOURCE_TOKENS + name)
+            for x, y in zip(xs, ys, strict=True):
+                table.setdefault(x, {})[name] = y
+        last: dict[str, float] = {}
+        for x in sorted(table):
+            last.update(table[x])
+            self._append(SOURCE_TOKENS + other, x, sum(last.values()))
+
+
+def _draw_sources(runs: list[Curves], ax_share, ax_tokens, colors, drawn: dict) -> None:
+    """Per-source share of the tokens of each logging window (one run: stacked areas; several: one line
+    style per run) and tokens consumed so far: one color per source."""
+    styles = ("-", "--", ":", "-.")
+    names: list[str] = []
+    for run in runs:
+        names += [n for n in run.sources() if n not in names]
+    if len(names) > MAX_SOURCES_DRAWN:
+        # a blend of hundreds of shards: the largest sources by name, the rest as one band
+        tokens = {n: max((r.series[SOURCE_TOKENS + n][1][-1] for r in runs if n in r.sources()), default=0)
+                  for n in names}  # fmt: skip
+        keep = set(sorted(names, key=lambda n: -tokens[n])[: MAX_SOURCES_DRAWN - 1])
+        other = f"{len(names) - len(keep)} other sources"
+        for run in runs:
+            run.lump_sources(keep, other)
+        names = [n for n in names if n in keep] + [other]
+    color_of = {name: colors[i % len(colors)] for i, name in enumerate(names)}
+    for index, run in enumerate(runs):
+        style = styles[index % len(styles)]
+        label = (lambda name: name) if len(runs) == 1 else (lambda name, r=run.name: f"{r}: {name}")
+        shares = run.shares()
+        if len(runs) == 1 and shares:
+            xs = next(iter(shares.values()))[0]
+            ax_share.stackplot(
+                xs,
+                *[ys for _, ys in shares.values()],
+                labels=list(shares),
+                colors=[color_of[name] for name in shares],
+                step="pre",
+                alpha=0.8,
+            )
+        for name, (xs, ys) in shares.items():
+            if len(runs) > 1:
+                ax_share.plot(
+                    xs,
+                    ys,
+                    style,
+                    color=color_of[name],
+                    linewidth=1.2,
+                    label=label(name),
+                    drawstyle="steps-pre",
+                )
+            drawn["share"][f"{run.name}:{name}"] = len(xs)
+        for name in run.sources():
+            xs, ys = run.series[SOURCE_TOKENS + name]
+            ax_tokens.plot(xs, ys, style, color=color_of[name], linewidth=1.2, label=label(name))
+            drawn["source_tokens"][f"{run.name}:{name}"] = len(xs)
+    ax_share.set_ylim(0, 1)
+    ax_share.set_title("data mix: share of each source's tokens per log window")
+    ax_tokens.set_title("tokens consumed per source")
 
 
 def _draw_moe(row, run: Curves, color: str, drawn: dict) -> None:
@@ -171,18 +277,22 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
 
     moe = any(run.points("moe_aux_loss") for run in runs)
     series_rows = [row for _, row in SERIES_ROWS if any(run.points(key) for run in runs for key, _, _ in row)]
-    rows = 2 + moe + len(series_rows)
+    with_sources = any(run.sources() for run in runs)
+    rows = 2 + int(moe) + len(series_rows) + int(with_sources)
     fig, axes = plt.subplots(
         rows, 2, figsize=(config.width, config.height * rows / 2), dpi=config.dpi, sharex=True
     )
     ax_loss, ax_lr, ax_gn, ax_tp = axes.flat[:4]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    drawn = {panel: {} for panel in PANELS + (MOE_PANELS if moe else ())}
+    panels = PANELS + (MOE_PANELS if moe else ()) + (SOURCE_PANELS if with_sources else ())
+    drawn = {panel: {} for panel in panels}
     for row in series_rows:
         drawn.update({key: {} for key, _, _ in row})
     # A loss scale that never leaves 1 is a bf16/fp32 run's (Megatron-LM logs one): nothing to show.
     scaled = [run for run in runs if any(v != 1 for v in run.series.get("loss_scale", ((), ()))[1])]
     ax_scale = ax_gn.twinx() if scaled else None
+    # The rows of single series sit between the MoE row and the sources row (always the last).
+    series_axes = axes[2 + moe : 2 + moe + len(series_rows)]
     throughput_label = "tokens/s"
     for index, run in enumerate(runs):
         color = colors[index % len(colors)]
@@ -218,7 +328,7 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
             drawn["throughput"][run.name] = len(xs)
         if moe:
             _draw_moe(axes[2], run, color, drawn)
-        for axes_row, row in zip(axes[2 + moe :], series_rows, strict=True):
+        for axes_row, row in zip(series_axes, series_rows, strict=True):
             for ax, (key, _, _) in zip(axes_row, row, strict=True):
                 if run.points(key):
                     xs, ys = run.series[key]
@@ -229,7 +339,7 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
             xs, ys = run.series["loss_scale"]
             ax_scale.plot(xs, ys, ":", color=color, linewidth=1.2, label=f"{run.name} loss scale")
             drawn["grad_norm"][run.name] = drawn["grad_norm"].get(run.name, 0) + len(xs)
-    for axes_row, row in zip(axes[2 + moe :], series_rows, strict=True):
+    for axes_row, row in zip(series_axes, series_rows, strict=True):
         for ax, (key, title, log) in zip(axes_row, row, strict=True):
             ax.set_title(title)
             ys = [v for run in runs if run.points(key) for v in run.series[key][1]]
@@ -242,6 +352,8 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
     if moe:
         axes[2][0].set_title("router load-balancing loss (k when balanced)")
         axes[2][1].set_title("expert load CV (layer mean solid, worst dashed)")
+    if with_sources:
+        _draw_sources(runs, axes[-1][0], axes[-1][1], colors, drawn)
     ax_loss.set_title("loss (raw, smoothed; eval o, spikes x)")
     ax_lr.set_title("learning rate")
     ax_gn.set_title("grad norm")
@@ -253,7 +365,7 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
     xlabel = "consumed tokens" if config.x == "tokens" else "step"
     for ax in axes.flat:
         ax.grid(True, alpha=0.3)
-        if ax.lines:
+        if ax.lines or ax.collections:
             ax.legend(fontsize=8, loc="best")
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
@@ -263,7 +375,8 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
     fig.tight_layout()
     tmp = tmp_sibling(config.output, suffix=".png")
     try:
-        fig.savefig(tmp, format="png")
+        # The Software text chunk marks the PNG as ours: what `llm-log plot --force` may replace.
+        fig.savefig(tmp, format="png", metadata={"Software": f"llmtools {__version__} (llm-log plot)"})
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; a plot is for sharing

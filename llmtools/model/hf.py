@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import struct
 from collections.abc import Callable, Iterable, Mapping
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from llmtools.errors import InputError
-from llmtools.fsutil import atomic_dir
+from llmtools.fsutil import atomic_dir, inside
 from llmtools.model.config import ModelConfig, shape_mismatch
 from llmtools.model.hf_config import from_hf_config, read_hf_config, to_hf_config
 from llmtools.model.hf_layout import parameter_names, to_memory_layout, to_saved_layout
@@ -83,8 +84,9 @@ def load_hf_state_dict(
                 part = load_file(path)
             else:
                 part = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except (SafetensorError, OSError, RuntimeError) as error:
-            raise InputError(f"{path}: cannot read weights ({error})") from None
+        except (SafetensorError, OSError, RuntimeError, pickle.UnpicklingError) as error:
+            # pickle: torch's weights-only loader refused a global (only tensors may be in weights)
+            raise InputError(f"{path}: cannot read weights ({str(error).strip().splitlines()[0]})") from None
         for name, tensor in part.items():
             if name.endswith(IGNORED_SUFFIXES):
                 continue
@@ -102,7 +104,12 @@ def _weight_files(folder: Path) -> list[Path]:
                 weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             except (json.JSONDecodeError, KeyError, TypeError) as error:
                 raise InputError(f"{index}[weight_map]: not a valid shard index ({error})") from None
-            files = [folder / name for name in dict.fromkeys(weight_map.values())]
+            if not isinstance(weight_map, dict):
+                raise InputError(f"{index}[weight_map]: not an object of tensor name -> file")
+            # Names read from a file: each must stay inside the folder (no /abs, no .., no symlink out).
+            files = [
+                inside(folder, name, f"{index}[weight_map]") for name in dict.fromkeys(weight_map.values())
+            ]
             for path in files:
                 if not path.is_file():
                     raise InputError(f"{index}: names shard {path.name}, which is missing")
@@ -292,7 +299,8 @@ def write_safetensors(path: Path, shard: list[tuple]) -> None:
 
     Header from the planned shapes, then each tensor's bytes as it is loaded (the safetensors
     layout: u64 little-endian header length, JSON header padded to 8 bytes, contiguous data)."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    # "producer" lets llmtools recognise its own files (what --force may replace); loaders ignore it.
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", "producer": "llmtools"}}
     offset = 0
     for name, shape, dtype, nbytes, _ in shard:
         header[name] = {

@@ -540,10 +540,15 @@ def _import_token_ids(config: TokenImportConfig, table, kind) -> TokenImportResu
     )
     result.files = [str(bin_path(prefix)), str(idx_path(prefix))]
     # The sidecar schema needs a tokenizer identity; without one the output is what Megatron makes:
-    # a .bin/.idx pair of unknown provenance, which every reader accepts.
+    # a .bin/.idx pair of unknown provenance, which every reader accepts (markers say that we wrote it).
     if identity:
         write_sidecar(prefix, sidecar)
         result.files.append(str(sidecar_path(prefix)))
+    else:
+        from llmtools.formats.outputs import write_marker
+
+        for path in (bin_path(prefix), idx_path(prefix)):
+            write_marker(path, "hf2bin", source=str(config.source), column=config.column)
     return result
 
 
@@ -653,6 +658,22 @@ class Hf2BinResult:
     def to_dict(self) -> dict:
         return {"prefixes": self.prefixes, "paths": self.paths, "documents": self.documents, "tokens": self.tokens,
                 "tokenized_columns": self.tokenized, "token_id_columns": self.copied}  # fmt: skip
+
+
+def hf2bin_outputs(config: Hf2BinConfig) -> tuple[list[Path], list[Path]]:
+    """(every file :func:`hf2bin` may write, the files it reads): for the CLI's output check."""
+    from llmtools.formats.indexed import bin_path, idx_path
+    from llmtools.formats.outputs import marker_path
+    from llmtools.formats.sidecar import sidecar_path
+
+    table = open_hf(config.source, config.split)
+    keys = list(config.json_keys) if config.json_keys else [_default_key(table)]
+    outputs = []
+    for key in keys:
+        prefix = f"{config.output_prefix}_{key}_document"
+        outputs += [bin_path(prefix), idx_path(prefix), sidecar_path(prefix)]
+        outputs += [marker_path(bin_path(prefix)), marker_path(idx_path(prefix))]
+    return outputs, [Path(str(config.source)), *table.files]
 
 
 def hf2bin(config: Hf2BinConfig) -> Hf2BinResult:

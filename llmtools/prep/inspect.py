@@ -11,16 +11,15 @@ from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
 
 
 def inspect_prefix(prefix: str | os.PathLike, validate: bool = True) -> dict:
-    """Counts, dtype, token and document-length statistics; ``validate`` runs the full O(n) checks.
+    """Counts, dtype, token and document-length statistics; ``validate`` adds the O(tokens) checks.
 
-    Raises InputError naming the file and byte offset for a bad magic, a truncated file,
-    inconsistent pointers or (with a sidecar) token ids outside the vocabulary.
+    Raises InputError naming the file and byte offset for a bad magic, a truncated file or inconsistent
+    pointers (the reader's own checks, on open), and with ``validate`` for token ids outside the
+    sidecar's vocabulary or a sidecar whose counts disagree with the index.
     """
     from llmtools.formats.sidecar import read_sidecar
 
-    reader = IndexedDatasetReader(prefix, validate=True)
-    if validate:
-        reader.validate()
+    reader = IndexedDatasetReader(prefix)
     sidecar = read_sidecar(prefix)
     lengths = reader.document_lengths()
     report: dict = {
@@ -103,9 +102,9 @@ def format_report(report: dict) -> str:
     else:
         lines.append("tokenizer     unknown (no sidecar: made by Megatron or another tool)")
     lines.append(
-        "valid         yes (index and .bin consistent)"
+        "valid         yes (index and .bin consistent, token ids checked)"
         if report["validated"]
-        else "valid         size check only (--no-validate)"
+        else "valid         index and .bin consistent (token ids not checked: --no-validate)"
     )
     return "\n".join(lines)
 

@@ -25,6 +25,11 @@ policy ``auto``, see :mod:`llmtools.tokenize.base`); ``append_eod`` appends EOD 
 documents only; an empty document (no tokens) still gets a document index but no sequence; uint16
 tokens when the vocabulary is below 65500, else int32.
 
+At scale: ``shard=ShardSpec(i, n)`` tokenizes only shard i of the inputs (:mod:`llmtools.prep.shards`;
+``llm-prep merge`` joins the shards back, :mod:`llmtools.prep.merge`), and ``partitions=n`` writes
+Megatron's ``--partitions`` document order (:mod:`llmtools.prep.partitions`). With ``megatron=`` (Megatron's
+``--tokenizer-type`` flags, :mod:`llmtools.tokenize.megatron`) the tokenizer is the one Megatron builds.
+
 Plain API::
 
     from llmtools.prep.json2bin import json2bin
@@ -45,7 +50,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure, UsageError
+from llmtools.prep.shards import ShardPlan, ShardSpec
 from llmtools.prep.sources import DocumentSource, join_texts
+from llmtools.tokenize.megatron import MegatronTokenizerArgs
 
 
 @dataclass
@@ -75,9 +82,33 @@ class Json2BinConfig:
     progress: bool | None = None
     """Progress bar on stderr; None = when stderr is a terminal."""
     durable: bool = True
+    shard: ShardSpec | None = None
+    """Process only shard I of N of the inputs (--shard I/N); see :mod:`llmtools.prep.shards`."""
+    megatron: MegatronTokenizerArgs | None = None
+    """Megatron's tokenizer flags (--tokenizer-type ...), used instead of ``tokenizer`` when given."""
+    partitions: int = 1
+    """Megatron's --partitions: its document order (round-robin over N partitions, then concatenated)."""
+    keep_sequential_samples: bool = False
+    """Megatron's --keep-sequential-samples: partitions are contiguous blocks, so the input order stays."""
+    log_interval: int | None = None
+    """Megatron's --log-interval: a 'Processed N documents' line on stderr every N documents."""
 
     def __post_init__(self) -> None:
         self.json_keys = tuple(self.json_keys)
+        if self.partitions < 1:
+            raise UsageError(f"--partitions: must be at least 1, got {self.partitions}")
+        if self.log_interval is not None and self.log_interval < 1:
+            raise UsageError(f"--log-interval: must be at least 1, got {self.log_interval}")
+        if self.partitions > 1 and self.shard is not None and not self.keep_sequential_samples:
+            raise UsageError(
+                "--partitions with --shard: Megatron's partition order runs over all the inputs, which one "
+                "shard does not see; shard without --partitions (merged shards keep the input order)"
+            )
+        if self.megatron is not None and self.special_tokens != "auto":
+            raise UsageError(
+                "--special-tokens with --tokenizer-type: Megatron's flags decide what special-token strings "
+                "become (--legacy-tokenizer for the legacy system's behaviour)"
+            )
         if not self.output_prefix:
             raise UsageError("--output: an output prefix is required")
         if not self.json_keys or any(not k for k in self.json_keys):
@@ -92,16 +123,31 @@ class Json2BinConfig:
             raise UsageError(f"--chunk-bytes: must be positive, got {self.chunk_bytes}")
 
     def prefix_for(self, key: str) -> str:
-        return f"{self.output_prefix}_{key}_document"
+        """``{prefix}_{key}_document``, with ``-0000I-of-0000N`` after the prefix for a shard."""
+        shard = self.shard.suffix if self.shard is not None else ""
+        return f"{self.output_prefix}{shard}_{key}_document"
+
+    def outputs(self) -> list:
+        """Every file this run writes: ``.bin``, ``.idx`` and sidecar per key."""
+        from llmtools.formats.indexed import bin_path, idx_path
+        from llmtools.formats.sidecar import sidecar_path
+
+        prefixes = [self.prefix_for(key) for key in self.json_keys]
+        return [f(p) for p in prefixes for f in (bin_path, idx_path, sidecar_path)]
 
 
 def _remove_stale_temporaries(outputs) -> None:
     """With --force: the ``NAME.tmp-*`` leftovers of an earlier killed run for these outputs go too."""
+    import shutil
+
     from llmtools.fsutil import TMP_MARK
 
     for path in outputs:
         for stale in path.parent.glob(f"{path.name}{TMP_MARK}*"):
-            stale.unlink(missing_ok=True)
+            if stale.is_dir() and not stale.is_symlink():  # --partitions' folder of partial datasets
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
 
 
 def default_workers() -> int:
@@ -124,6 +170,7 @@ class Json2BinResult:
     backend: str = ""
     workers: int = 1
     dtype: str = ""
+    shard: dict | None = None
 
     def summary(self) -> str:
         secs = max(self.seconds, 1e-9)
@@ -143,6 +190,13 @@ class Json2BinResult:
             )
         )
         rate = f"{self.input_bytes / 1e6 / secs:.1f} MB/s, {self.documents / secs:,.0f} docs/s, {tokens / secs:,.0f} tokens/s"
+        if self.shard is not None:
+            s = self.shard
+            parts.insert(
+                0,
+                f"shard {s['index']}/{s['count']}: {s['inputs']:,} of {s['inputs_total']:,} inputs "
+                f"({s['bytes'] / 1e6:,.1f} of {s['bytes_total'] / 1e6:,.1f} MB)",
+            )
         return f"{', '.join(parts)}; {self.input_bytes / 1e6:.1f} MB in {self.seconds:.2f} s ({rate}; {self.backend}, {self.workers} workers)"
 
     def to_dict(self) -> dict:
@@ -158,6 +212,7 @@ class Json2BinResult:
             "backend": self.backend,
             "workers": self.workers,
             "dtype": self.dtype,
+            "shard": self.shard,
         }
 
 
@@ -375,34 +430,44 @@ def json2bin(
 
 def _json2bin(config: Json2BinConfig, source: DocumentSource | None) -> Json2BinResult:
     from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, dtype_for_vocab, idx_path
-    from llmtools.formats.sidecar import sidecar_path
     from llmtools.fsutil import check_writable
 
-    outputs = []
-    for key in config.json_keys:
-        prefix = config.prefix_for(key)
-        outputs += [bin_path(prefix), idx_path(prefix), sidecar_path(prefix)]
+    outputs = config.outputs()
     check_writable(outputs, config.force)
     if config.force:
         _remove_stale_temporaries(outputs)
+    shard_plan: ShardPlan | None = None
     if source is None:
-        from llmtools.prep.jsonl import JsonlSource
+        from llmtools.prep.jsonl import JsonlSource, expand_inputs
 
         if not config.inputs:
             raise UsageError("json2bin: give at least one INPUT (a JSONL file, a glob, or - for stdin)")
-        source = JsonlSource(config.inputs, skip_bad=config.skip_bad, chunk_bytes=config.chunk_bytes)
+        inputs = config.inputs
+        if config.shard is not None:
+            from llmtools.prep.shards import plan_shards
+
+            shard_plan = plan_shards(expand_inputs(inputs), config.shard)
+            inputs = shard_plan.mine  # may be none: the shard is then an empty dataset
+        source = JsonlSource(inputs, skip_bad=config.skip_bad, chunk_bytes=config.chunk_bytes)
+    elif config.shard is not None:
+        raise UsageError("--shard applies to JSONL inputs; this source cannot be sharded")
     # gigatoken encodes in this process on its thread pool, sized (once, at first use) from this variable.
     os.environ["RAYON_NUM_THREADS"] = str(config.workers)
-    from llmtools.tokenize import load_tokenizer
+    if config.megatron is not None:
+        from llmtools.tokenize.megatron import load_megatron_tokenizer
 
-    tok = load_tokenizer(
-        config.tokenizer, backend=config.backend, special_tokens=config.special_tokens, defer_probe=True
-    )
+        tok = load_megatron_tokenizer(config.megatron, backend=config.backend, defer_probe=True)
+    else:
+        from llmtools.tokenize import load_tokenizer
+
+        tok = load_tokenizer(
+            config.tokenizer, backend=config.backend, special_tokens=config.special_tokens, defer_probe=True
+        )
     if config.workers > 1 and not tok.parallel_in_process:
         # Workers are forked after the tokenizer is loaded; Rust thread pools must not be used before.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if config.append_eod and tok.eod_id is None:
-        raise UsageError(f"--append-eod: tokenizer {config.tokenizer} has no end-of-document token")
+        raise UsageError(f"--append-eod: tokenizer {tok.source} has no end-of-document token")
     dtype = dtype_for_vocab(tok.vocab_size)
 
     started = time.perf_counter()
@@ -411,12 +476,22 @@ def _json2bin(config: Json2BinConfig, source: DocumentSource | None) -> Json2Bin
         paths=[],
         workers=config.workers,
         dtype=dtype.name,
+        shard=shard_plan.record() if shard_plan is not None else None,
     )
     skipped: dict[str, int] = {}
-    progress = _Progress(config.progress, source.total_bytes)
-    writers = [
-        IndexedDatasetWriter(config.prefix_for(k), dtype, durable=config.durable) for k in config.json_keys
-    ]
+    progress = _Progress(config.progress, source.total_bytes, config.log_interval)
+    if config.partitions > 1 and not config.keep_sequential_samples:
+        from llmtools.prep.partitions import PartitionedWriter
+
+        writers = [
+            PartitionedWriter(config.prefix_for(k), dtype, config.partitions, durable=config.durable)
+            for k in config.json_keys
+        ]
+    else:  # one partition, or contiguous ones (--keep-sequential-samples): the input order
+        writers = [
+            IndexedDatasetWriter(config.prefix_for(k), dtype, durable=config.durable)
+            for k in config.json_keys
+        ]
     try:
         with contextlib.ExitStack() as stack:  # the writers commit .bin/.idx only if the loop completes
             for writer in writers:
@@ -458,6 +533,17 @@ def _json2bin(config: Json2BinConfig, source: DocumentSource | None) -> Json2Bin
         result.tokens[key] = writer.num_tokens
         result.empty_documents.setdefault(key, 0)
         sidecar = build_sidecar(tok, key, config, dtype, inputs, writer, result.empty_documents[key], skipped)
+        if result.shard is not None:
+            sidecar["shard"] = result.shard
+        if config.megatron is not None:
+            sidecar["megatron"] = config.megatron.record()
+        if config.partitions > 1:
+            sidecar["partitions"] = {
+                "count": config.partitions,
+                "order": "input order (contiguous blocks)"
+                if config.keep_sequential_samples
+                else "Megatron's: document g in partition g % N, partitions concatenated",
+            }
         from llmtools.formats.sidecar import write_sidecar
 
         result.paths += [str(bin_path(prefix)), str(idx_path(prefix)), str(write_sidecar(prefix, sidecar))]
@@ -476,7 +562,7 @@ def build_sidecar(tok, key, config, dtype, inputs, writer, empty, skipped) -> di
         tokens=writer.num_tokens,
         json_key=key,
         append_eod=config.append_eod,
-        special_tokens=config.special_tokens,
+        special_tokens=config.special_tokens if config.megatron is None else tok.policy,
         empty_documents=empty,
         skipped=skipped,
     )
@@ -485,14 +571,16 @@ def build_sidecar(tok, key, config, dtype, inputs, writer, empty, skipped) -> di
 class _Progress:
     """tqdm bar on stderr in input bytes, with docs/s and tokens/s; silent when disabled."""
 
-    def __init__(self, enabled: bool | None, total: int | None) -> None:
+    def __init__(self, enabled: bool | None, total: int | None, log_interval: int | None = None) -> None:
+        # Megatron's lines (--log-interval) replace the bar, on a terminal or not; -q silences both.
+        self.log_interval = log_interval if enabled is not False else None
         if enabled is None:
             enabled = sys.stderr.isatty()
         self.bar = None
-        self.docs = self.tokens = 0
+        self.docs = self.tokens = self.nbytes = 0
         self.start = time.perf_counter()
         self.last = 0.0
-        if enabled:
+        if enabled and log_interval is None:
             from tqdm import tqdm
 
             self.bar = tqdm(
@@ -507,8 +595,18 @@ class _Progress:
             )
 
     def update(self, nbytes: int, docs: int, tokens: int) -> None:
+        before = self.docs
         self.docs += docs
         self.tokens += tokens
+        self.nbytes += nbytes
+        if self.log_interval and self.docs // self.log_interval > before // self.log_interval:
+            # Megatron's progress line (its MB are MiB).
+            secs = max(time.perf_counter() - self.start, 1e-9)
+            print(
+                f"Processed {self.docs} documents ({self.docs / secs} docs/s, {self.nbytes / secs / 1024 / 1024} MB/s).",
+                file=sys.stderr,
+                flush=True,
+            )
         if self.bar is None:
             return
         self.bar.update(nbytes)

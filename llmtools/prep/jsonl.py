@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmtools.errors import InputError
+from llmtools.formats.pathlists import expand_lists
 from llmtools.prep.sources import BadRecord, DocBatch, FlatTexts
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -44,9 +45,10 @@ READ_BLOCK = 1 << 20
 
 
 def expand_inputs(inputs: Sequence[str]) -> list[str]:
-    """Files in the order given; globs expanded (sorted); ``-`` kept as stdin."""
+    """Files in the order given; globs expanded (sorted); ``@list`` files replaced by the paths (or
+    globs) they name, one a line; ``-`` kept as stdin."""
     out: list[str] = []
-    for item in inputs:
+    for item in expand_lists(inputs):
         item = str(item)
         if item == STDIN:
             out.append(item)

@@ -121,6 +121,7 @@ def write_sample_corpus(
     force: bool = False,
 ) -> list[Path]:
     """Write ``{output_dir}/{style}.jsonl`` (``{"text": ...}`` per line) for each style; returns the paths."""
+    from llmtools.formats.outputs import marker_path, write_marker
     from llmtools.fsutil import atomic_file, check_writable
     from llmtools.locks import lock_output
 
@@ -130,13 +131,18 @@ def write_sample_corpus(
     for style in styles:
         if style not in GENERATORS:
             raise UsageError(f"--style: unknown style {style!r} (choose from {', '.join(STYLES)})")
-    out = Path(output_dir)
-    paths = [out / f"{style}.jsonl" for style in styles]
+    paths = corpus_paths(output_dir, styles)
     with lock_output(paths):  # one writer per output, from the existence check on
-        check_writable(paths, force)
-        out.mkdir(parents=True, exist_ok=True)
+        check_writable([p for path in paths for p in (path, marker_path(path))], force)
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
         for style, path in zip(styles, paths, strict=True):
             with atomic_file(path, "w", encoding="utf-8") as handle:
                 for text in generate(style, docs, seed):
                     handle.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+            write_marker(path, "sample-corpus", style=style, docs=docs, seed=seed)
     return paths
+
+
+def corpus_paths(output_dir: str | os.PathLike, styles: Sequence[str] = STYLES) -> list[Path]:
+    """``{output_dir}/{style}.jsonl`` for each style (each gets a ``.llmtools.json`` marker beside it)."""
+    return [Path(output_dir) / f"{style}.jsonl" for style in dict.fromkeys(styles)]

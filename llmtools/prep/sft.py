@@ -87,6 +87,13 @@ class SftConfig:
     def prefix_for(self, key: str) -> str:
         return f"{self.output_prefix}_{key}_document"
 
+    def outputs(self) -> list:
+        """Every file this run writes: ``.bin``, ``.idx`` and sidecar per dataset."""
+        from llmtools.formats.indexed import bin_path, idx_path
+        from llmtools.formats.sidecar import sidecar_path
+
+        return [p(self.prefix_for(k)) for k in self.keys for p in (bin_path, idx_path, sidecar_path)]
+
     @property
     def keys(self) -> tuple[str, ...]:
         return KEYS if self.pack else KEYS[:2]
@@ -433,12 +440,10 @@ def build_sft(config: SftConfig, progress: bool | None = None) -> SftResult:
 
 def _build_sft(config: SftConfig, progress: bool | None) -> SftResult:
     from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, dtype_for_vocab, idx_path
-    from llmtools.formats.sidecar import sidecar_path
     from llmtools.fsutil import check_writable
     from llmtools.tokenize import load_tokenizer
 
-    outputs = [p(config.prefix_for(k)) for k in config.keys for p in (bin_path, idx_path, sidecar_path)]
-    check_writable(outputs, config.force)
+    check_writable(config.outputs(), config.force)
     tokenizer = load_tokenizer(config.tokenizer, backend="tokenizers", special_tokens="split")
     template = load_chat_template(config.chat_template, config.tokenizer)
     if config.append_eod and tokenizer.eod_id is None:

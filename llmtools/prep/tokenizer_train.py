@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from llmtools.errors import UsageError
 
@@ -70,6 +71,13 @@ def iter_jsonl_texts(inputs: Sequence[str], keys: Sequence[str], skip_bad: bool 
             yield from batch.texts[key]
 
 
+def outputs(output: str | os.PathLike) -> list[Path]:
+    """What :func:`train_tokenizer` writes: the tokenizer and its marker."""
+    from llmtools.formats.outputs import marker_path
+
+    return [Path(output), marker_path(output)]
+
+
 def train_tokenizer(
     inputs: Sequence[str],
     output: str | os.PathLike,
@@ -77,14 +85,17 @@ def train_tokenizer(
     force: bool = False,
     skip_bad: bool = False,
 ) -> dict:
-    """Train from JSONL ``inputs`` and write ``output`` (tokenizer.json) atomically. Returns a summary."""
+    """Train from JSONL ``inputs`` and write ``output`` (tokenizer.json) atomically, with the marker that
+    says llmtools wrote it (``tokenizer.json.llmtools.json``). Returns a summary."""
+    from llmtools.formats.outputs import write_marker
     from llmtools.fsutil import check_writable, write_text_atomic
     from llmtools.locks import lock_output
 
     with lock_output(output):  # one writer per output, from the existence check on
-        check_writable([output], force)
+        check_writable(outputs(output), force)
         tok = build_tokenizer(iter_jsonl_texts(inputs, config.json_keys, skip_bad), config)
         write_text_atomic(output, tok.to_str(pretty=False))
+        write_marker(output, "tokenizer", vocab_size=tok.get_vocab_size(with_added_tokens=True))
     return {
         "path": str(output),
         "vocab_size": tok.get_vocab_size(with_added_tokens=True),

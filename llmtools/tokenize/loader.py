@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from llmtools.errors import InputError, UsageError
@@ -147,7 +148,18 @@ def _load_hf_json(path: Path, backend: str, policy: str, defer_probe: bool = Fal
     )
 
 
-def _load_hf_folder(path: Path, backend: str, policy: str, defer_probe: bool = False) -> Tokenizer:
+def _load_hf_folder(
+    path: Path,
+    backend: str,
+    policy: str,
+    defer_probe: bool = False,
+    *,
+    add_special_tokens: bool = True,
+    extra_special: Sequence[str] = (),
+) -> Tokenizer:
+    """``add_special_tokens=False`` leaves out what the post-processor adds (BOS/EOS), as Megatron-LM's
+    HuggingFaceTokenizer does by default since core_v0.15; ``extra_special`` adds special tokens
+    (``--tokenizer-special-tokens``) after the vocabulary, in order."""
     from llmtools.tokenize.hf import HFTokenizer
 
     files = [path / f for f in HF_FOLDER_FILES if (path / f).exists()]
@@ -155,7 +167,7 @@ def _load_hf_folder(path: Path, backend: str, policy: str, defer_probe: bool = F
         "kind": "hf-folder",
         "source": str(path),
         "name": path.name,
-        "hash": file_sha256(files),
+        "hash": _with_extras(file_sha256(files), add_special_tokens, extra_special),
         "policy": policy,
         "backend": backend,
         "defer_probe": defer_probe,
@@ -169,9 +181,10 @@ def _load_hf_folder(path: Path, backend: str, policy: str, defer_probe: bool = F
         except Exception:  # noqa: BLE001 - not installed or not loadable: read the config ourselves
             hf = None
     if hf is not None and getattr(hf, "is_fast", False):
-        return HFTokenizer(
-            hf.backend_tokenizer, vocab_size=len(hf), eod_id=hf.eos_token_id, bos_id=hf.bos_token_id, **common
-        )
+        before = hf.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+        tok = _adjust(hf.backend_tokenizer, add_special_tokens, extra_special)
+        vocab = len(hf) + tok.get_vocab_size(with_added_tokens=True) - before  # len(): Megatron's vocab size
+        return HFTokenizer(tok, vocab_size=vocab, eod_id=hf.eos_token_id, bos_id=hf.bos_token_id, **common)
     import tokenizers
 
     tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
@@ -180,9 +193,33 @@ def _load_hf_folder(path: Path, backend: str, policy: str, defer_probe: bool = F
         config = _read_json(path / name)
         eod = _config_token(tok, config.get("eos_token"), eod)
         bos = _config_token(tok, config.get("bos_token"), bos)
+    tok = _adjust(tok, add_special_tokens, extra_special)
     return HFTokenizer(
         tok, vocab_size=tok.get_vocab_size(with_added_tokens=True), eod_id=eod, bos_id=bos, **common
     )
+
+
+def _adjust(tok, add_special_tokens: bool, extra_special: Sequence[str]):
+    """Drop the post-processor (its BOS/EOS) and add special tokens, as Megatron-style options ask."""
+    if not add_special_tokens:
+        tok.post_processor = None
+    if extra_special:
+        import tokenizers
+
+        tok.add_special_tokens(
+            [tokenizers.AddedToken(t, special=True, normalized=False) for t in extra_special]
+        )
+    return tok
+
+
+def _with_extras(file_hash: str, add_special_tokens: bool, extra_special: Sequence[str]) -> str:
+    """The files' hash, or, when options change the vocabulary or the ids, a hash of both."""
+    if add_special_tokens and not extra_special:
+        return file_hash
+    text = json.dumps(
+        {"files": file_hash, "post_processor": add_special_tokens, "added": list(extra_special)}
+    )
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def _read_json(path: Path) -> dict:
@@ -216,13 +253,21 @@ def _merges_for(vocab: Path) -> Path:
     )
 
 
-def _load_gpt2(vocab: Path, backend: str, policy: str, defer_probe: bool = False) -> Tokenizer:
+def _load_gpt2(
+    vocab: Path,
+    backend: str,
+    policy: str,
+    defer_probe: bool = False,
+    *,
+    merges: Path | None = None,
+    extra_special: Sequence[str] = (),
+) -> Tokenizer:
     import tokenizers
     from tokenizers import decoders, models, pre_tokenizers
 
     from llmtools.tokenize.hf import HFTokenizer
 
-    merges = _merges_for(vocab)
+    merges = merges if merges is not None else _merges_for(vocab)
     try:
         tok = tokenizers.Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
     except Exception as error:  # noqa: BLE001
@@ -234,12 +279,13 @@ def _load_gpt2(vocab: Path, backend: str, policy: str, defer_probe: bool = False
         # Megatron-LM's GPT2BPETokenizer is transformers' GPT-2 tokenizer, which makes <|endoftext|> a
         # special token: its normal call turns the literal string into the EOD id (policy auto/split).
         tok.add_special_tokens([tokenizers.AddedToken("<|endoftext|>", special=True, normalized=False)])
+    tok = _adjust(tok, True, extra_special)
     return HFTokenizer(
         tok,
         kind="gpt2-bpe",
         source=str(vocab),
         name=vocab.parent.name if vocab.name == "vocab.json" else vocab.stem,
-        hash=file_sha256([vocab, merges]),
+        hash=_with_extras(file_sha256([vocab, merges]), True, extra_special),
         vocab_size=tok.get_vocab_size(with_added_tokens=True),
         eod_id=eod,
         bos_id=None,

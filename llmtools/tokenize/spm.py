@@ -12,7 +12,10 @@ from llmtools.tokenize.base import SplitSpecials, Tokenizer
 class SentencePieceTokenizer(Tokenizer):
     kind = "sentencepiece"
 
-    def __init__(self, path: str, *, source: str, hash: str, policy: str = "auto") -> None:
+    def __init__(
+        self, path: str, *, source: str, hash: str, policy: str = "auto", add_bos: bool = False
+    ) -> None:
+        """``add_bos``: prepend BOS to every text, as Megatron's legacy ``Llama2Tokenizer`` does."""
         import sentencepiece
 
         self.sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
@@ -26,11 +29,12 @@ class SentencePieceTokenizer(Tokenizer):
             self.sp.id_to_piece(i): i for i in range(self.vocab_size) if self.sp.is_control(i)
         }
         self.backend = "sentencepiece"
+        self.add_bos = add_bos
         plain = self._encode_plain
         self._encode = SplitSpecials(self.special_tokens, plain) if policy == "split" else plain
 
     def _encode_plain(self, texts: list[str]) -> list[list[int]]:
-        return self.sp.encode(texts, out_type=int) if texts else []
+        return self.sp.encode(texts, out_type=int, add_bos=self.add_bos) if texts else []
 
     def _encode_list(self, texts: list[str]) -> list[list[int]]:
         return self._encode(texts)

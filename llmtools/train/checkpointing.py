@@ -47,18 +47,21 @@ def choose(
     reset_data: bool = False,
     reshard: bool = False,
     own_scheduler: bool = False,
+    data_ledger: bool = False,
     exclude: tuple[Path, ...] = (),
+    rollback: bool = False,
 ) -> Accepted | None:
     """The checkpoint ``spec`` names (auto|latest|STEP|PATH), reviewed against ``current`` (the resolved
     config); None when there is nothing to resume. Call on ALL ranks: rank 0 decides, the others follow;
-    a refusal raises InputError on every rank."""
+    a refusal raises InputError on every rank. One older than the run's newest complete checkpoint needs
+    ``rollback`` (the newer ones are then moved aside, on rank 0)."""
     from llmtools.ckpt import dist, layout
     from llmtools.ckpt.verify import read_meta
     from llmtools.train import resume as policy
 
     if spec is None:
         return None
-    path = manager.resolve(spec, exclude=exclude)
+    path = manager.resolve(spec, exclude=exclude, rollback=rollback)
     if path is None:
         have = [p.name for _, p in layout.list_checkpoints(manager.ckpt_dir)]
         if spec == "auto" and have and not exclude:
@@ -75,7 +78,13 @@ def choose(
         try:
             meta = read_meta(path)
             changes = policy.review(
-                meta, path, current, reset_data=reset_data, reshard=reshard, own_scheduler=own_scheduler
+                meta,
+                path,
+                current,
+                reset_data=reset_data,
+                reshard=reshard,
+                own_scheduler=own_scheduler,
+                data_ledger=data_ledger,
             )
             verdict = Accepted(Path(path), int(meta.get("step") or 0), changes)
         except InputError as refusal:
@@ -121,6 +130,7 @@ def resume(manager, engine, first: Accepted | None, spec: str | None, current: d
     with a warning naming it, and the previous complete one is tried; when every one fails, RuntimeFailure.
     """
     from llmtools.ckpt import dist
+    from llmtools.ckpt.safeload import UnsafeFileError
 
     accepted, failed = first, []
     while accepted is not None:
@@ -131,6 +141,8 @@ def resume(manager, engine, first: Accepted | None, spec: str | None, current: d
             error, client_state = caught, None
         if not dist.any_rank(error is not None):
             return accepted, client_state
+        if isinstance(error, UnsafeFileError):
+            raise error  # put there on purpose: never skipped for an older checkpoint
         why = f"{type(error).__name__}: {error}" if error is not None else "it failed on another rank"
         if spec != "auto":
             if isinstance(error, LlmtoolsError):

@@ -358,7 +358,7 @@ class DistributedSection:
 
 @dataclass
 class HealthSection:
-    """What happens on a NaN/inf loss or a grad-norm spike."""
+    """What happens on a NaN/inf loss, a grad-norm spike or a loss spike."""
 
     nan_action: Literal["skip", "stop"] = "stop"
     """NaN/inf loss or grad norm: skip the update, or stop (with a checkpoint of the last good state)."""
@@ -366,8 +366,11 @@ class HealthSection:
     """A grad norm above spike_factor x the median of the last spike_window norms is a spike; 0 disables."""
     spike_window: int = 20
     """How many recent (healthy) grad norms the median is taken over; detection starts once it is full."""
+    loss_spike_factor: float = 0.0
+    """A step loss above loss_spike_factor x the median of the last spike_window step losses is a loss
+    spike (bad data, most often); 0 disables."""
     spike_action: Literal["skip", "stop", "warn"] = "skip"
-    """On a spike: skip the update, stop with a checkpoint, or only warn."""
+    """On a spike (grad norm or loss): skip the update, stop with a checkpoint, or only warn."""
     max_skips: int = 10
     """Stop once this many consecutive steps have been skipped (fp16 overflows are the loss scaler's)."""
     update_spike_factor: float = 0.0
@@ -386,6 +389,8 @@ class HealthSection:
             )
         if self.spike_factor < 0 or (0 < self.spike_factor <= 1):
             raise _bad("health.spike_factor", f"must be 0 (off) or > 1, got {self.spike_factor}")
+        if self.loss_spike_factor < 0 or (0 < self.loss_spike_factor <= 1):
+            raise _bad("health.loss_spike_factor", f"must be 0 (off) or > 1, got {self.loss_spike_factor}")
         if self.spike_window < 2:
             raise _bad("health.spike_window", f"must be >= 2, got {self.spike_window}")
         if self.max_skips < 1:

@@ -195,3 +195,26 @@ def any_rank(flag: bool, device) -> bool:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return bool(tensor.item() > 0)
+
+
+def mean_over_ranks(value: float, device) -> float:
+    """The mean of ``value`` over the ranks (every rank gets the same number)."""
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor /= dist.get_world_size()
+    return float(tensor.item())
+
+
+def gather_objects(value) -> list:
+    """Every rank's ``value`` (picklable), in rank order, on every rank."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [value]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out

@@ -1,5 +1,5 @@
-"""Training health: a NaN/inf loss or grad norm, or a grad-norm spike, decides whether an update is applied;
-a spike of the applied update's size (its ratio to the parameters) warns or stops after it.
+"""Training health: a NaN/inf loss or grad norm, a grad-norm spike or a loss spike decides whether an update
+is applied; a spike of the applied update's size (its ratio to the parameters) warns or stops after it.
 
 The decision is taken inside the optimizer step (see :class:`HealthGate`); what happens next -- skip the
 update, or stop with a checkpoint -- is the loop's business.
@@ -29,14 +29,17 @@ class HealthGate:
         self.loss_scaling = loss_scaling
         self.history: deque[float] = deque(maxlen=health.spike_window)
         self.update_history: deque[float] = deque(maxlen=health.spike_window)
+        self.loss_history: deque[float] = deque(maxlen=health.spike_window)
         self.reset()
         self.consecutive_skips = 0
 
     def reset(self) -> None:
         self.loss_bad = False
+        self.loss: float | None = None  # the step's loss, the same on every rank (for loss spikes)
+        self.loss_limit: float | None = None  # above it a loss is a spike (None: not checked yet)
         self.decided = False
         self.skip = False
-        self.reason: str | None = None  # "nan" | "spike"
+        self.reason: str | None = None  # "nan" | "spike" | "loss_spike" | "overflow" (fp16)
         self.stop = False
         self.norm: float | None = None
         self.precomputed_norm: float | None = None
@@ -83,6 +86,8 @@ class HealthGate:
             norm = self.precomputed_norm
         self.norm = None if norm is None else float(norm)
         h = self.health
+        if h.loss_spike_factor > 0 and len(self.loss_history) == self.loss_history.maxlen:
+            self.loss_limit = h.loss_spike_factor * statistics.median(self.loss_history)
         if self.loss_bad or (self.norm is not None and not math.isfinite(self.norm)):
             self.reason, self.skip, self.stop = "nan", True, h.nan_action == "stop"
         elif (
@@ -92,10 +97,15 @@ class HealthGate:
             and self.norm > h.spike_factor * statistics.median(self.history)
         ):
             self.reason = "spike"
+        elif self.loss_limit is not None and self.loss is not None and self.loss > self.loss_limit:
+            self.reason = "loss_spike"
+        if self.reason in ("spike", "loss_spike"):
             self.skip = h.spike_action in ("skip", "stop")
             self.stop = h.spike_action == "stop"
         if self.norm is not None and math.isfinite(self.norm) and not self.skip:
             self.history.append(self.norm)
+        if self.loss is not None and math.isfinite(self.loss) and not self.skip:
+            self.loss_history.append(self.loss)
 
 
 def wrap_step(optimizer, gate: HealthGate, monitor=None) -> None:

@@ -11,6 +11,12 @@
    update (:mod:`~llmtools.train.health`); a metrics record and a stderr line every ``log_every`` steps
    (:mod:`~llmtools.train.metrics`); eval every ``eval.every``; a checkpoint every ``save_every``.
 
+A task whose data keeps a ledger (pretraining: one cursor per source, :mod:`llmtools.data.ledger`) gets
+it recorded in every checkpoint and its tokens per source in every train record; on resume the task
+picks its data up from the checkpoint's ledger (continuing a changed mix, or refusing one it cannot
+continue, before any compute); and when the health gate trips, the offending samples are appended to
+``RUN/quarantine.jsonl``, so that the resumed run passes over their documents.
+
 Only rank 0 writes the run folder's logs. The loss reported for a step is the mean of the micro-batch
 losses over all ranks, i.e. the loss of the global batch.
 """
@@ -29,12 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmtools.errors import RuntimeFailure
+from llmtools.errors import InputError, RuntimeFailure
 from llmtools.train.config import TrainConfig
 from llmtools.train.deepspeed_config import prefer_torch_adam
 from llmtools.train.distributed import all_mean, any_rank, log0
 from llmtools.train.health import HealthGate, wrap_step
-from llmtools.train.plan import TrainPlan, make_plan
+from llmtools.train.plan import TrainPlan, check_data_length, make_plan
 from llmtools.train.rundir import (
     clear_run_dir,
     locked_run_dir,
@@ -58,6 +64,8 @@ class RunOptions:
     """Resume on changed data: keep the step count and schedule, start the data from its beginning."""
     reshard: bool = False
     """With --resume: allow another ZeRO stage (1 <-> 2) through a DeepSpeed universal checkpoint."""
+    rollback: bool = False
+    """Resume from a checkpoint older than the run's newest: move the newer ones aside first."""
 
 
 @dataclass
@@ -87,6 +95,85 @@ def _data_fingerprint(plan: TrainPlan) -> str:
     )
 
 
+def _likely_checkpoint(run_dir: Path, spec: str) -> Path | None:
+    """The checkpoint ``--resume SPEC`` will most likely load, found without torch or checksums (the
+    manager decides for good, with checksums, once the process group exists)."""
+    from llmtools.ckpt import layout
+    from llmtools.ckpt.verify import verify
+
+    ckpt_dir, spec = layout.checkpoints_dir(run_dir), str(spec).strip()
+    if spec == "auto":
+        found = [p for _, p in reversed(layout.list_checkpoints(ckpt_dir)) if verify(p, False, False).ok]
+        return found[0] if found else None
+    if spec == "latest":
+        tag = layout.read_latest(ckpt_dir)
+        return ckpt_dir / tag if tag else None
+    path = ckpt_dir / layout.step_name(int(spec)) if spec.isdigit() else Path(spec)
+    return path if path.is_dir() else None
+
+
+def _resume_data(plan: TrainPlan, options: RunOptions, path: Path, meta: dict):
+    """The task's decision on continuing its data from checkpoint ``path`` (whose meta.json is ``meta``)."""
+    from llmtools.formats.quarantine import quarantine_path, read_records
+
+    data = meta.get("data") if isinstance(meta.get("data"), dict) else {}
+    saved = data.get("ledger")
+    consumed = meta.get("consumed_samples") or 0
+    if not isinstance(consumed, int) or consumed < 0:
+        raise InputError(f"{path}/meta.json[consumed_samples]: expected an integer >= 0")
+    run = saved.get("run") if isinstance(saved, dict) and isinstance(saved.get("run"), str) else None
+    records = read_records(quarantine_path(options.run_dir), run, whose=f"the checkpoint {path.name}")
+    if saved is None and not options.reset_data:
+        # Saved before checkpoints kept a ledger: no cursors, so only the same data can continue.
+        current, before = _data_fingerprint(plan), data.get("fingerprint")
+        if before is not None and before != current:
+            raise InputError(
+                f"{path}/meta.json[data]: the checkpoint was trained on data {before}, the config "
+                f"now has {current}, and it keeps no per-source cursors (it was saved by an older "
+                "llmtools); pass --reset-data to continue the step count and schedule on the new data "
+                "from its beginning"
+            )
+    return plan.task.resume_data(
+        saved,
+        consumed,
+        reset=options.reset_data,
+        quarantine=records,
+        where=f"{path}/meta.json[data.ledger]",
+    )
+
+
+def precheck_data(plan: TrainPlan, options: RunOptions) -> None:
+    """Before torch: how a resumed run's data continues (a mix it cannot continue, a quarantine file of
+    another run, data too short for the steps: exit 2 in about a second), and the data's length."""
+    from llmtools.ckpt.verify import read_meta
+    from llmtools.formats.quarantine import quarantine_path, read_records
+
+    ledger = plan.task.ledger()
+    path = _likely_checkpoint(options.run_dir, options.resume) if options.resume is not None else None
+    meta = None
+    if path is not None:
+        try:
+            meta = read_meta(path)
+        except InputError:
+            meta = None  # the manager names what is wrong with it when it resolves --resume
+    if meta is None or meta.get("init_only"):
+        if ledger is not None and not options.force:  # --force: rank 0 has removed (or removes) the file
+            where = quarantine_path(options.run_dir)
+            if read_records(where, None):
+                raise InputError(
+                    f"{where}: holds quarantine records, but this run starts afresh: a quarantine file "
+                    "of another run (--force starts over and removes it)"
+                )
+        if options.resume is not None:
+            check_data_length(plan.config, plan.train_data, plan.steps)
+        return
+    if ledger is not None:
+        decided = _resume_data(plan, options, path, meta)
+        plan.data_resume = (Path(path), decided)
+        plan.train_data = decided.data
+    check_data_length(plan.config, plan.train_data, plan.steps)
+
+
 def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
     """Run training as the library entry point (call on every rank)."""
     from llmtools.train.distributed import detect_environment, init_distributed
@@ -96,19 +183,28 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
     rank = int(os.environ.get("RANK", "0"))
     # Every check before any compute, before torch is even imported (a bad config fails in about a second)
     # and before the process group exists (so it fails on every rank alike).
-    plan = make_plan(config, ds_raw, world_size=world, cpu=False, ds_source=options.ds_source)
+    plan = make_plan(
+        config,
+        ds_raw,
+        world_size=world,
+        cpu=False,
+        ds_source=options.ds_source,
+        check_length=options.resume is None,
+    )
     # A device without fp16 arithmetic: refused before anything is written.
     if config.training.precision == "fp16":
         from llmtools.train.engine import check_fp16_support
 
         check_fp16_support(config.source or "<train config>")
-    prepare_run_dir(options.run_dir, options.resume, options.force, rank)
+    prepare_run_dir(options.run_dir, options.resume, options.force, rank, rollback=options.rollback)
     from llmtools.train import checkpointing
 
     # The resume policy's verdict, before torch loads: a refused config change exits in about a second.
     checkpointing.precheck(
         options.run_dir, options.resume, resolved_config(plan), **_review_options(plan, options)
     )
+    # How the data continues (the task's data ledger), also before torch.
+    precheck_data(plan, options)
     import torch
 
     if not torch.cuda.is_available():
@@ -131,6 +227,7 @@ def _review_options(plan: TrainPlan, options: RunOptions) -> dict:
         "reset_data": options.reset_data,
         "reshard": options.reshard,
         "own_scheduler": "scheduler" in plan.ds_config,
+        "data_ledger": plan.task.ledger() is not None,
     }
 
 
@@ -193,6 +290,10 @@ def accumulate_and_update(
     # the accumulation boundary: health checks, then the update
     local = torch.stack(losses).float()
     gate.loss_bad = any_rank(not bool(torch.isfinite(local).all()), engine.device)
+    if gate.health.loss_spike_factor > 0 and not gate.loss_bad:
+        from llmtools.train.distributed import mean_over_ranks
+
+        gate.loss = mean_over_ranks(float(local.mean()), engine.device)  # one verdict on every rank
     if own_norm:
         from llmtools.train.engine import grad_norm_of
 
@@ -278,6 +379,9 @@ class _Trainer:
         self.loss, self.lr, self.step_time = float("nan"), cfg.optimizer.lr, 0.0
         self.step_metrics: dict[str, float] = {}
         self.step_norms: dict[str, float] = {}
+        # This rank's micro-batches of the last step (sample positions) and their losses.
+        self.step_batches: list[list[int]] = []
+        self.step_losses: list = []
 
     def log(self, message: str, always: bool = False) -> None:
         log0(message, self.rank, False if always else self.options.quiet)
@@ -324,7 +428,10 @@ class _Trainer:
         self.metrics = build_metrics_logger(
             self.run_dir, self.rank, tensorboard=options.tensorboard or self.cfg.logging.tensorboard
         )
+        ledger = plan.task.ledger()
         if accepted is None:
+            if ledger is not None:
+                self._name_run(ledger)
             _event(
                 self.metrics,
                 0,
@@ -355,6 +462,35 @@ class _Trainer:
                    new=change.new)  # fmt: skip
         for note in notes:
             self.log(f"resume: {note}", always=True)
+        if ledger is not None:
+            self._continue_data(Path(path))
+
+    def _name_run(self, ledger) -> None:
+        """A run's id, the same on every rank (kept in its data ledger and its quarantine records)."""
+        import uuid
+
+        from llmtools.ckpt import dist
+
+        if ledger.run is None:
+            ledger.run = dist.broadcast(uuid.uuid4().hex if self.rank == 0 else None)
+
+    def _continue_data(self, path: Path) -> None:
+        """The task's data from the checkpoint's ledger (decided before compute when it is the checkpoint
+        the precheck read), announced on stderr and as a ``data`` event."""
+        from llmtools.ckpt.verify import read_meta
+
+        plan = self.plan
+        if plan.data_resume is not None and plan.data_resume[0] == path:
+            decided = plan.data_resume[1]
+        else:
+            decided = _resume_data(plan, self.options, path, read_meta(path))
+            check_data_length(self.cfg, decided.data, plan.steps)
+        plan.train_data = decided.data
+        self._name_run(decided.data)
+        for line in decided.lines:
+            self.log(line, always=decided.event is not None)
+        if decided.event is not None:
+            _event(self.metrics, self.progress.step, "data", "; ".join(decided.lines), **decided.event)
 
     def client_state(self) -> dict[str, Any]:
         cfg, plan = self.cfg, self.plan
@@ -372,7 +508,15 @@ class _Trainer:
             "task_state": plan.task.state_dict(),
             # the checkpoint holds DeepSpeed's expert-parallel layout (resume and llm-ckpt read it)
             "expert_parallel": cfg.model.expert_parallel,
+            **self._ledger_state(),
         }
+
+    def _ledger_state(self) -> dict[str, Any]:
+        ledger = self.plan.task.ledger()
+        if ledger is None:
+            return {}
+        # meta.json[data][ledger]: where every source continues (read back before compute on resume)
+        return {"data_ledger": ledger.state(self.progress.consumed_samples, self.progress.step)}
 
     def save(self, blocking: bool | None = None) -> Path:
         """Save this step (in the background with ``checkpoint.async`` unless ``blocking``)."""
@@ -423,7 +567,7 @@ class _Trainer:
             self.world,
             consumed_samples=self.progress.consumed_samples,
         )
-        batches = iter(sampler)
+        batches = self._recorded(iter(sampler))
         self.log(
             f"training {plan.model_config.num_parameters():,} parameters for {plan.steps} steps "
             f"({plan.tokens_per_step:,} tokens/step, {self.world} rank(s) x {plan.grad_accumulation} "
@@ -446,6 +590,9 @@ class _Trainer:
                 if self.options.on_step is not None:
                     self.options.on_step(step, loss)
                 self._report_health(grad_norm)
+                # An fp16 overflow is the loss scaler's routine, not the data's fault: nothing to quarantine.
+                if self.gate.reason not in (None, "overflow"):
+                    self._quarantine()
                 self._log_window(grad_norm)
                 self._stop_if_unhealthy()
                 if (
@@ -471,6 +618,12 @@ class _Trainer:
         self.metrics.close()
         return result
 
+    def _recorded(self, batches):
+        """The sampler's micro-batches, the current step's kept (what a quarantine names)."""
+        for micro in batches:
+            self.step_batches.append(micro)
+            yield micro
+
     def train_step(self, batches) -> tuple[float, float | None]:
         """One optimizer step; the step's loss (the global batch's) and grad norm."""
         import torch
@@ -478,6 +631,7 @@ class _Trainer:
         plan, engine, gate = self.plan, self.engine, self.gate
         started = time.perf_counter()
         gate.reset()
+        self.step_batches = []
         self.lr = engine.get_lr()[0] if engine.get_lr() else self.cfg.optimizer.lr
         if self.norms is not None and self._measures_norms(self.progress.step + 1):
             self.norms.begin()
@@ -488,6 +642,7 @@ class _Trainer:
         except Exception as error:
             self._stop_if_scale_collapsed(error)
             raise
+        self.step_losses = losses
         loss, self.step_metrics = step_means(losses, metrics, plan.task.metric_names, engine.device)
         self.step_norms = (self.norms.finish(engine.device) or {}) if self.norms is not None else {}
         if "update_ratio" in self.step_norms:
@@ -552,6 +707,8 @@ class _Trainer:
         gate.consecutive_skips = gate.consecutive_skips + 1 if gate.skip else 0
         if gate.reason == "nan":
             what = "NaN/inf loss or grad norm"
+        elif gate.reason == "loss_spike":
+            what = f"loss spike {gate.loss:.4g} > {health.loss_spike_factor} x median {statistics.median(gate.loss_history):.4g}"
         else:
             what = (
                 f"grad-norm spike {grad_norm:.3g} > {health.spike_factor} x median "
@@ -593,9 +750,76 @@ class _Trainer:
         record.update(self.step_norms)  # params_norm, update_norm, update_ratio (measured steps)
         if self.fp16:
             record["loss_scale"] = self.loss_scale()
+        ledger = plan.task.ledger()
+        if ledger is not None:
+            record["source_tokens"] = ledger.consumed_tokens(self.progress.consumed_samples)
         self.metrics.log(record, step)
         self.log(step_line(record, plan.steps))
         self.window = StepWindow()
+
+    def _quarantine(self) -> None:
+        """The health gate tripped: append the offending samples of this step to RUN/quarantine.jsonl.
+
+        For a NaN/inf, each rank scores its samples one by one (every rank runs the same forwards, which
+        ZeRO-3 needs) and names those whose own loss is not finite; when no sample is (a non-finite
+        gradient of finite losses), or for a grad-norm spike, the whole batch is named. Collective."""
+        import torch
+
+        from llmtools.formats.quarantine import append_records, make_record, quarantine_path
+        from llmtools.train.distributed import gather_objects
+
+        ledger, task, gate = self.plan.task.ledger(), self.plan.task, self.gate
+        if ledger is None:
+            return
+        losses: dict[int, float | None] = {}
+        if gate.reason == "nan":
+            for micro, loss in zip(self.step_batches, self.step_losses, strict=False):
+                per_sample = task.sample_losses(self.engine, self.plan.train_data.batch(micro), self.device)
+                if per_sample is None:
+                    if not bool(torch.isfinite(loss).all()):
+                        losses.update(dict.fromkeys(micro))
+                    continue
+                for position, value in zip(micro, per_sample, strict=True):
+                    if not math.isfinite(value):
+                        losses[position] = None
+        elif gate.reason == "loss_spike" and gate.loss_limit is not None:
+            # the samples whose own loss is above the limit the step's loss crossed
+            for micro in self.step_batches:
+                per_sample = task.sample_losses(self.engine, self.plan.train_data.batch(micro), self.device)
+                for position, value in zip(micro, per_sample or [], strict=False):
+                    if not math.isfinite(value) or value > gate.loss_limit:
+                        losses[position] = value if math.isfinite(value) else None
+        note = ""
+        if not any_rank(bool(losses), self.device):
+            losses = dict.fromkeys(p for micro in self.step_batches for p in micro)
+            note = {
+                "nan": "the whole batch: no single sample's loss was non-finite",
+                "loss_spike": "the whole batch: no single sample's loss was above the limit",
+            }.get(gate.reason, "the whole batch: a grad-norm spike is not one sample's")
+        samples = ledger.describe(sorted(losses))
+        for sample in samples:
+            sample["loss"] = losses[sample["position"]]
+        gathered = gather_objects(samples)
+        if self.rank != 0:
+            return
+        step = self.progress.step
+        records = [
+            make_record(ledger.run, step, rank, gate.reason, found, note)
+            for rank, found in enumerate(gathered)
+            if found
+        ]
+        where = quarantine_path(self.run_dir)
+        append_records(where, records)
+        named = [s for r in records for s in r["samples"]]
+        documents = sorted({(s["source"], d["document"]) for s in named for d in s["documents"]})
+        shown = ", ".join(f"{src} doc {doc}" for src, doc in documents[:6])
+        more = f" and {len(documents) - 6} more" if len(documents) > 6 else ""
+        message = (
+            f"{len(named)} sample(s) quarantined in {where} ({shown}{more}); a resumed run passes over "
+            "their documents"
+        )
+        _event(self.metrics, step, "quarantine", message, samples=len(named), documents=len(documents))
+        self.log(f"step {step}: {message}", always=True)
 
     def _stop_if_unhealthy(self) -> None:
         """Save the last good state and raise when health says stop, or after too many skipped updates."""
@@ -614,6 +838,8 @@ class _Trainer:
             return
         if gate.stop:
             reason = "health.nan_action=stop" if gate.reason == "nan" else "health.spike_action=stop"
+            if gate.reason == "loss_spike":
+                reason += " (a loss spike)"
         else:
             reason = f"{gate.consecutive_skips} consecutive skipped steps (health.max_skips)"
         saved = self.save(blocking=True)
@@ -680,7 +906,7 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info, watch) -> RunResult:
         options.run_dir, plan.config.checkpoint.keep_last, plan.config.checkpoint.keep_every
     )
     resolved, review = resolved_config(plan), _review_options(plan, options)
-    chosen = checkpointing.choose(manager, options.resume, resolved, **review)
+    chosen = checkpointing.choose(manager, options.resume, resolved, rollback=options.rollback, **review)
     if chosen is None and dist_info.rank == 0:
         write_resolved(plan, options.run_dir)
     trainer = _Trainer(plan, options, dist_info)

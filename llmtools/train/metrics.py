@@ -65,11 +65,18 @@ class TensorBoardLogger:
             self.writer.add_text("events", f"{record.get('event')}: {record.get('message', '')}", step)
             return
         for key, value in record.items():
-            if key in self.SKIP or isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            if isinstance(value, float) and not math.isfinite(value):
-                continue
-            self.writer.add_scalar(f"{kind}/{key}", value, step, walltime=record.get("time"))
+            if isinstance(value, dict):  # a group of scalars (source_tokens): one tag per member
+                for name, item in value.items():
+                    self._scalar(f"{kind}/{key}/{name}", item, step, record)
+            elif key not in self.SKIP:
+                self._scalar(f"{kind}/{key}", value, step, record)
+
+    def _scalar(self, tag: str, value, step: int, record: dict) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return
+        if isinstance(value, float) and not math.isfinite(value):
+            return
+        self.writer.add_scalar(tag, value, step, walltime=record.get("time"))
 
     def close(self) -> None:
         self.writer.flush()

@@ -35,6 +35,9 @@ class TrainPlan:
     warnings: list[str]
     eval_byte_lengths: Any = None
     """UTF-8 bytes per token id of the valid data's tokenizer (numpy), for bits per byte; None: unknown."""
+    data_resume: tuple | None = None
+    """(checkpoint path, DataResume): the train data a resume from that checkpoint continues with,
+    decided before any compute (a run that loads another checkpoint decides again)."""
 
     @property
     def seq_length(self) -> int:
@@ -112,8 +115,11 @@ def make_plan(
     ds_source: str = "<deepspeed config>",
     consumed_samples: int = 0,
     open_valid: bool = True,
+    check_length: bool = True,
 ) -> TrainPlan:
-    """Check everything and open the data; raise before any compute."""
+    """Check everything and open the data; raise before any compute. ``check_length=False`` leaves the
+    data's length to be checked once a resumed run knows where its data continues
+    (:func:`check_data_length`)."""
     where = config.source or "<train config>"
     warnings: list[str] = []
     model_config = resolve_model_config(config)
@@ -136,16 +142,8 @@ def make_plan(
             "raise schedule.total_steps (the LR curve would end before the data does)"
         )
 
-    needed = steps * t.global_batch_size
-    available = len(train)
-    if available < needed:
-        source = config.data.mix or ", ".join(config.data.prefixes)
-        raise InputError(
-            f"{source}: the data ends before the requested steps: {available} training samples of "
-            f"{seq_length} tokens, but {steps} steps x global batch {t.global_batch_size} = {needed} samples "
-            f"are needed (fewer steps: --set training.train_steps={available // t.global_batch_size}, "
-            "or a mix with more samples: llm-mix --num-samples)"
-        )
+    if check_length:
+        check_data_length(config, train, steps)
 
     # The tokenizer must fit the model's embedding.
     tokenizer, vocab = train.tokenizer, train.vocab_size
@@ -208,6 +206,37 @@ def make_plan(
         grad_accumulation=gas,
         warnings=warnings,
         eval_byte_lengths=eval_byte_lengths,
+    )
+
+
+def check_data_length(config: TrainConfig, train: TaskData, steps: int) -> None:
+    """InputError when the train data ends before ``steps`` global batches (one line, naming both)."""
+    t = config.training
+    needed = steps * t.global_batch_size
+    available = len(train)
+    if available >= needed:
+        return
+    source = config.data.mix or ", ".join(config.data.prefixes)
+    seq_length = train.seq_length
+    plan = getattr(train, "plan", None)  # a data ledger's plan (pretraining), else none
+    resumed_at = getattr(train, "plan_base", 0)
+    if resumed_at:
+        raise InputError(
+            f"{source}: taken up at sample {resumed_at} (step {resumed_at // t.global_batch_size}), its data ends "
+            f"at sample {available}, before training.train_steps={steps} (sample {needed}); make the mix "
+            f"longer (llm-mix --num-samples {needed - resumed_at} or more)"
+        )
+    if plan is not None and getattr(plan, "staged", False):
+        raise InputError(
+            f"{source}: the stage schedule ends at sample {available} (step {available // t.global_batch_size}), "
+            f"before training.train_steps={steps} (sample {needed}); end the last stage with 'end' in a mix "
+            "of more samples (llm-mix --num-samples)"
+        )
+    raise InputError(
+        f"{source}: the data ends before the requested steps: {available} training samples of "
+        f"{seq_length} tokens, but {steps} steps x global batch {t.global_batch_size} = {needed} samples "
+        f"are needed (fewer steps: --set training.train_steps={available // t.global_batch_size}, "
+        "or a mix with more samples: llm-mix --num-samples)"
     )
 
 

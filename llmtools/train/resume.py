@@ -5,7 +5,10 @@ was trained with (``meta.json[config]``); every difference is looked up in :data
 
 - ``apply``: the new value is used from the first resumed step on, and announced on stderr and as a
   ``config_change`` event in ``metrics.jsonl``;
-- ``reset-data``: allowed only with ``--reset-data`` (the data position belongs to the old data);
+- ``reset-data``: allowed only with ``--reset-data`` (the data position belongs to the old data); a
+  task whose data keeps a ledger (pretraining, :mod:`llmtools.data.ledger`) continues changed data
+  (``data.*``, the plan) by the ledger's rules instead: every source where it stopped, announced, or
+  refused when it cannot be continued;
 - ``reshard``: allowed only with ``--reshard`` (the optimizer state goes through a DeepSpeed universal
   checkpoint);
 - ``never``: refused, whatever the flags;
@@ -114,6 +117,11 @@ POLICY: dict[str, Rule] = {
     ),
     "zero_optimization.stage": Rule(RESHARD, "the optimizer state is partitioned for the old stage"),
 }
+
+# A data change the task's data ledger takes over (its own checks refuse what cannot be continued).
+CONTINUED_BY_LEDGER = Rule(
+    APPLY, "continued by the data ledger: every source where it stopped (see data: lines)"
+)
 
 _FLAGS = {
     RESET_DATA: "pass --reset-data to continue the step count and schedule on the new data from its beginning",
@@ -230,9 +238,11 @@ def review(
     reset_data: bool = False,
     reshard: bool = False,
     own_scheduler: bool = False,
+    data_ledger: bool = False,
 ) -> list[Change]:
     """Compare the checkpoint's config with ``current`` (a resolved config); the changes to apply, or
-    InputError for the first refused one (naming the key, both values and what would allow it)."""
+    InputError for the first refused one (naming the key, both values and what would allow it).
+    ``data_ledger``: the task's data keeps a ledger, which continues a change of ``data.*``."""
     where = Path(checkpoint) / "meta.json"
     saved, now = saved_view(meta), view(current)
     if "data.plan" in saved and "data.plan" not in now:
@@ -244,6 +254,8 @@ def review(
         rule = rule_for(key)
         if rule.kind == DERIVED:
             continue
+        if rule.kind == RESET_DATA and data_ledger and key.startswith("data.") and not reset_data:
+            rule = CONTINUED_BY_LEDGER
         change = Change(key, saved[key], now[key], rule)
         allowed = (
             rule.kind == APPLY

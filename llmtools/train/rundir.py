@@ -16,17 +16,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from llmtools.errors import UsageError
+from llmtools.formats.outputs import RUN_CONFIG_HEADER, run_folder_entries
 from llmtools.fsutil import write_text_atomic
 from llmtools.train.plan import TrainPlan
 
-RUN_FILES = ("metrics.jsonl", "config.yaml", "ds_config.json")
-RUN_FOLDERS = ("checkpoints", "tensorboard", "reference")  # reference: a preference run's reference pass
 
-
-def prepare_run_dir(run_dir: Path, resume: str | None, force: bool, rank: int = 0) -> None:
+def prepare_run_dir(
+    run_dir: Path, resume: str | None, force: bool, rank: int = 0, rollback: bool = False
+) -> None:
     """Refuse to train over an existing run unless resuming or --force (which starts over: see
-    :func:`clear_run_dir`). Reads only; every rank checks, so a refusal stops every rank alike."""
+    :func:`clear_run_dir`); refuse a ``--resume`` naming no checkpoint of this run (a ``latest`` pointing
+    out of it), or an older checkpoint than its newest without ``rollback``. Reads only; every rank
+    checks, so a refusal stops every rank alike."""
     del rank  # every rank decides alike
+    if resume is not None:
+        from llmtools.ckpt.manager import CheckpointManager
+
+        CheckpointManager(run_dir).check_rollback(resume, rollback)
     existing = [
         run_dir / name for name in ("metrics.jsonl", "checkpoints", "reference") if (run_dir / name).exists()
     ]
@@ -41,13 +47,11 @@ def clear_run_dir(run_dir: Path) -> None:
     """--force without --resume: remove the earlier run's files (rank 0, with the run folder locked)."""
     import shutil
 
-    for name in RUN_FILES:
-        (run_dir / name).unlink(missing_ok=True)
-    for pattern in ("config.*.yaml", "ds_config.*.json"):
-        for kept in run_dir.glob(pattern):
-            kept.unlink(missing_ok=True)
-    for name in RUN_FOLDERS:
-        shutil.rmtree(run_dir / name, ignore_errors=True)
+    for path in run_folder_entries(run_dir):  # what the CLI checked --force may replace (cli/outputs)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -110,7 +114,7 @@ def write_resolved(plan: TrainPlan, run_dir: Path, resumed_step: int | None = No
     import yaml
 
     body = yaml.safe_dump(resolved_config(plan), sort_keys=False)
-    header = f"# written by llm-train from {plan.config.source}; every default filled in\n"
+    header = f"{RUN_CONFIG_HEADER} from {plan.config.source}; every default filled in\n"
     kept = []
     for name, text, strip in (
         ("config.yaml", header + body, True),

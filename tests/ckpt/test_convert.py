@@ -210,6 +210,7 @@ def test_imported_weights_start_a_training_engine(llama_ckpt, tmp_path, ds_world
 def test_hf_export_refuses_existing_output_and_wrong_model(llama_ckpt, tmp_path):
     path, _ = llama_ckpt
     (tmp_path / "exists").mkdir()
+    (tmp_path / "exists" / "notes.txt").write_text("mine")  # an empty folder would be written into
     with pytest.raises(UsageError, match="already exists"):
         to_hf(path, tmp_path / "exists")
     with pytest.raises(InputError, match="the model config implies"):

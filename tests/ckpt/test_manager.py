@@ -73,8 +73,14 @@ def test_resolve_specs(saved_run):
     ckpt_dir = saved_run / "checkpoints"
     assert manager.resolve("auto") == ckpt_dir / "step_00000006"
     assert manager.resolve("latest") == ckpt_dir / "step_00000006"
-    assert manager.resolve("4") == ckpt_dir / "step_00000004"
-    assert manager.resolve(str(ckpt_dir / "step_00000002")) == ckpt_dir / "step_00000002"
+    with pytest.raises(UsageError, match=r"step 4 is older .*\(later steps: 6\).*--rollback"):
+        manager.resolve("4")  # older than the newest: would overwrite step 6
+    assert manager.resolve("4", rollback=True) == ckpt_dir / "step_00000004"
+    (abandoned,) = ckpt_dir.glob("abandoned-*")
+    assert [p.name for p in abandoned.iterdir()] == ["step_00000006"]  # moved, not deleted
+    assert manager.resolve("auto") == manager.resolve("latest") == ckpt_dir / "step_00000004"
+    assert manager.resolve(str(ckpt_dir / "step_00000002"), rollback=True) == ckpt_dir / "step_00000002"
+    assert manager.resolve("auto") == ckpt_dir / "step_00000002"  # auto never jumps forward to 4 or 6
 
 
 def test_resolve_auto_on_fresh_run_is_none(tmp_path):

@@ -119,10 +119,16 @@ def test_trainer_refuses_another_model_shape(byte_mix, uninterrupted, tmp_path):
         _train(byte_mix["mix"], run, resume="auto", model__hidden_size=120)
 
 
-def test_trainer_refuses_changed_data_without_reset_data(byte_mix, uninterrupted, tmp_path):
+def test_a_changed_data_section_naming_the_same_plan_continues_and_says_so(byte_mix, uninterrupted, tmp_path):
+    # data.seed does not shape a mix (the mix has its own seed): the plan, hence the data, is the same
+    full_run, full = uninterrupted
     run = _resume_from_step6(uninterrupted, tmp_path)
-    with pytest.raises(InputError, match="pass --reset-data"):
-        _train(byte_mix["mix"], run, resume="auto", data__seed=99)
+    resumed = _train(byte_mix["mix"], run, resume="auto", data__seed=99)
+    assert resumed.losses == full.losses[6:]
+    (event,) = [e for e in _records(run, "event") if e["event"] == "config_change"]
+    assert (event["key"], event["old"], event["new"]) == ("data.seed", 1234, 99)
+    assert "continued by the data ledger" in event["message"]
+    assert not [e for e in _records(run, "event") if e["event"] == "data"]  # the plan, so the data: unchanged
 
 
 def test_reset_data_keeps_steps_and_schedule_restarts_data(byte_mix, uninterrupted, tmp_path):

@@ -114,7 +114,7 @@ def test_mix_json(capsys, monkeypatch, tmp_path):
     [
         ("missing", "no such file"),
         ("corrupt", "src_text_document.idx"),
-        ("exists", "already exists (use --force"),
+        ("exists", "already exists and is a non-empty folder llmtools did not write"),
         ("text-without-tokenizer", "--tokenizer"),
         ("bad-format", "--format"),
         ("bad-size", "--shard-size"),
@@ -153,13 +153,12 @@ def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
         assert (out / "mine").read_text() == "keep"
 
 
-def test_force_replaces(capsys, monkeypatch, prefix, tmp_path):
+def test_force_replaces_an_earlier_export_only(capsys, monkeypatch, prefix, tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "old").write_text("x")
+    assert export_inproc(capsys, monkeypatch, "hf", prefix, "-o", out, "--format", "parquet", "-q").returncode == 0
     proc = export_inproc(capsys, monkeypatch, "hf", prefix, "-o", out, "--force", "-q")
     assert proc.returncode == 0, proc.stderr
-    assert not (out / "old").exists() and len(datasets.load_from_disk(str(out))) == 150
+    assert not (out / "data").exists() and len(datasets.load_from_disk(str(out))) == 150
 
 
 def test_real_process_exit_code_on_bad_input(python, cli_env, tmp_path):

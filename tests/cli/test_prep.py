@@ -42,6 +42,7 @@ def test_help_is_instant_and_imports_nothing_heavy(cli_env):
         ["inspect", "--help"],
         ["cat", "--help"],
         ["sample-corpus", "--help"],
+        ["merge", "--help"],
     ):
         result = prep(args, cli_env)
         assert result.returncode == 0 and b"Usage:" in result.stdout

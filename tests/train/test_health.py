@@ -113,3 +113,69 @@ def test_health_gate_unit():
     gate.reset()
     gate.loss_bad = True
     assert gate.allow() is False and gate.reason == "nan" and not gate.stop
+
+
+def test_loss_spike_gate_unit():
+    from llmtools.train.config import HealthSection
+
+    gate = HealthGate(HealthSection(loss_spike_factor=2, spike_window=3, spike_action="skip"), lambda: 1.0)
+    decisions = []
+    for loss in [4.0, 3.0, 3.5, 3.2, 7.1, 6.0, 3.1, None]:
+        gate.reset()
+        gate.loss = loss
+        decisions.append((gate.allow(), gate.reason, gate.loss_limit))
+    assert decisions == [
+        (True, None, None),  # the window fills first
+        (True, None, None),
+        (True, None, None),
+        (True, None, 7.0),  # 2 x median(4, 3, 3.5)
+        (False, "loss_spike", 6.4),  # 2 x median(3, 3.5, 3.2); skipped, so not in the window
+        (True, None, 6.4),
+        (True, None, 7.0),  # 2 x median(3.5, 3.2, 6.0)
+        (True, None, 6.4),  # no loss this step (not checked): nothing to compare
+    ]
+    with pytest.raises(Exception, match="health.loss_spike_factor: must be 0 .off. or > 1, got 0.5"):
+        HealthSection(loss_spike_factor=0.5)
+
+
+def test_a_loss_spike_stops_with_a_checkpoint(byte_data, tmp_path, monkeypatch):
+    inject(monkeypatch, at_call=15, factor=10.0)  # step 8's first micro-batch: its loss x 10
+    with pytest.raises(RuntimeFailure, match=r"stopped at step 8: health.spike_action=stop \(a loss spike\)"):
+        run(
+            byte_data,
+            tmp_path,
+            training__train_steps=10,
+            health__loss_spike_factor=3.0,
+            health__spike_window=4,
+            health__spike_action="stop",
+        )
+    records = metrics(tmp_path)
+    (event,) = [r for r in records if r["kind"] == "event" and r["event"] == "loss_spike"]
+    assert event["step"] == 8 and "loss spike" in event["message"] and "stopping" in event["message"]
+    (quarantine,) = [json.loads(line) for line in (tmp_path / "quarantine.jsonl").read_text().splitlines()]
+    assert quarantine["reason"] == "loss_spike" and quarantine["step"] == 8
+    # the injected loss is not one sample's own (scored again, every sample is normal): the whole batch
+    assert quarantine["note"] == "the whole batch: no single sample's loss was above the limit"
+    assert len(quarantine["samples"]) == 8
+
+
+def test_a_loss_spike_names_the_samples_whose_own_loss_is_over_the_limit(byte_data, tmp_path, monkeypatch):
+    from llmtools.train.tasks.pretrain import PretrainTask
+
+    inject(monkeypatch, at_call=15, factor=10.0)  # step 8's first micro-batch
+    original = PretrainTask.sample_losses
+
+    def scored(self, model, batch, device):  # scored again: the second sample of the first micro-batch
+        values = original(self, model, batch, device)
+        scored.calls += 1
+        return [v * 100 if (scored.calls, i) == (1, 1) else v for i, v in enumerate(values)]
+
+    scored.calls = 0
+    monkeypatch.setattr(PretrainTask, "sample_losses", scored)
+    with pytest.raises(RuntimeFailure, match="a loss spike"):
+        run(byte_data, tmp_path, training__train_steps=10, health__loss_spike_factor=3.0,
+            health__spike_window=4, health__spike_action="stop")  # fmt: skip
+    (quarantine,) = [json.loads(line) for line in (tmp_path / "quarantine.jsonl").read_text().splitlines()]
+    assert quarantine["note"] == ""
+    (sample,) = quarantine["samples"]
+    assert sample["position"] == 7 * 8 + 1 and sample["loss"] > 100

@@ -183,7 +183,8 @@ def test_adapter_only_export_loads_in_peft(lora_run, python, cli_env, tmp_path):
     out = tmp_path / "adapter"
     proc = _convert(python, cli_env, lora_run["result"].checkpoint, "--to", "hf", "--adapter-only", "-o", out)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["adapter_config.json", "adapter_model.safetensors", "llmtools.json"]  # our mark: --force
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
     base = transformers.AutoModelForCausalLM.from_pretrained(lora_run["base"], torch_dtype=torch.float32)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.writer.conftest import cli, run, snapshot, train_args, write_config
+from tests.writer.conftest import cli, records, run, snapshot, train_args, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -165,9 +165,10 @@ def test_a_sidecar_that_never_described_its_data_stops_at_the_first_batch(tmp_pa
     assert "Traceback" not in done.stderr
 
 
-def test_a_mix_rebuilt_in_place_is_not_resumed(tmp_path, byte_mix):
-    """A run trained on mix.json; llm-mix --force rebuilds it in place with other weights and seed; the
-    resume is refused naming the plan, and writes nothing."""
+def test_a_mix_rebuilt_in_place_is_continued_and_said_so(tmp_path, byte_mix):
+    """A run trained on mix.json; llm-mix --force rebuilds it in place with other weights and seed; the resume
+    sees another plan under the same path and continues it by the data ledger's rules, announced (never
+    silently): every source at its cursor, the new weights from the resumed sample on."""
     mix = _make_mix(tmp_path / "data", byte_mix)
     config = write_config(tmp_path / "train.yaml", mix, training={"train_steps": 2})
     run_dir = tmp_path / "run"
@@ -177,12 +178,11 @@ def test_a_mix_rebuilt_in_place_is_not_resumed(tmp_path, byte_mix):
                    "--weights", "0.5,0.5", "--seed", "7", "--seq-length", "32", "--num-samples", "400",
                    "--split", "100,0,0", "-o", mix, "--force"])  # fmt: skip
     assert rebuilt.returncode == 0, rebuilt.stderr
-    before = snapshot(run_dir)
     done = run(train_args(config, run_dir, 2, "--resume", "auto", "--set", "training.train_steps=4"))
-    assert done.returncode == 2, done.stderr[-3000:]
-    line = done.stderr.strip().splitlines()[-1]
-    assert line.startswith(
-        f"llm-train: error: {run_dir}/checkpoints/step_00000002/meta.json[data.plan]: checkpoint has '"
-    )
-    assert "another sample plan under this data (pass --reset-data to continue" in line
-    assert snapshot(run_dir) == before
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resume: data.plan: " in done.stderr and "continued by the data ledger" in done.stderr
+    assert "data: the mix changed at sample 16: now " in done.stderr
+    assert "shakespeare_text_document: continues at sample" in done.stderr
+    assert "wiki_text_document: continues at sample" in done.stderr
+    events = [e for e in records(run_dir, "event") if e["event"] == "data"]
+    assert [e["change"] for e in events] == ["continued"]

@@ -10,7 +10,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmtools.errors import InputError
-from llmtools.train.tasks.base import LossOutput, RunContext, Task, TaskData, TokenScores, score_tokens
+from llmtools.train.tasks.base import (
+    DataLedger,
+    DataResume,
+    LossOutput,
+    RunContext,
+    Task,
+    TaskData,
+    TokenScores,
+    score_tokens,
+)
 from llmtools.train.tasks.dpo import DpoTask
 from llmtools.train.tasks.pretrain import PretrainTask
 from llmtools.train.tasks.sft import SftTask
@@ -20,6 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TASKS",
+    "DataLedger",
+    "DataResume",
     "LossOutput",
     "RunContext",
     "Task",

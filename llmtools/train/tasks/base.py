@@ -17,6 +17,11 @@ A task answers four questions, and nothing else about it is visible to the loop:
   a task that scores no tokens (a preference loss) returns none and is evaluated on its loss alone.
 - **its client state**: :meth:`Task.state_dict` / :meth:`Task.load_state_dict`, saved with every
   checkpoint and given back on resume.
+- optionally, **a data ledger** (:meth:`Task.ledger`): a task whose data is a blend of sources keeps
+  one cursor per source. Then the trainer records the ledger in every checkpoint and the tokens per
+  source in ``metrics.jsonl``, lets the task pick its data up on resume (:meth:`Task.resume_data`,
+  which may continue a changed mix), and quarantines the samples of a batch that trips the health gate
+  (:meth:`DataLedger.describe`, :meth:`Task.sample_losses`).
 - **work before the first step** (optional): :meth:`Task.prepare` is called once on every rank with the
   run's starting weights, after the engine is built and before a checkpoint is loaded into it. The
   preference task computes (or reloads) its reference log-probabilities there, in one pass over its data.
@@ -53,6 +58,34 @@ class TaskData(Protocol):
     def batch(self, indices) -> Any:
         """Host-side arrays of samples ``indices``, in the form the task's :meth:`Task.loss` takes."""
         ...
+
+
+class DataLedger(Protocol):
+    """The per-source accounting of a task's train data (see :mod:`llmtools.data.ledger`)."""
+
+    run: str | None
+    """The run's id (kept in the ledger; a new run gets one before its first checkpoint)."""
+
+    def state(self, position: int, step: int | None = None) -> dict:
+        """The ledger when ``position`` samples have been consumed (kept in every checkpoint)."""
+        ...
+
+    def consumed_tokens(self, position: int) -> dict[str, int]:
+        """Tokens consumed from each source up to ``position`` (metrics.jsonl)."""
+        ...
+
+    def describe(self, positions) -> list[dict]:
+        """The samples at ``positions``: source, stream position, documents with token offsets."""
+        ...
+
+
+class DataResume(NamedTuple):
+    """What :meth:`Task.resume_data` decided: the train data from the resumed position on, the lines to
+    print, and a metrics event's fields (None: nothing worth an event)."""
+
+    data: Any
+    lines: list[str]
+    event: dict | None
 
 
 class LossOutput(NamedTuple):
@@ -156,3 +189,20 @@ class Task(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless unless overridden
         """Take back what :meth:`state_dict` returned when the checkpoint was saved."""
+
+    def ledger(self) -> DataLedger | None:
+        """The train data's per-source ledger, when the task keeps one (None: resumes compare the data's
+        fingerprint instead)."""
+        return None
+
+    def resume_data(
+        self, saved: dict | None, consumed: int, *, reset: bool, quarantine: list[dict], where: str
+    ) -> DataResume:
+        """Continue the train data from a checkpoint's ledger ``saved`` (None: it has none) at ``consumed``
+        samples; only called when :meth:`ledger` is not None. InputError when it cannot."""
+        raise NotImplementedError(f"task {self.name} keeps no data ledger")
+
+    def sample_losses(self, model, batch, device) -> list[float] | None:
+        """The loss of each sample of a micro-batch (no gradients), to find the samples that made a step's
+        loss non-finite; None when the task cannot tell them apart (the whole batch is quarantined)."""
+        return None

@@ -1,0 +1,242 @@
+"""Read ``torch.save`` files without running code from them: one allowlist of the globals they may name.
+
+A ``.pt`` file is a pickle, and unpickling calls whatever globals the file names: a checkpoint from
+elsewhere can run any code. Every ``.pt`` llmtools reads goes through one of two gates built on the one
+table :data:`ALLOWED` below (the globals DeepSpeed's model and optimizer states, our RNG files,
+``import-hf`` folders, LoRA and ``init_from`` checkpoints really hold at ZeRO 0-3, fp32 and bf16; found by
+listing the pickles' GLOBAL opcodes over real checkpoints: :func:`globals_in`):
+
+* :func:`load` — the whole file: ``torch.load(weights_only=True)`` with :data:`ALLOWED` added to torch's
+  own list for the duration of the call;
+* :func:`llmtools.ckpt.torchfile.load_lazy` — structure now, tensor bytes on demand: a restricted
+  unpickler whose ``find_class`` answers only names in :data:`ALLOWED` (with inert stand-ins where the
+  real object is not needed).
+
+A disallowed global raises :class:`UnsafeFileError` (an :class:`InputError`: exit 2) naming the file and
+the global, before anything it names is looked up. :func:`check_file` runs the lazy gate over a file
+without reading tensor data: ``llm-ckpt verify`` runs it over every ``.pt`` of a checkpoint, so a
+checkpoint that verifies is safe to hand to DeepSpeed. :func:`guard_engine` routes DeepSpeed's own reads
+(``engine.load_checkpoint``) through :func:`load` as well, so nothing changes between the check and the
+load.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import pickle
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from llmtools.errors import InputError
+
+_STORAGE = "a dtype tag in the persistent id of every tensor's storage (never called)"
+_STORAGE_KINDS = ("Float", "BFloat16", "Half", "Double", "Long", "Int", "Short", "Char", "Byte", "Bool")
+_TENSOR = "torch's own tensor format: rebuilds a tensor view of a storage from (offset, size, stride)"
+
+# (module, name) -> why it is safe and which of our files hold it. Nothing else is ever looked up.
+ALLOWED: dict[tuple[str, str], str] = {
+    ("collections", "OrderedDict"): "state dicts: module weights, optimizer groups, param_shapes",
+    ("builtins", "set"): "DeepSpeed's sparse_tensor_module_names (import-hf model states)",
+    ("_codecs", "encode"): "how pickle protocol 2 writes bytes (the RNG files' numpy key); latin-1 only",
+    ("torch._utils", "_rebuild_tensor_v2"): _TENSOR,
+    ("torch._utils", "_rebuild_parameter"): _TENSOR + " (an nn.Parameter)",
+    ("torch._utils", "_rebuild_parameter_with_state"): _TENSOR + " (an nn.Parameter with attributes)",
+    ("torch._tensor", "_rebuild_from_type_v2"): "ZeRO-3 optimizer states: fp32 flat groups saved as Tensor",
+    ("torch", "Tensor"): "the type argument of _rebuild_from_type_v2 (ZeRO-3 optimizer states)",
+    ("torch", "Size"): "DeepSpeed's param_shapes (model states)",
+    **{("torch", f"{kind}Storage"): _STORAGE for kind in _STORAGE_KINDS},
+    ("numpy._core.multiarray", "_reconstruct"): "numpy's array format: the RNG files' numpy MT19937 key",
+    ("numpy.core.multiarray", "_reconstruct"): "the same, as numpy 1.x names it",
+    ("numpy", "ndarray"): "the type argument of _reconstruct (RNG files)",
+    ("numpy", "dtype"): "the key array's dtype (RNG files)",
+    ("numpy.dtypes", "UInt32DType"): "the type of that dtype, which torch's loader checks before BUILD",
+    ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"): "ZeRO 1-3 optimizer states: a static loss scale",
+    ("deepspeed.runtime.zero.config", "ZeroStageEnum"): "ZeRO 1-3 optimizer states: the stage (an int enum)",
+    ("deepspeed.utils.tensor_fragment", "fragment_address"): "ZeRO 1-2 optimizer states: (numel, start)",
+}
+
+
+class UnsafeFileError(InputError):
+    """A ``.pt`` file names a global outside :data:`ALLOWED`; nothing it names was looked up."""
+
+    def __init__(self, path: str | os.PathLike, module: str, name: str) -> None:
+        self.path, self.global_name = Path(path), f"{module}.{name}"
+        super().__init__(
+            f"{path}: refusing to load: it names the global {module}.{name}, which llmtools checkpoints "
+            "never hold (unpickling it could run code); see 'Trust' in the README"
+        )
+
+
+def normalized(module: str, name: str) -> tuple[str, str]:
+    """Python 2 names mapped as pickle maps them (protocol 2 writes ``__builtin__.set``)."""
+    import _compat_pickle
+
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        return _compat_pickle.NAME_MAPPING[(module, name)]
+    return _compat_pickle.IMPORT_MAPPING.get(module, module), name
+
+
+def allowed_name(path: str | os.PathLike, module: str, name: str) -> tuple[str, str]:
+    """``(module, name)`` normalized, or :class:`UnsafeFileError` when it is not in :data:`ALLOWED`."""
+    module, name = normalized(module, name)
+    if (module, name) not in ALLOWED:
+        raise UnsafeFileError(path, module, name)
+    return module, name
+
+
+def latin1_encode(text: str, encoding: str = "latin1") -> bytes:
+    """``_codecs.encode`` as protocol 2 uses it for bytes, and nothing else (no other codec is looked up)."""
+    if encoding not in ("latin1", "latin-1") or not isinstance(text, str):
+        raise pickle.UnpicklingError(f"_codecs.encode with {encoding!r}: only latin1 strings are allowed")
+    return text.encode("latin1")
+
+
+@functools.cache
+def _safe_objects(with_deepspeed: bool) -> tuple:
+    """The real objects of :data:`ALLOWED`, as ``torch.serialization.safe_globals`` wants them.
+
+    DeepSpeed's classes are named only when DeepSpeed is already imported (its engine is the only reader
+    of the files that hold them): importing it just to read a model-states file would cost seconds.
+    """
+    objects = []
+    for module, name in ALLOWED:
+        if module.startswith("deepspeed") and not with_deepspeed:
+            continue
+        if module.split(".")[0] in ("torch", "collections", "builtins", "_codecs"):
+            continue  # on torch's own weights-only list already
+        try:
+            obj = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue  # e.g. numpy 1.x has no numpy._core: its own name is in the table too
+        objects.append((obj, f"{module}.{name}"))
+    return tuple(objects)
+
+
+def load(path: str | os.PathLike, *, map_location: Any = "cpu", mmap: bool = False) -> Any:
+    """``torch.load`` of a whole file, weights only, with :data:`ALLOWED`; InputError naming what is wrong."""
+    path = Path(path)
+    try:
+        try:
+            return _torch_load(path, map_location, mmap)
+        except pickle.UnpicklingError:
+            check_file(path)  # names the first global outside the table, if that is what torch refused
+            if "deepspeed" in sys.modules or not any(m.startswith("deepspeed") for m, _ in globals_in(path)):
+                raise
+            import deepspeed  # noqa: F401 - the file holds DeepSpeed's (allowed) classes: name them, retry
+
+            return _torch_load(path, map_location, mmap)
+    except pickle.UnpicklingError as error:
+        raise InputError(f"{path}: cannot load ({_torch_reason(error)})") from None
+    except FileNotFoundError:
+        raise InputError(f"{path}: missing") from None
+    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as error:
+        raise InputError(f"{path}: not a readable torch file ({_torch_reason(error)})") from None
+
+
+def _torch_load(path: Path, map_location: Any, mmap: bool) -> Any:
+    import torch
+
+    with torch.serialization.safe_globals(list(_safe_objects("deepspeed" in sys.modules))):
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+
+
+def check_file(path: str | os.PathLike) -> Any:
+    """Unpickle the structure of ``path`` through the lazy gate (no tensor data is read); return it."""
+    from llmtools.ckpt.torchfile import load_lazy
+
+    return load_lazy(path)
+
+
+def guard_engine(engine) -> None:
+    """Make ``engine.load_checkpoint`` read DeepSpeed's files through :func:`load`.
+
+    DeepSpeed (0.19) reads model and ZeRO optimizer states with ``engine.checkpoint_engine.load(path,
+    map_location)``, which calls ``torch.load(weights_only=False)``. This replaces that one method on this
+    engine's checkpoint engine (not on the class, not for other engines). Its child-process tools
+    (``ds_to_universal``, ``zero_to_fp32``) cannot be routed: they only ever see folders that
+    :func:`check_file` passed file by file (``llm-ckpt verify``).
+    """
+    checkpoint_engine = getattr(engine, "checkpoint_engine", None)
+    if checkpoint_engine is None or getattr(checkpoint_engine, "_llmtools_safe", False):
+        return
+
+    def safe_load(path, map_location=None):
+        return load(path, map_location=map_location if map_location is not None else "cpu")
+
+    checkpoint_engine.load = safe_load
+    checkpoint_engine._llmtools_safe = True
+
+
+def globals_in(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """Every global a ``torch.save`` file names, in order, read statically (``pickletools``; nothing runs).
+
+    How :data:`ALLOWED` was found (``python -m llmtools.ckpt.safeload RUN/checkpoints/step_*/*.pt``
+    lists them, file by file, allowed or not). Names pushed by anything but a literal string (which no
+    pickler writes) come back as ``("?", "?")``.
+    """
+    import pickletools
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pkl = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+            data = archive.read(pkl)
+    except (zipfile.BadZipFile, StopIteration, OSError) as error:
+        raise InputError(f"{path}: not a torch zip file ({error})") from None
+    found: list[tuple[str, str]] = []
+    stack: list[Any] = []  # only what STACK_GLOBAL needs: the last values pushed, strings or None
+    memo: dict[int, Any] = {}
+    for op, arg, _pos in pickletools.genops(data):
+        if op.name in ("GLOBAL", "INST"):
+            module, name = arg.split(" ", 1)
+            found.append((module, name))
+            stack.append(None)
+        elif op.name == "STACK_GLOBAL":
+            module, name = (stack[-2], stack[-1]) if len(stack) >= 2 else (None, None)
+            found.append((module, name) if isinstance(module, str) and isinstance(name, str) else ("?", "?"))
+            stack.append(None)
+        elif op.name in ("BINPUT", "LONG_BINPUT", "PUT"):
+            memo[arg] = stack[-1] if stack else None
+        elif op.name == "MEMOIZE":
+            memo[len(memo)] = stack[-1] if stack else None
+        elif op.name in ("BINGET", "LONG_BINGET", "GET"):
+            stack.append(memo.get(arg))
+        elif op.name.endswith(("UNICODE", "STRING", "UNICODE8")):
+            stack.append(arg)
+        elif op.name.startswith("EXT"):
+            found.append(("?", f"extension code {arg}"))
+            stack.append(None)
+        else:
+            stack.append(None)
+    return found
+
+
+def _torch_reason(error: BaseException) -> str:
+    """The informative line of torch's (long, multi-line) load errors."""
+    import re
+
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(error).splitlines()]
+    lines = [line for line in lines if line]
+    for line in lines:
+        if "Unsupported" in line or "unsupported" in line:
+            return line.removeprefix("WeightsUnpickler error: ")
+    return lines[-1] if lines else type(error).__name__
+
+
+def _main(argv: list[str]) -> int:
+    """Every global each file names, and whether the allowlist has it; exit 1 if any is missing."""
+    missing = 0
+    for name in argv:
+        print(name)
+        for module, attr in dict.fromkeys(globals_in(name)):
+            reason = ALLOWED.get(normalized(module, attr))
+            missing += reason is None
+            print(f"  {'ok ' if reason else 'NOT'} {module}.{attr}" + (f"  ({reason})" if reason else ""))
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))
