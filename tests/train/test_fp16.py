@@ -132,6 +132,9 @@ def test_overflows_are_skipped_counted_and_scaled_as_documented(byte_data, tmp_p
     good = [loss for step, loss in enumerate(result.losses, 1) if step not in overflows]
     assert good[0] > 5.0 and sum(good[-3:]) / 3 < good[0] - 0.8, good
     assert result.steps == steps  # overflows do not count towards health.max_skips
+    # An overflow is the scaler's routine, not bad data: no sample is quarantined.
+    assert not (tmp_path / "quarantine.jsonl").exists()
+    assert not [r for r in records(tmp_path, "event") if r["event"] == "quarantine"]
     validate_against_schema(tmp_path / "metrics.jsonl")
 
 
