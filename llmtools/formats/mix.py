@@ -73,9 +73,34 @@ def read_mix(path: str | os.PathLike) -> dict:
                 raise InputError(f"{where(path, key=f'splits.{name}.components[{j}].source')}: missing")
             if not 0 <= comp["source"] < len(data["sources"]):
                 raise InputError(f"{where(path, key=f'splits.{name}.components[{j}].source')}: out of range")
+            for key in _COMPONENT_COUNTS:
+                _check_number(comp, key, int, path, f"splits.{name}.components[{j}].{key}")
+            for key in _COMPONENT_WEIGHTS:
+                _check_number(comp, key, (int, float), path, f"splits.{name}.components[{j}].{key}")
+        _check_number(split, "num_samples", int, path, f"splits.{name}.num_samples")
+        shares = split.get("blend_weights")
+        if shares is not None and (
+            not isinstance(shares, list) or not all(_is_number(w, (int, float)) for w in shares)
+        ):
+            raise InputError(f"{where(path, key=f'splits.{name}.blend_weights')}: expected a list of numbers")
     if not isinstance(data["cache"].get("hash"), str):
         raise InputError(f"{where(path, key='cache.hash')}: missing")
     return data
+
+
+# Numbers the plan checks compare with the arrays: of the right type (or absent) before any arithmetic.
+_COMPONENT_COUNTS = ("samples_drawn", "target_samples", "built_samples", "index_samples", "epochs")
+_COMPONENT_WEIGHTS = ("weight", "normalized_weight")
+
+
+def _is_number(value, kind) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool) and value == value and value >= 0
+
+
+def _check_number(record: dict, key: str, kind, path: Path, dotted: str) -> None:
+    if record.get(key) is not None and not _is_number(record[key], kind):
+        wanted = "an integer" if kind is int else "a number"
+        raise InputError(f"{where(path, key=dotted)}: expected {wanted} >= 0, found {record[key]!r}")
 
 
 def mix_text(data: dict) -> str:

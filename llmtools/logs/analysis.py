@@ -89,6 +89,7 @@ class RunSummary:
         self.first_loss = self.last_loss = self.min_loss = None
         self.min_loss_step = None
         self.eval_loss = self.eval_ppl = None
+        self.eval_accuracy = self.eval_bpb = None
         self.eval_step = None
         self._sums: Counter = Counter()
         self._ns: Counter = Counter()
@@ -113,6 +114,10 @@ class RunSummary:
                     self.eval_loss, self.eval_step = value, record.step
                 elif name == "eval_ppl":
                     self.eval_ppl = value
+                elif name == "eval_accuracy":
+                    self.eval_accuracy = value
+                elif name == "eval_bpb":
+                    self.eval_bpb = value
             if "eval_loss" in values and "eval_ppl" not in values and math.isfinite(values["eval_loss"]):
                 self.eval_ppl = math.exp(min(values["eval_loss"], 700.0))
             return
@@ -136,7 +141,7 @@ class RunSummary:
                     self.min_loss, self.min_loss_step = loss, record.step
                 if self._detector.check(loss) is not None:
                     self.spikes.append(record.step)
-        for name in ("tokens_per_s", "mfu", "samples_per_s", "step_time_s", "grad_norm"):
+        for name in ("tokens_per_s", "mfu", "samples_per_s", "step_time_s", "grad_norm", "update_ratio"):
             value = values.get(name)
             if value is not None and math.isfinite(value):
                 self._sums[name] += value
@@ -182,6 +187,9 @@ class RunSummary:
             "eval_loss": self.eval_loss,
             "eval_ppl": self.eval_ppl,
             "eval_step": self.eval_step,
+            "eval_accuracy": self.eval_accuracy,
+            "eval_bpb": self.eval_bpb,
+            "mean_update_ratio": self.mean("update_ratio"),
             "mean_tokens_per_s": self.mean("tokens_per_s"),
             "mean_samples_per_s": self.mean("samples_per_s"),
             "mean_mfu": self.mean("mfu"),
@@ -235,6 +243,7 @@ def format_table(summaries: list[dict]) -> str:
                 f"{_fmt(s['eval_loss'])} / {_fmt(s['eval_ppl'])}"
                 + (f" (step {s['eval_step']})" if s["eval_step"] is not None else ""),
             ),
+            ("eval acc / bpb", f"{_fmt(s['eval_accuracy'])} / {_fmt(s['eval_bpb'])}"),
             *(
                 [
                     (
@@ -249,6 +258,7 @@ def format_table(summaries: list[dict]) -> str:
                 else []
             ),
             ("mean tokens/s", _fmt(s["mean_tokens_per_s"])),
+            ("mean update ratio", _fmt(s["mean_update_ratio"])),
             ("mean samples/s", _fmt(s["mean_samples_per_s"])),
             ("mean MFU", _fmt(s["mean_mfu"])),
             (

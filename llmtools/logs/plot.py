@@ -1,14 +1,20 @@
-"""``llm-log plot``: training curves of one or more runs, overlaid, in four panels (more for MoE runs and
-for logs with tokens per source).
+"""``llm-log plot``: training curves of one or more runs, overlaid, in four panels and the rows their logs
+call for.
 
 Panels: loss (raw, faint, and an exponential moving average, bold; eval loss as markers), learning
-rate, gradient norm, throughput (tokens/s, or samples/s when a log has no token counts). When a log has
-llm-train's router metrics (a mixture-of-experts run), a row more: the router's load-balancing loss,
-and the expert-load imbalance (coefficient of variation of the load: mean over layers, solid; worst
-layer, dashed). When the logs carry tokens per source (llm-train's ``source_tokens``), a last row: each
-source's share of the tokens consumed between two records (the realized mix, stage by stage) and its
-tokens consumed so far (over 20 sources: the 19 largest by tokens, the others summed into one band). The x axis is steps or consumed tokens. matplotlib runs headless (Agg); the PNG
-is written atomically.
+rate, gradient norm (with an fp16 run's loss scale, dotted, on a right-hand axis), throughput
+(tokens/s, or samples/s when a log has no token counts). Rows added when a log has them:
+
+* a mixture-of-experts run's router: its load-balancing loss and the expert-load imbalance
+  (coefficient of variation of the load: mean over layers, solid; worst layer, dashed);
+* the update's size and the parameters (``update_ratio``, the norm of each step's update over the
+  parameters' norm, log scale; ``params_norm``, which Megatron-LM logs too);
+* eval quality beyond the loss (``eval_accuracy``, top-1 token accuracy; ``eval_bpb``, bits per byte);
+* last, tokens per source (llm-train's ``source_tokens``): each source's share of the tokens consumed
+  between two records (the realized mix, stage by stage) and its tokens consumed so far (over 20
+  sources: the 19 largest by tokens, the others summed into one band).
+
+The x axis is steps or consumed tokens. matplotlib runs headless (Agg); the PNG is written atomically.
 """
 
 from __future__ import annotations
@@ -30,6 +36,25 @@ SOURCE_TOKENS = "source_tokens/"
 MAX_SOURCES_DRAWN = 20  # more sources than this: the 19 largest, and the rest as one
 MOE_PANELS = ("moe_aux_loss", "moe_load_cv")
 MOE_SERIES = ("moe_aux_loss", "moe_z_loss", "moe_load_cv", "moe_load_cv_max")
+# Rows of one series per panel, drawn when some log has them: (train or eval, ((key, title, log y), ...)).
+SERIES_ROWS = (
+    (
+        "train",
+        (
+            ("update_ratio", "update / parameter norm per step", True),
+            ("params_norm", "parameter norm", False),
+        ),
+    ),
+    (
+        "eval",
+        (
+            ("eval_accuracy", "eval token accuracy (top-1)", False),
+            ("eval_bpb", "eval bits per byte", False),
+        ),
+    ),
+)
+TRAIN_SERIES = ("loss_scale", *(key for kind, row in SERIES_ROWS if kind == "train" for key, _, _ in row))
+EVAL_SERIES = tuple(key for kind, row in SERIES_ROWS if kind == "eval" for key, _, _ in row)
 
 
 @dataclass
@@ -85,8 +110,10 @@ class Curves:
         else:
             x = record.step
         if record.kind == "eval":
-            if "eval_loss" in values:
-                self._append("eval_loss", x, values["eval_loss"])
+            for name in ("eval_loss", *EVAL_SERIES):
+                value = values.get(name)
+                if value is not None and math.isfinite(value):
+                    self._append(name, x, value)
             return
         if record.kind != "train":
             return
@@ -94,7 +121,7 @@ class Curves:
             value = values.get(name)
             if value is not None and math.isfinite(value):
                 self._append(name, x, value)
-        for name in ("tokens_per_s", "samples_per_s", *MOE_SERIES):
+        for name in ("tokens_per_s", "samples_per_s", *MOE_SERIES, *TRAIN_SERIES):
             value = values.get(name)
             if value is not None and math.isfinite(value):
                 self._append(name, x, value)
@@ -248,8 +275,9 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
     import matplotlib.pyplot as plt
 
     moe = any(run.points("moe_aux_loss") for run in runs)
+    series_rows = [row for _, row in SERIES_ROWS if any(run.points(key) for run in runs for key, _, _ in row)]
     with_sources = any(run.sources() for run in runs)
-    rows = 2 + int(moe) + int(with_sources)
+    rows = 2 + int(moe) + len(series_rows) + int(with_sources)
     fig, axes = plt.subplots(
         rows, 2, figsize=(config.width, config.height * rows / 2), dpi=config.dpi, sharex=True
     )
@@ -257,6 +285,13 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     panels = PANELS + (MOE_PANELS if moe else ()) + (SOURCE_PANELS if with_sources else ())
     drawn = {panel: {} for panel in panels}
+    for row in series_rows:
+        drawn.update({key: {} for key, _, _ in row})
+    # A loss scale that never leaves 1 is a bf16/fp32 run's (Megatron-LM logs one): nothing to show.
+    scaled = [run for run in runs if any(v != 1 for v in run.series.get("loss_scale", ((), ()))[1])]
+    ax_scale = ax_gn.twinx() if scaled else None
+    # The rows of single series sit between the MoE row and the sources row (always the last).
+    series_axes = axes[2 + moe : 2 + moe + len(series_rows)]
     throughput_label = "tokens/s"
     for index, run in enumerate(runs):
         color = colors[index % len(colors)]
@@ -292,6 +327,27 @@ def plot_runs(runs: list[Curves], config: PlotConfig) -> dict:
             drawn["throughput"][run.name] = len(xs)
         if moe:
             _draw_moe(axes[2], run, color, drawn)
+        for axes_row, row in zip(series_axes, series_rows, strict=True):
+            for ax, (key, _, _) in zip(axes_row, row, strict=True):
+                if run.points(key):
+                    xs, ys = run.series[key]
+                    style = "o--" if key.startswith("eval_") else "-"
+                    ax.plot(xs, ys, style, color=color, linewidth=1.2, markersize=4, label=run.name)
+                    drawn[key][run.name] = len(xs)
+        if run in scaled:
+            xs, ys = run.series["loss_scale"]
+            ax_scale.plot(xs, ys, ":", color=color, linewidth=1.2, label=f"{run.name} loss scale")
+            drawn["grad_norm"][run.name] = drawn["grad_norm"].get(run.name, 0) + len(xs)
+    for axes_row, row in zip(series_axes, series_rows, strict=True):
+        for ax, (key, title, log) in zip(axes_row, row, strict=True):
+            ax.set_title(title)
+            ys = [v for run in runs if run.points(key) for v in run.series[key][1]]
+            if log and ys and all(v > 0 for v in ys):
+                ax.set_yscale("log")
+    if ax_scale is not None:
+        ax_scale.set_yscale("log", base=2)
+        ax_scale.set_ylabel("fp16 loss scale (dotted)")
+        ax_scale.legend(fontsize=8, loc="lower right")
     if moe:
         axes[2][0].set_title("router load-balancing loss (k when balanced)")
         axes[2][1].set_title("expert load CV (layer mean solid, worst dashed)")

@@ -5,12 +5,13 @@ Layout (``schemas/train-config.schema.json``; example ``configs/train/tiny.yaml`
     model:      preset (name in configs/models/, a path, or null) + inline ModelConfig fields, init_from
     data:       mix (a mix.json) or prefixes + weights + seq_length; split, seed, cache_dir
     training:   micro_batch_size, global_batch_size, train_steps or train_tokens, precision, clip_grad, seed
-    optimizer:  AdamW (lr, betas, eps, weight_decay; no decay on norms and biases)
+    fp16:       DeepSpeed's loss scaling when training.precision is fp16 (dynamic by default)
+    optimizer:  adamw | adafactor | lion | muon (lr, betas, eps, weight_decay; no decay on norms and biases)
     schedule:   warmup then cosine | linear | constant | wsd | inverse_sqrt; total_steps fixed in the config
-    eval:       every N steps on the valid split (loss, perplexity), iters batches
-    logging:    log_every, tensorboard
+    eval:       every N steps on the valid split (loss, perplexity, token accuracy, bits per byte), iters batches
+    logging:    log_every, tensorboard, norms (parameter norm, update norm and update/parameter ratio)
     checkpoint: save_every, keep_last, keep_every
-    health:     NaN/inf loss and grad-norm spikes: skip the step or stop with a checkpoint
+    health:     NaN/inf loss, grad-norm and update-ratio spikes: skip the step or stop with a checkpoint
 
 Every key is checked: an unknown key is an error with a ``difflib`` suggestion, a wrong type names the key
 and the file. Nothing here imports torch, so ``llm-train --help`` and config validation stay instant.
@@ -35,12 +36,19 @@ from llmtools.formats.mix import MIN_SEQ_LENGTH
 from llmtools.model.lora import LoraSection  # no torch at import: config validation stays instant
 from llmtools.train.tasks.dpo import DpoSection  # likewise
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULES = ("cosine", "linear", "constant", "wsd", "inverse_sqrt")
 WSD_DECAYS = ("linear", "cosine", "1-sqrt")
-OPTIMIZERS = ("adamw", "adafactor")
+OPTIMIZERS = ("adamw", "adafactor", "lion", "muon")
+MUON_LR_ADJUSTMENTS = ("match_rms_adamw", "original")
+# Each optimizer's usual betas when the config gives none: AdamW's (and Muon's AdamW part) from the
+# LLaMA recipe; Lion's from its paper (beta1 mixes the gradient into the update, beta2 into the momentum).
+DEFAULT_BETAS = {"adamw": [0.9, 0.95], "adafactor": [0.9, 0.95], "muon": [0.9, 0.95], "lion": [0.9, 0.99]}
 HEALTH_ACTIONS = ("skip", "stop")
 SPIKE_ACTIONS = ("skip", "stop", "warn")
+UPDATE_SPIKE_ACTIONS = ("warn", "stop")
+# The optimizer keys only Muon reads.
+MUON_KEYS = ("momentum", "nesterov", "ns_steps", "muon_lr", "muon_adjust_lr")
 DEFAULT_TASK = "pretrain"
 
 
@@ -113,8 +121,9 @@ class TrainingSection:
     """Optimizer steps to run (give this or train_tokens)."""
     train_tokens: int | None = None
     """Tokens to train on; steps = ceil(tokens / (global_batch_size x seq_length))."""
-    precision: Literal["fp32", "bf16"] = "fp32"
-    """Parameter/compute precision: fp32, or bf16 with fp32 master weights (DeepSpeed bf16)."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Parameter/compute precision: fp32, bf16 with fp32 master weights (DeepSpeed bf16), or fp16 with fp32
+    master weights and loss scaling (DeepSpeed fp16, the fp16 section; for GPUs without bf16)."""
     clip_grad: float = 1.0
     """Gradient clipping by global norm (0 disables)."""
     seed: int = 1234
@@ -144,24 +153,79 @@ class TrainingSection:
 
 
 @dataclass
-class OptimizerSection:
-    """AdamW; weight decay applies to matrices only (never to norms, biases, or 1-D parameters)."""
+class Fp16Section:
+    """Loss scaling for training.precision fp16 (DeepSpeed's fp16 section is filled from it; unused otherwise).
 
-    name: Literal["adamw", "adafactor"] = "adamw"
-    """Optimizer: adamw, or adafactor (torch.optim.Adafactor: factored second moments, no first moment;
-    uses lr and weight_decay, not betas/eps)."""
+    Dynamic scaling (loss_scale 0) starts at 2**initial_scale_power; a step whose gradients overflow is
+    skipped and, once hysteresis overflows have been seen, the scale is halved; after loss_scale_window
+    steps without an overflow it is doubled. A run whose scale has fallen to min_loss_scale and still
+    overflows stops with a checkpoint of its last good state."""
+
+    loss_scale: float = 0.0
+    """0: dynamic loss scaling; > 0: this fixed scale."""
+    initial_scale_power: int = 16
+    """Dynamic scaling starts at 2**initial_scale_power."""
+    loss_scale_window: int = 1000
+    """Double the scale after this many consecutive steps without an overflow."""
+    hysteresis: int = 2
+    """Overflows tolerated (each still skips its step) before the scale is halved."""
+    consecutive_hysteresis: bool = False
+    """Refill the hysteresis after every step without an overflow (not only when the scale changes)."""
+    min_loss_scale: int = 1
+    """The smallest scale; overflowing again there stops the run."""
+
+    def __post_init__(self) -> None:
+        if not (self.loss_scale >= 0 and math.isfinite(self.loss_scale)):
+            raise _bad("fp16.loss_scale", f"must be 0 (dynamic) or a positive number, got {self.loss_scale}")
+        if not 0 <= self.initial_scale_power <= 63:
+            raise _bad("fp16.initial_scale_power", f"must be in [0, 63], got {self.initial_scale_power}")
+        if self.loss_scale_window < 1:
+            raise _bad("fp16.loss_scale_window", f"must be >= 1, got {self.loss_scale_window}")
+        if self.hysteresis < 1:
+            raise _bad("fp16.hysteresis", f"must be >= 1, got {self.hysteresis}")
+        if self.min_loss_scale < 1:
+            raise _bad("fp16.min_loss_scale", f"must be >= 1, got {self.min_loss_scale}")
+        if self.loss_scale == 0 and self.min_loss_scale > 2**self.initial_scale_power:
+            raise _bad(
+                "fp16.min_loss_scale",
+                f"{self.min_loss_scale} is above the initial scale 2**{self.initial_scale_power}",
+            )
+
+
+@dataclass
+class OptimizerSection:
+    """The optimizer; weight decay applies to matrices only (never to norms, biases, or 1-D parameters)."""
+
+    name: Literal["adamw", "adafactor", "lion", "muon"] = "adamw"
+    """Optimizer: adamw; adafactor (torch.optim.Adafactor: factored second moments, no first moment; uses
+    lr and weight_decay, not betas/eps); lion (sign of an interpolated momentum: lr typically 3-10x
+    smaller and weight_decay 3-10x larger than AdamW's); muon (torch.optim.Muon's orthogonalized
+    momentum on the hidden matrices, AdamW with lr, betas, eps on embeddings, head, norms and biases)."""
     lr: float = 3e-4
     """Peak learning rate (after warmup)."""
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    """Adam betas [beta1, beta2]."""
+    betas: list[float] | None = None
+    """[beta1, beta2] of AdamW (and Muon's AdamW part), default [0.9, 0.95]; of Lion, default [0.9, 0.99]."""
     eps: float = 1e-8
     """Adam epsilon."""
     weight_decay: float = 0.1
     """Decoupled weight decay on matrices (embeddings and linear weights)."""
+    momentum: float = 0.95
+    """Muon: momentum of the hidden matrices' updates."""
+    nesterov: bool = True
+    """Muon: Nesterov momentum."""
+    ns_steps: int = 5
+    """Muon: Newton-Schulz iterations that orthogonalize each update."""
+    muon_lr: float | None = None
+    """Muon: peak learning rate of the hidden matrices (null: optimizer.lr); the schedule scales it too."""
+    muon_adjust_lr: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
+    """Muon: per-matrix learning-rate scale. match_rms_adamw (Moonshot: 0.2 x sqrt(max(rows, cols)), so Muon
+    takes AdamW's lr and weight decay) or original (Keller Jordan: sqrt(max(1, rows/cols)), lr ~0.02)."""
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
             raise _bad("optimizer.name", f"{self.name!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.betas is None:
+            self.betas = list(DEFAULT_BETAS[self.name])
         if not self.lr > 0:
             raise _bad("optimizer.lr", f"must be > 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
@@ -170,6 +234,17 @@ class OptimizerSection:
             raise _bad("optimizer.eps", f"must be > 0, got {self.eps}")
         if self.weight_decay < 0:
             raise _bad("optimizer.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.momentum < 1:
+            raise _bad("optimizer.momentum", f"must be in [0, 1), got {self.momentum}")
+        if not 1 <= self.ns_steps < 100:
+            raise _bad("optimizer.ns_steps", f"must be in [1, 99], got {self.ns_steps}")
+        if self.muon_lr is not None and not self.muon_lr > 0:
+            raise _bad("optimizer.muon_lr", f"must be > 0, got {self.muon_lr}")
+        if self.muon_adjust_lr not in MUON_LR_ADJUSTMENTS:
+            raise _bad(
+                "optimizer.muon_adjust_lr",
+                f"{self.muon_adjust_lr!r} is not one of {', '.join(MUON_LR_ADJUSTMENTS)}",
+            )
 
 
 @dataclass
@@ -211,7 +286,7 @@ class ScheduleSection:
 
 @dataclass
 class EvalSection:
-    """Evaluation on the valid split: loss and perplexity."""
+    """Evaluation on the valid split: loss, perplexity, token accuracy (top-1) and bits per byte."""
 
     every: int = 0
     """Evaluate every N steps (and after the last step); 0 disables."""
@@ -233,6 +308,9 @@ class LoggingSection:
     """A metrics record (metrics.jsonl) and a stderr line every N steps."""
     tensorboard: bool = False
     """Also write TensorBoard events to RUN_DIR/tensorboard/."""
+    norms: bool = True
+    """params_norm, update_norm and update_ratio (norm of the step's update / norm of the parameters) in
+    each train record; costs a copy of the optimizer's parameters (its partition) on log steps."""
 
     def __post_init__(self) -> None:
         if self.log_every < 1:
@@ -294,7 +372,13 @@ class HealthSection:
     spike_action: Literal["skip", "stop", "warn"] = "skip"
     """On a spike (grad norm or loss): skip the update, stop with a checkpoint, or only warn."""
     max_skips: int = 10
-    """Stop once this many consecutive steps have been skipped."""
+    """Stop once this many consecutive steps have been skipped (fp16 overflows are the loss scaler's)."""
+    update_spike_factor: float = 0.0
+    """An update/parameter norm ratio per unit of learning rate above update_spike_factor x the median of the
+    last spike_window is a spike; 0 disables (the ratio is then measured on log steps only)."""
+    update_spike_action: Literal["warn", "stop"] = "warn"
+    """On an update-ratio spike: warn, or stop with a checkpoint (the ratio is known only once the update
+    is applied, so it cannot be skipped)."""
 
     def __post_init__(self) -> None:
         if self.nan_action not in HEALTH_ACTIONS:
@@ -311,6 +395,15 @@ class HealthSection:
             raise _bad("health.spike_window", f"must be >= 2, got {self.spike_window}")
         if self.max_skips < 1:
             raise _bad("health.max_skips", f"must be >= 1, got {self.max_skips}")
+        if self.update_spike_factor < 0 or (0 < self.update_spike_factor <= 1):
+            raise _bad(
+                "health.update_spike_factor", f"must be 0 (off) or > 1, got {self.update_spike_factor}"
+            )
+        if self.update_spike_action not in UPDATE_SPIKE_ACTIONS:
+            raise _bad(
+                "health.update_spike_action",
+                f"{self.update_spike_action!r} is not one of {', '.join(UPDATE_SPIKE_ACTIONS)}",
+            )
 
 
 @dataclass
@@ -320,6 +413,7 @@ class TrainConfig:
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=lambda: DataSection(mix="mix.json"))
     training: TrainingSection = field(default_factory=lambda: TrainingSection(train_steps=100))
+    fp16: Fp16Section = field(default_factory=Fp16Section)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     schedule: ScheduleSection = field(default_factory=ScheduleSection)
     eval: EvalSection = field(default_factory=EvalSection)
@@ -382,6 +476,12 @@ class TrainConfig:
         d = self.to_dict()
         keep = {k: d[k] for k in ("model", "data", "training", "optimizer", "schedule")}
         keep["training"].pop("activation_checkpointing", None)  # same weights with or without it
+        # Keys an optimizer or precision does not read leave the hash as it was before they existed.
+        if self.optimizer.name != "muon":
+            for key in MUON_KEYS:
+                keep["optimizer"].pop(key, None)
+        if self.training.precision == "fp16":
+            keep["fp16"] = d["fp16"]
         # Configs written before tasks and LoRA existed keep their hash: both enter it only when set.
         if self.task != DEFAULT_TASK or self.lora is not None:
             keep.update(task=d["task"], lora=d["lora"])
@@ -394,6 +494,7 @@ SECTION_TYPES = {
     "model": ModelSection,
     "data": DataSection,
     "training": TrainingSection,
+    "fp16": Fp16Section,
     "optimizer": OptimizerSection,
     "schedule": ScheduleSection,
     "eval": EvalSection,

@@ -102,15 +102,19 @@ def resolve_ds_config(
     fill("train_batch_size", t.global_batch_size, "training.global_batch_size")
     fill("gradient_clipping", t.clip_grad, "training.clip_grad")
 
-    bf16 = t.precision == "bf16"
-    fill("bf16.enabled", bf16, "training.precision", shown=f"training.precision={t.precision!r}")
-    if ds.get("fp16", {}).get("enabled", False) not in (False, AUTO):
-        raise InputError(
-            f"{ds_source}[fp16.enabled]=true contradicts training.precision={t.precision!r} in {cfg_source} "
-            f"(fp16 is not supported: use bf16)"
-        )
-    if "fp16" in ds:
-        ds["fp16"]["enabled"] = False
+    shown = f"training.precision={t.precision!r}"
+    fill("bf16.enabled", t.precision == "bf16", "training.precision", shown=shown)
+    fp16 = t.precision == "fp16"
+    if fp16 or "fp16" in ds:
+        fill("fp16.enabled", fp16, "training.precision", shown=shown)
+    if fp16:  # DeepSpeed's loss scaler, from the train config's fp16 section
+        scaling = config.fp16
+        fill("fp16.loss_scale", scaling.loss_scale, "fp16.loss_scale")
+        fill("fp16.initial_scale_power", scaling.initial_scale_power, "fp16.initial_scale_power")
+        fill("fp16.loss_scale_window", scaling.loss_scale_window, "fp16.loss_scale_window")
+        fill("fp16.hysteresis", scaling.hysteresis, "fp16.hysteresis")
+        fill("fp16.consecutive_hysteresis", scaling.consecutive_hysteresis, "fp16.consecutive_hysteresis")
+        fill("fp16.min_loss_scale", scaling.min_loss_scale, "fp16.min_loss_scale")
 
     opt = config.optimizer
     if "optimizer" in ds and opt.name != "adamw":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from llmtools.errors import InputError
 from llmtools.train.distributed import log0
 from llmtools.train.plan import TrainPlan
 
@@ -54,14 +55,20 @@ def build_model(plan: TrainPlan):
 
 def build_engine(plan: TrainPlan, model, device: str):
     """AdamW with no decay on norms and biases (or the config's optimizer, or the DeepSpeed config's), the
-    LR schedule, and ``deepspeed.initialize`` over the process group made by ``init_distributed``."""
+    LR schedule, and ``deepspeed.initialize`` over the process group made by ``init_distributed``. Muon
+    then learns where DeepSpeed's flat partitions cut its matrices (:mod:`~llmtools.train.optim`)."""
     import deepspeed
     import torch
 
     from llmtools.train.schedule import build_lr_scheduler
 
     cfg = plan.config
-    groups = param_groups(model, cfg.optimizer.weight_decay, named=cfg.model.expert_parallel is not None)
+    if cfg.optimizer.name == "muon":  # hidden matrices apart: Muon's, the rest AdamW's
+        from llmtools.train.optim import muon_param_groups
+
+        groups = muon_param_groups(model, cfg.optimizer.weight_decay)
+    else:
+        groups = param_groups(model, cfg.optimizer.weight_decay, named=cfg.model.expert_parallel is not None)
     optimizer = scheduler = None
     if "optimizer" not in plan.ds_config and cfg.optimizer.name != "adamw":
         from llmtools.train.optim import allow_in_deepspeed, build_optimizer
@@ -92,6 +99,9 @@ def build_engine(plan: TrainPlan, model, device: str):
         config=plan.ds_config,
         dist_init_required=False,
     )
+    if hasattr(engine.basic_optimizer, "bind_partitions"):
+        # Muon orthogonalizes whole matrices: learn where DeepSpeed's flat partitions cut them.
+        engine.basic_optimizer.bind_partitions(engine.module)
     if cfg.model.expert_parallel is not None:
         # DeepSpeed swapped our MoE blocks for its expert-parallel layer: have it report its router as ours does.
         from llmtools.train.moe import tap_expert_parallel_routers
@@ -99,6 +109,19 @@ def build_engine(plan: TrainPlan, model, device: str):
         if not tap_expert_parallel_routers(engine.module, plan.model_config):
             raise RuntimeError("model.expert_parallel: DeepSpeed replaced no MoE block (AutoEP found none)")
     return engine
+
+
+def check_fp16_support(where: str) -> None:
+    """fp16 needs a device with fp16 arithmetic: DeepSpeed's CPU accelerator has it only where oneDNN
+    does (AVX512-FP16 / AMX-FP16 CPUs). Refused here, before the model is built, in one line."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if not accelerator.is_fp16_supported():
+        raise InputError(
+            f"{where}: training.precision=fp16: DeepSpeed's {accelerator.device_name()} accelerator has no fp16 "
+            "on this machine; use bf16 or fp32 here (fp16 is for GPUs without bf16)"
+        )
 
 
 def coalesce_reductions(engine, grad_accumulation: int, world: int) -> bool:

@@ -1,31 +1,67 @@
-"""Evaluation on the valid split: the task's loss (and metrics) over the first ``eval.iters`` micro-batches."""
+"""Evaluation on the valid split: the first ``eval.iters`` micro-batches per rank, all ranks together.
+
+For a task that predicts tokens (:class:`~llmtools.train.tasks.base.TokenScores`), the numbers are sums
+over every scored token of every rank, so each is exactly its definition over the evaluated text:
+
+* ``eval_loss`` = total cross-entropy in nats / tokens (``eval_ppl`` = exp of it);
+* ``eval_accuracy`` = tokens whose top-1 prediction is the label / tokens;
+* ``eval_bpb`` (bits per byte) = total cross-entropy / ln 2 / the UTF-8 bytes those tokens stand for
+  (:mod:`llmtools.tokenize.bytes`; absent when the data's tokenizer cannot be reloaded).
+
+A task that scores no tokens reports the mean of its micro-batch losses. The task's own metrics
+(``metric_names``) are means over micro-batches and ranks.
+"""
 
 from __future__ import annotations
+
+import math
 
 from llmtools.train.distributed import all_mean
 from llmtools.train.plan import TrainPlan
 
 
 def evaluate(engine, plan: TrainPlan, rank: int, world: int) -> tuple[float, dict[str, float]]:
-    """Mean loss (and task metrics) over the first ``eval.iters`` micro-batches per rank of the valid split,
-    averaged over the ranks."""
+    """The eval loss, and the other fields of the eval record (``eval_accuracy``, ``eval_bpb``,
+    ``eval_tokens``, ``eval_bytes`` and the task's metrics)."""
     import numpy as np
     import torch
 
     data, task = plan.valid_data, plan.task
     micro = plan.config.training.micro_batch_size
     n = len(data)
+    byte_lengths = None
+    if plan.eval_byte_lengths is not None:
+        byte_lengths = torch.as_tensor(plan.eval_byte_lengths, device=engine.device)
     engine.eval()
     losses, metrics = [], {name: [] for name in task.metric_names}
+    sums = [0.0, 0.0, 0.0, 0.0]  # tokens, nats, correct, bytes
+    scored = False
     with torch.no_grad():
         for i in range(plan.config.eval.iters):
             start = (i * world + rank) * micro
             indices = [int(j % n) for j in range(start, start + micro)]
-            out = task.loss(engine, data.batch(np.asarray(indices)), engine.device)
+            out, scores = task.evaluate(engine, data.batch(np.asarray(indices)), engine.device, byte_lengths)
             losses.append(float(out.loss))
             for name in task.metric_names:
                 metrics[name].append(float(out.metrics[name]))
+            if scores is not None:
+                scored = True
+                sums[0] += float(scores.tokens)
+                sums[1] += float(scores.nats)
+                sums[2] += float(scores.correct)
+                sums[3] += float(scores.bytes) if scores.bytes is not None else 0.0
     engine.train()
     local = [sum(losses) / len(losses)] + [sum(v) / len(v) for v in metrics.values()]
-    means = all_mean(local, engine.device)
-    return means[0], dict(zip(task.metric_names, means[1:], strict=True))
+    # One reduction: means of the losses and metrics, and (mean x world =) sums of the token scores.
+    means = all_mean(local + sums, engine.device)
+    loss, task_means = means[0], means[1 : len(local)]
+    record = dict(zip(task.metric_names, task_means, strict=True))
+    if not scored:
+        return loss, record
+    tokens, nats, correct, scored_bytes = (value * world for value in means[len(local) :])
+    record["eval_accuracy"] = correct / tokens if tokens else float("nan")
+    record["eval_tokens"] = round(tokens)
+    if byte_lengths is not None and scored_bytes > 0:
+        record["eval_bpb"] = nats / math.log(2) / scored_bytes
+        record["eval_bytes"] = round(scored_bytes)
+    return (nats / tokens if tokens else float("nan")), record

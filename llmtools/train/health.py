@@ -1,5 +1,5 @@
 """Training health: a NaN/inf loss or grad norm, a grad-norm spike or a loss spike decides whether an update
-is applied.
+is applied; a spike of the applied update's size (its ratio to the parameters) warns or stops after it.
 
 The decision is taken inside the optimizer step (see :class:`HealthGate`); what happens next -- skip the
 update, or stop with a checkpoint -- is the loop's business.
@@ -22,10 +22,13 @@ class HealthGate:
     before stopping holds the last good weights.
     """
 
-    def __init__(self, health, norm_source) -> None:
+    def __init__(self, health, norm_source, loss_scaling: bool = False) -> None:
         self.health = health
         self.norm_source = norm_source  # () -> float | None, the global pre-clip grad norm
+        # fp16: DeepSpeed skips overflowing steps as its loss scaler's routine.
+        self.loss_scaling = loss_scaling
         self.history: deque[float] = deque(maxlen=health.spike_window)
+        self.update_history: deque[float] = deque(maxlen=health.spike_window)
         self.loss_history: deque[float] = deque(maxlen=health.spike_window)
         self.reset()
         self.consecutive_skips = 0
@@ -36,10 +39,11 @@ class HealthGate:
         self.loss_limit: float | None = None  # above it a loss is a spike (None: not checked yet)
         self.decided = False
         self.skip = False
-        self.reason: str | None = None  # "nan" | "spike" | "loss_spike"
+        self.reason: str | None = None  # "nan" | "spike" | "loss_spike" | "overflow" (fp16)
         self.stop = False
         self.norm: float | None = None
         self.precomputed_norm: float | None = None
+        self.update_spike: str | None = None  # a message when the applied update's size spiked
 
     def allow(self) -> bool:
         if not self.decided:
@@ -47,11 +51,33 @@ class HealthGate:
         return not self.skip
 
     def overflowed(self) -> None:
-        """DeepSpeed found non-finite gradients and skipped the update before asking the optimizer."""
+        """DeepSpeed found non-finite gradients and skipped the update before asking the optimizer.
+
+        With fp16 loss scaling that is the scaler's routine (it halves the scale and goes on), unless
+        the loss itself was not finite; otherwise it is a NaN/inf like any other."""
         self.decided = True
         norm = self.norm_source()
         self.norm = float("inf") if norm is None else float(norm)
+        if self.loss_scaling and not self.loss_bad:
+            self.reason, self.skip, self.stop = "overflow", True, False
+            return
         self.reason, self.skip, self.stop = "nan", True, self.health.nan_action == "stop"
+
+    def check_update(self, ratio: float, lr: float) -> None:
+        """The applied update's size, per unit of learning rate (so warmup and decay do not look like
+        spikes), against the median of the recent ones (``health.update_spike_factor``)."""
+        h = self.health
+        if not (h.update_spike_factor > 0 and lr > 0 and math.isfinite(ratio)):
+            return
+        scaled = ratio / lr
+        window = self.update_history
+        if len(window) == window.maxlen and scaled > h.update_spike_factor * statistics.median(window):
+            self.update_spike = (
+                f"update/parameter ratio spike {ratio:.3g} ({scaled:.3g} per unit lr > "
+                f"{h.update_spike_factor} x median {statistics.median(window):.3g})"
+            )
+            return
+        window.append(scaled)
 
     def _decide(self) -> None:
         self.decided = True
@@ -82,7 +108,9 @@ class HealthGate:
             self.loss_history.append(self.loss)
 
 
-def wrap_step(optimizer, gate: HealthGate) -> None:
+def wrap_step(optimizer, gate: HealthGate, monitor=None) -> None:
+    """Gate every step of the inner optimizer; ``monitor`` (a :class:`~llmtools.train.norms.NormMonitor`)
+    sees the parameters before and after each applied one."""
     original = optimizer.step
 
     def step(*args, **kwargs):
@@ -90,7 +118,12 @@ def wrap_step(optimizer, gate: HealthGate) -> None:
         optimizer._opt_called = True
         if not gate.allow():
             return None
-        return original(*args, **kwargs)
+        if monitor is None:
+            return original(*args, **kwargs)
+        old = monitor.before(optimizer)
+        out = original(*args, **kwargs)
+        monitor.after(optimizer, old)
+        return out
 
     step._wrapped_by_lr_sched = True
     optimizer.step = step

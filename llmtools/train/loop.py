@@ -191,6 +191,11 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
         ds_source=options.ds_source,
         check_length=options.resume is None,
     )
+    # A device without fp16 arithmetic: refused before anything is written.
+    if config.training.precision == "fp16":
+        from llmtools.train.engine import check_fp16_support
+
+        check_fp16_support(config.source or "<train config>")
     prepare_run_dir(options.run_dir, options.resume, options.force, rank, rollback=options.rollback)
     from llmtools.train import checkpointing
 
@@ -337,8 +342,15 @@ class _Trainer:
         self.run_dir = options.run_dir
         self.engine = engine = build_engine(plan, build_model(plan), self.device)
 
-        self.gate = HealthGate(cfg.health, self._norm_of_deepspeed)
-        wrap_step(engine.basic_optimizer, self.gate)
+        self.fp16 = cfg.training.precision == "fp16"
+        self.gate = HealthGate(cfg.health, self._norm_of_deepspeed, loss_scaling=self.fp16)
+        # The parameter norm and the update's size, measured inside the optimizer step (train/norms.py).
+        self.norms = None
+        if cfg.logging.norms or cfg.health.update_spike_factor:
+            from llmtools.train.norms import NormMonitor
+
+            self.norms = NormMonitor(engine.basic_optimizer, engine.module)
+        wrap_step(engine.basic_optimizer, self.gate, self.norms)
         self.own_norm = engine.optimizer is engine.basic_optimizer  # ZeRO-0 fp32: DeepSpeed keeps no norm
         self.coalesce = coalesce_reductions(engine, plan.grad_accumulation, self.world)
         # MoE: the tasks call the model through RouterLoss (the router's auxiliary loss joins each
@@ -366,6 +378,7 @@ class _Trainer:
         # The last step's figures: set by train_step, read by the reporting methods after it.
         self.loss, self.lr, self.step_time = float("nan"), cfg.optimizer.lr, 0.0
         self.step_metrics: dict[str, float] = {}
+        self.step_norms: dict[str, float] = {}
         # This rank's micro-batches of the last step (sample positions) and their losses.
         self.step_batches: list[list[int]] = []
         self.step_losses: list = []
@@ -581,7 +594,8 @@ class _Trainer:
                 if self.options.on_step is not None:
                     self.options.on_step(step, loss)
                 self._report_health(grad_norm)
-                if self.gate.reason is not None:
+                # An fp16 overflow is the loss scaler's routine, not the data's fault: nothing to quarantine.
+                if self.gate.reason not in (None, "overflow"):
                     self._quarantine()
                 self._log_window(grad_norm)
                 self._stop_if_unhealthy()
@@ -623,11 +637,20 @@ class _Trainer:
         gate.reset()
         self.step_batches = []
         self.lr = engine.get_lr()[0] if engine.get_lr() else self.cfg.optimizer.lr
-        losses, metrics = accumulate_and_update(
-            engine, plan, batches, gate, self.coalesce, self.own_norm, self.router
-        )
+        if self.norms is not None and self._measures_norms(self.progress.step + 1):
+            self.norms.begin()
+        try:
+            losses, metrics = accumulate_and_update(
+                engine, plan, batches, gate, self.coalesce, self.own_norm, self.router
+            )
+        except Exception as error:
+            self._stop_if_scale_collapsed(error)
+            raise
         self.step_losses = losses
         loss, self.step_metrics = step_means(losses, metrics, plan.task.metric_names, engine.device)
+        self.step_norms = (self.norms.finish(engine.device) or {}) if self.norms is not None else {}
+        if "update_ratio" in self.step_norms:
+            gate.check_update(self.step_norms["update_ratio"], self.lr)
         self.progress.step += 1
         self.progress.consumed_samples += self.cfg.training.global_batch_size
         self.progress.consumed_tokens += plan.tokens_per_step
@@ -637,9 +660,51 @@ class _Trainer:
         self.loss = loss
         return loss, gate.norm
 
+    def _measures_norms(self, step: int) -> bool:
+        """Norms on log steps; on every step when the update ratio is a health signal."""
+        log_every = self.cfg.logging.log_every
+        return bool(self.cfg.health.update_spike_factor) or (
+            self.cfg.logging.norms and (step % log_every == 0 or step == self.plan.steps)
+        )
+
+    def loss_scale(self) -> float | None:
+        """fp16: the loss scale DeepSpeed's scaler uses now."""
+        scale = getattr(self.engine.optimizer, "loss_scale", None) if self.fp16 else None
+        return None if scale is None else float(scale)
+
+    def _stop_if_scale_collapsed(self, error: Exception) -> None:
+        """DeepSpeed raises when gradients overflow at the minimum loss scale: stop with the last good state
+        (that step was not applied) and say what to change. Any other failure is left to propagate."""
+        scale, floor = self.loss_scale(), self.cfg.fp16.min_loss_scale
+        if scale is None or scale > floor or self.cfg.fp16.loss_scale or "scale" not in str(error).lower():
+            return
+        step = self.progress.step
+        saved = self.save()
+        reason = (
+            f"the fp16 loss scale fell to its minimum {scale:g} (fp16.min_loss_scale) and the gradients of step "
+            f"{step + 1} still overflow"
+        )
+        _event(self.metrics, step, "stop", f"stopped at step {step}: {reason}; checkpoint {saved}")
+        self.metrics.close()
+        raise RuntimeFailure(
+            f"stopped at step {step}: {reason}; the last good state is saved in {saved}; values exceed "
+            "fp16's range: train in bf16 (training.precision=bf16) or fp32, or lower optimizer.lr, then "
+            f"continue with --resume {saved}"
+        ) from None
+
     def _report_health(self, grad_norm: float | None) -> None:
-        """An event and a stderr line for a NaN/inf or a spike, and the count of consecutive skips."""
+        """An event and a stderr line for a NaN/inf, a spike or an fp16 overflow, and the count of
+        consecutive skips (fp16 overflows are the loss scaler's business and do not count)."""
         gate, health, step = self.gate, self.cfg.health, self.progress.step
+        if gate.update_spike is not None:
+            action = "stopping" if health.update_spike_action == "stop" else "continuing"
+            _event(self.metrics, step, "spike", f"{gate.update_spike}; {action}")
+            self.log(f"step {step}: {gate.update_spike}; {action}", always=True)
+        if gate.reason == "overflow":
+            message = f"fp16 gradients overflowed: update skipped; loss scale now {self.loss_scale():g}"
+            _event(self.metrics, step, "overflow", message)
+            self.log(f"step {step}: {message}")
+            return
         if gate.reason is None:
             gate.consecutive_skips = 0
             return
@@ -663,7 +728,14 @@ class _Trainer:
         from llmtools.train.metrics import StepWindow, step_line
 
         step, plan = self.progress.step, self.plan
-        self.window.add(self.loss, self.step_time, plan.tokens_per_step, self.gate.skip, self.step_metrics)
+        self.window.add(
+            self.loss,
+            self.step_time,
+            plan.tokens_per_step,
+            self.gate.skip,
+            self.step_metrics,
+            overflow=self.gate.reason == "overflow",
+        )
         if step % self.cfg.logging.log_every and step != plan.steps and not self.gate.reason:
             return
         record = self.window.record(
@@ -679,6 +751,9 @@ class _Trainer:
         )
         if self.router is not None:
             record.update(self.router.meter.record(self.device))  # every rank: one all-reduce
+        record.update(self.step_norms)  # params_norm, update_norm, update_ratio (measured steps)
+        if self.fp16:
+            record["loss_scale"] = self.loss_scale()
         ledger = plan.task.ledger()
         if ledger is not None:
             record["source_tokens"] = ledger.consumed_tokens(self.progress.consumed_samples)
@@ -753,6 +828,16 @@ class _Trainer:
     def _stop_if_unhealthy(self) -> None:
         """Save the last good state and raise when health says stop, or after too many skipped updates."""
         gate, step = self.gate, self.progress.step
+        if gate.update_spike is not None and self.cfg.health.update_spike_action == "stop":
+            before = self.last_saved
+            saved = self.save()
+            _event(self.metrics, step, "stop", f"stopped at step {step}: health.update_spike_action=stop")
+            self.metrics.close()
+            raise RuntimeFailure(
+                f"stopped at step {step}: health.update_spike_action=stop ({gate.update_spike}); that update "
+                f"was applied: {saved} holds the state after it"
+                + (f"; {before} holds the last state saved before it" if before is not None else "")
+            )
         if not (gate.stop or gate.consecutive_skips >= self.cfg.health.max_skips):
             return
         if gate.stop:
@@ -786,7 +871,12 @@ class _Trainer:
             **task_metrics,
         }
         self.metrics.log(record, step)
-        self.log(f"step {step:>6}/{plan.steps} | eval loss {eval_loss:.4f} | eval ppl {ppl:.2f}")
+        extra = "".join(
+            f" | {label} {record[key]:.4f}"
+            for key, label in (("eval_accuracy", "accuracy"), ("eval_bpb", "bits/byte"))
+            if key in record
+        )
+        self.log(f"step {step:>6}/{plan.steps} | eval loss {eval_loss:.4f} | eval ppl {ppl:.2f}{extra}")
         return eval_loss
 
     def _stop_on_signal(self, stop, command: str) -> None:

@@ -147,6 +147,7 @@ class StepWindow:
 
     def __init__(self) -> None:
         self.loss, self.n, self.time, self.tokens, self.skipped, self.steps = 0.0, 0, 0.0, 0, 0, 0
+        self.overflows = 0
         self.task_sums: dict[str, float] = {}
         self.task_counts: dict[str, int] = {}
 
@@ -157,8 +158,10 @@ class StepWindow:
         tokens: int,
         skipped: bool,
         task_metrics: dict[str, float] | None = None,
+        overflow: bool = False,
     ) -> None:
-        """One step; ``task_metrics`` are the task's own (averaged over the window's finite values)."""
+        """One step; ``task_metrics`` are the task's own (averaged over the window's finite values);
+        ``overflow``: fp16 gradients overflowed and the loss scaler skipped the update."""
         if math.isfinite(loss):
             self.loss += loss
             self.n += 1
@@ -172,6 +175,7 @@ class StepWindow:
         self.steps += 1
         self.tokens += tokens
         self.skipped += int(skipped)
+        self.overflows += int(overflow)
 
     def record(self, step: int, **fields) -> dict:
         """The train record for ``step``; ``fields`` are the step's own values (consumed counts, grad
@@ -202,6 +206,8 @@ class StepWindow:
         if self.skipped:
             record["skipped"] = True
             record["skipped_steps"] = self.skipped
+        if self.overflows:
+            record["overflow_steps"] = self.overflows
         return record
 
 
@@ -214,8 +220,10 @@ def step_line(record: dict, total_steps: int) -> str:
     if "moe_aux_loss" in record:
         dropped = f" drop {record['moe_dropped']:.1%}" if record["moe_dropped"] else ""
         moe = f" | router aux {record['moe_aux_loss']:.3f} load cv {record['moe_load_cv']:.2f}{dropped}"
+    update = f" | update/param {record['update_ratio']:.2e}" if record.get("update_ratio") is not None else ""
+    scale = f" | loss scale {record['loss_scale']:g}" if record.get("loss_scale") is not None else ""
     return (
         f"step {record['step']:>6}/{total_steps} | loss {record['loss']:.4f} | lr {record['lr']:.3e} | "
-        f"grad norm {norm} | {record['tokens_per_s']:,.0f} tok/s | {1000 * record['step_time_s']:.0f} ms/step"
-        f"{mfu}{mem}{moe}"
+        f"grad norm {norm}{update}{scale} | {record['tokens_per_s']:,.0f} tok/s | "
+        f"{1000 * record['step_time_s']:.0f} ms/step{mfu}{mem}{moe}"
     )

@@ -33,6 +33,8 @@ class TrainPlan:
     total_steps: int
     grad_accumulation: int
     warnings: list[str]
+    eval_byte_lengths: Any = None
+    """UTF-8 bytes per token id of the valid data's tokenizer (numpy), for bits per byte; None: unknown."""
     data_resume: tuple | None = None
     """(checkpoint path, DataResume): the train data a resume from that checkpoint continues with,
     decided before any compute (a run that loads another checkpoint decides again)."""
@@ -175,6 +177,13 @@ def make_plan(
         if valid is not None and len(valid) == 0:
             warnings.append("the valid split is empty; eval.every ignored")
             valid = None
+    eval_byte_lengths = None
+    if valid is not None:
+        from llmtools.tokenize.bytes import byte_lengths_for
+
+        eval_byte_lengths, why = byte_lengths_for(valid.tokenizer)
+        if why is not None:
+            warnings.append(f"eval: no bits per byte: {why}")
 
     ds_config = resolve_ds_config(
         _with_expert_parallel_defaults(ds_raw, config),
@@ -186,6 +195,7 @@ def make_plan(
         ds_source=ds_source,
     )
     _plan_expert_parallel(config, model_config, ds_config, world_size, ds_source)
+    _plan_precision_and_optimizer(config, ds_config, ds_source)
     return TrainPlan(
         config=config,
         task=task,
@@ -198,6 +208,7 @@ def make_plan(
         total_steps=total_steps,
         grad_accumulation=gas,
         warnings=warnings,
+        eval_byte_lengths=eval_byte_lengths,
     )
 
 
@@ -293,6 +304,21 @@ def _plan_expert_parallel(
                 "torch_adam": True,
             },
         }
+
+
+def _plan_precision_and_optimizer(config: TrainConfig, ds_config: dict, ds_source: str) -> None:
+    """What the precision and the optimizer cannot do with this ZeRO stage, named before compute."""
+    from llmtools.train.optim import check_optimizer
+
+    where = config.source or "<train config>"
+    stage = zero_stage(ds_config)
+    if config.training.precision == "fp16" and stage == 0:
+        raise InputError(
+            f"{where}: training.precision=fp16: needs ZeRO stage 1, 2 or 3 ({ds_source} has stage 0): at "
+            "stage 0 DeepSpeed's fp16 wrapper of our optimizer takes a first step with zero gradients "
+            "(AdamW's step count and weight decay then run one step ahead)"
+        )
+    check_optimizer(config, ds_config, stage, where, ds_source)
 
 
 def _round_vocab(vocab: int, multiple: int = 64) -> int:

@@ -85,6 +85,18 @@ POLICY: dict[str, Rule] = {
     "optimizer.betas": Rule(APPLY, "set in the optimizer from the next step on; its moments are kept"),
     "optimizer.eps": Rule(APPLY, "set in the optimizer from the next step on"),
     "optimizer.weight_decay": Rule(APPLY, "set for the decayed parameters from the next step on"),
+    "optimizer.momentum": Rule(APPLY, "Muon's momentum from the next step on; its buffers are kept"),
+    "optimizer.nesterov": Rule(APPLY, "Muon uses it from the next step on"),
+    "optimizer.ns_steps": Rule(APPLY, "Muon orthogonalizes with this many iterations from the next step on"),
+    "optimizer.muon_lr": Rule(
+        APPLY, "the schedule continues at this step with the new peak for the matrices"
+    ),
+    "optimizer.muon_adjust_lr": Rule(APPLY, "Muon scales each matrix's step this way from the next step on"),
+    # Only an fp16 run reads the section (view() leaves it out otherwise), and DeepSpeed restores its
+    # loss scaler, settings and current scale, from the checkpoint: a new value would be ignored.
+    "fp16.*": Rule(
+        NEVER, "DeepSpeed restores its loss scaler, settings included, from the checkpoint", NEW_RUN
+    ),
     "schedule.*": Rule(APPLY, "the learning rate follows the new curve from this step on"),
     "eval.*": Rule(APPLY, "from the next step on"),
     "logging.*": Rule(APPLY, "from the next step on"),
@@ -116,8 +128,8 @@ _FLAGS = {
     RESHARD: "pass --reshard to convert the optimizer state through a DeepSpeed universal checkpoint",
 }
 _SECTIONS = (
-    "model", "data", "training", "optimizer", "schedule", "eval", "logging", "checkpoint", "health", "distributed",
-    "dpo",
+    "model", "data", "training", "fp16", "optimizer", "schedule", "eval", "logging", "checkpoint", "health",
+    "distributed", "dpo",
 )  # fmt: skip
 _TOKENIZER_IDENTITY = ("hash", "vocab_size", "eod_id")
 
@@ -162,8 +174,9 @@ def _model_fields(model: dict) -> dict:
 def view(resolved: dict) -> dict[str, Any]:
     """A resolved config (RUN/config.yaml, meta.json[config]) as ``key -> value`` for comparison."""
     out: dict[str, Any] = {}
+    fp16 = (resolved.get("training") or {}).get("precision") == "fp16"
     for section, value in resolved.items():
-        if section == "resolved":
+        if section == "resolved" or (section == "fp16" and not fp16):  # loss scaling: fp16 runs only
             continue
         if section in _SECTIONS and isinstance(value, dict):
             if section == "model":
@@ -260,6 +273,7 @@ def review(
     step = int(meta.get("step") or 0)
     for change in changes:
         _check_applicable(change, where, step, own_scheduler)
+        _check_reshardable(change, where, now.get("optimizer.name"))
     return changes
 
 
@@ -291,6 +305,19 @@ def _way(rule: Rule, checkpoint: str | Path) -> str:
     return "no flag allows it: " + rule.way.format(checkpoint=checkpoint)
 
 
+def _check_reshardable(change: Change, where: Path, optimizer: str | None) -> None:
+    """Resharding goes through DeepSpeed's universal checkpoint, which carries Adam's moments (exp_avg,
+    exp_avg_sq) and nothing else: Lion's, Muon's or Adafactor's state cannot cross it."""
+    if change.key not in ("world_size", "zero_optimization.stage") or optimizer in (None, "adamw"):
+        return
+    raise InputError(
+        f"{where}[{change.key}]: checkpoint has {_show(change.old)}, the config has {_show(change.new)}; "
+        f"optimizer.name={optimizer!r}: DeepSpeed's universal checkpoint, which reshards the optimizer state, "
+        f"carries Adam's moments only: resume with {change.key.split('.')[-1]} {_show(change.old)}, or "
+        f"{NEW_RUN.format(checkpoint=where.parent)}"
+    )
+
+
 def _check_applicable(change: Change, where: Path, step: int, own_scheduler: bool) -> None:
     key = change.key
     if key == "model.expert_parallel" and (change.old is None) != (change.new is None):
@@ -316,7 +343,7 @@ def _check_applicable(change: Change, where: Path, step: int, own_scheduler: boo
             f"{where}[{key}]: the checkpoint is at step {step}, the config now ends at step {change.new}: "
             f"nothing to train (raise training.train_steps above {step})"
         )
-    if own_scheduler and (key == "optimizer.lr" or key.startswith("schedule.")):
+    if own_scheduler and (key in ("optimizer.lr", "optimizer.muon_lr") or key.startswith("schedule.")):
         raise InputError(
             f"{where}[{key}]: checkpoint has {_show(change.old)}, the config has {_show(change.new)}; the "
             "DeepSpeed config's own scheduler keeps its state in the checkpoint and cannot take a new value "
@@ -340,7 +367,7 @@ def apply(engine, changes: list[Change], config) -> list[str]:
         for group in groups:
             if "optimizer.betas" in keys and "betas" in group:
                 group["betas"] = tuple(config.optimizer.betas)
-            if "optimizer.eps" in keys and "eps" in group:
+            if "optimizer.eps" in keys and "eps" in group and not group.get("muon"):  # Muon's eps is its own
                 group["eps"] = config.optimizer.eps
         if "optimizer.weight_decay" in keys:
             for group in decayed:  # norms and biases keep no decay
@@ -348,11 +375,27 @@ def apply(engine, changes: list[Change], config) -> list[str]:
     if "training.clip_grad" in keys and hasattr(optimizer, "clip_grad"):
         # DeepSpeed's ZeRO-1/2 and bf16 optimizers take their clipping back from the checkpoint.
         optimizer.clip_grad = config.training.clip_grad
-    if "optimizer.lr" in keys or any(k.startswith("schedule.") for k in keys):
+    muon = {
+        "optimizer.momentum": ("momentum", config.optimizer.momentum),
+        "optimizer.nesterov": ("nesterov", config.optimizer.nesterov),
+        "optimizer.ns_steps": ("ns_steps", config.optimizer.ns_steps),
+        "optimizer.muon_adjust_lr": ("adjust_lr_fn", config.optimizer.muon_adjust_lr),
+    }
+    for key in keys & set(muon):
+        name, value = muon[key]
+        for group in groups:
+            if group.get("muon"):
+                group[name] = value
+    if keys & {"optimizer.lr", "optimizer.muon_lr"} or any(k.startswith("schedule.") for k in keys):
         scheduler = engine.lr_scheduler
         before = [g["lr"] for g in scheduler.optimizer.param_groups]
         # LambdaLR's lambdas were built from the new schedule; only its peak came back from the checkpoint.
-        scheduler.base_lrs = [config.optimizer.lr for _ in scheduler.base_lrs]
+        # Muon's matrices have their own peak (optimizer.muon_lr, or optimizer.lr when unset).
+        peaks = [
+            (config.optimizer.muon_lr or config.optimizer.lr) if g.get("muon") else config.optimizer.lr
+            for g in scheduler.optimizer.param_groups
+        ]
+        scheduler.base_lrs = peaks
         for group, fn, base in zip(
             scheduler.optimizer.param_groups, scheduler.lr_lambdas, scheduler.base_lrs, strict=True
         ):

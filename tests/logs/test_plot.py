@@ -11,8 +11,8 @@ from llmtools.logs.runs import collect_curves
 from tests.logs.helpers import FIXTURES
 
 
-def panel_ink(png) -> list[float]:
-    """Share of non-background pixels inside each of the four panel areas (2x2 grid)."""
+def panel_ink(png, rows: int = 2) -> list[float]:
+    """Share of non-background pixels inside each of the four panel areas of the first two rows."""
     import matplotlib.image as mpimg
     import numpy as np
 
@@ -22,7 +22,7 @@ def panel_ink(png) -> list[float]:
     shares = []
     for row in range(2):
         for col in range(2):
-            y0, y1 = int(height * (0.12 + row * 0.45)), int(height * (0.47 + row * 0.45))
+            y0, y1 = int(height * (row + 0.25) / rows), int(height * (row + 0.9) / rows)
             x0, x1 = int(width * (0.1 + col * 0.5)), int(width * (0.45 + col * 0.5))
             shares.append(float(np.mean(ink[y0:y1, x0:x1])))
     return shares
@@ -35,11 +35,12 @@ def test_plot_png_has_four_non_empty_panels(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     import matplotlib.image as mpimg
 
-    assert mpimg.imread(out).shape[:2] == (8 * 50, 12 * 50)
-    assert set(drawn) == set(PANELS)
+    # Megatron-LM logs the parameter norm: a third row (update ratio, parameter norm) holds it.
+    assert mpimg.imread(out).shape[:2] == (12 * 50, 12 * 50)
+    assert set(drawn) == {*PANELS, "update_ratio", "params_norm"}
     assert drawn["loss"] == {"fixtures": 60 + 3, "megatron": 20 + 3}  # the resume superseded 110..150
-    assert all(drawn[p] for p in PANELS)
-    assert min(panel_ink(out)) > 0.005  # each panel carries visible lines, not only axes
+    assert all(drawn[p] for p in PANELS) and drawn["params_norm"] == {"megatron": 20}
+    assert min(panel_ink(out, rows=3)) > 0.005  # each panel carries visible lines, not only axes
 
 
 def test_plot_x_tokens_needs_token_counts(tmp_path):
@@ -123,3 +124,32 @@ def test_moe_runs_get_router_panels(tmp_path):
     # and a dense run keeps its four panels
     dense, _ = collect_curves([str(FIXTURES / "metrics.jsonl")])
     assert "moe_aux_loss" not in plot_runs(dense, PlotConfig(output=tmp_path / "dense.png", dpi=40))
+
+
+def test_optimizer_and_eval_rows_and_the_fp16_loss_scale(tmp_path):
+    """llm-train's update ratio, parameter norm, eval accuracy and bits per byte get a row each; an fp16
+    run's loss scale is drawn beside the grad norm; a bf16 run's constant scale of 1 is not."""
+    import json
+
+    lines = []
+    for step in range(1, 21):
+        scale = 2.0 ** (16 - (step > 10))
+        lines.append({"kind": "train", "step": step, "time": 1.0 + step, "consumed_tokens": 512 * step,
+                      "loss": 5.0 - step / 10, "grad_norm": 1.0, "lr": 1e-3, "tokens_per_s": 5000.0,
+                      "params_norm": 100.0 + step, "update_norm": 0.1, "update_ratio": 1e-3 / step,
+                      "loss_scale": scale})  # fmt: skip
+        if step % 5 == 0:
+            lines.append({"kind": "eval", "step": step, "time": 1.5 + step, "eval_loss": 4.0,
+                          "eval_ppl": 54.6, "eval_accuracy": 0.2 + step / 100, "eval_bpb": 3.0 - step / 20})  # fmt: skip
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    runs, _ = collect_curves([str(log)])
+    drawn = plot_runs(runs, PlotConfig(output=tmp_path / "p.png", dpi=40))
+    run = runs[0].name
+    assert drawn["update_ratio"] == {run: 20} and drawn["params_norm"] == {run: 20}
+    assert drawn["eval_accuracy"] == {run: 4} and drawn["eval_bpb"] == {run: 4}
+    assert drawn["grad_norm"] == {run: 20 + 20}  # the grad norm and the loss scale
+    import matplotlib.image as mpimg
+
+    assert mpimg.imread(tmp_path / "p.png").shape[0] == 4 * 40 * 4  # four rows of 4 inches
+    assert runs[0].series["loss_scale"][1][-1] == 2.0**15

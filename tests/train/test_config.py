@@ -103,7 +103,7 @@ def test_unknown_set_key_suggests(cfg_file):
         ("optimizer.lr=fast", "optimizer.lr: expected number"),
         ("logging.tensorboard=3", "logging.tensorboard: expected true/false"),
         ("optimizer.betas=0.9", "optimizer.betas: expected list of number"),
-        ("training.precision=fp16", "'fp16' is not one of fp32, bf16"),
+        ("training.precision=fp8", "'fp8' is not one of fp32, bf16, fp16"),
     ],
 )
 def test_wrong_type_names_the_key(cfg_file, override, key):

@@ -10,7 +10,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmtools.errors import InputError
-from llmtools.train.tasks.base import DataLedger, DataResume, LossOutput, RunContext, Task, TaskData
+from llmtools.train.tasks.base import (
+    DataLedger,
+    DataResume,
+    LossOutput,
+    RunContext,
+    Task,
+    TaskData,
+    TokenScores,
+    score_tokens,
+)
 from llmtools.train.tasks.dpo import DpoTask
 from llmtools.train.tasks.pretrain import PretrainTask
 from llmtools.train.tasks.sft import SftTask
@@ -26,9 +35,11 @@ __all__ = [
     "RunContext",
     "Task",
     "TaskData",
+    "TokenScores",
     "check_sections",
     "check_task",
     "make_task",
+    "score_tokens",
 ]
 
 TASKS: dict[str, type[Task]] = {task.name: task for task in (PretrainTask, SftTask, DpoTask)}

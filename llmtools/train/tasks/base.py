@@ -11,6 +11,10 @@ A task answers four questions, and nothing else about it is visible to the loop:
   :class:`LossOutput`: the scalar to back-propagate and the task's own metrics (scalar tensors).
 - **the metrics it adds**: :attr:`Task.metric_names`, the keys of ``LossOutput.metrics``; the trainer
   averages them over micro-batches, ranks and the logging window into the train records.
+- **what evaluation scores**: :meth:`Task.evaluate` returns, besides the loss, the :class:`TokenScores`
+  of a language-modelling task (sums over its scored tokens: count, nats, top-1 hits, bytes), from
+  which the eval record's token-weighted loss, perplexity, token accuracy and bits per byte are made;
+  a task that scores no tokens (a preference loss) returns none and is evaluated on its loss alone.
 - **its client state**: :meth:`Task.state_dict` / :meth:`Task.load_state_dict`, saved with every
   checkpoint and given back on resume.
 - optionally, **a data ledger** (:meth:`Task.ledger`): a task whose data is a blend of sources keeps
@@ -91,6 +95,37 @@ class LossOutput(NamedTuple):
     metrics: dict[str, Any] = {}
 
 
+class TokenScores(NamedTuple):
+    """Sums over the scored tokens of one micro-batch (0-dim tensors): the number of tokens, their
+    cross-entropy in nats, the top-1 hits, and the UTF-8 bytes they stand for (None when unknown)."""
+
+    tokens: Any
+    nats: Any
+    correct: Any
+    bytes: Any = None
+
+
+def score_tokens(logits, labels, mask=None, byte_lengths=None) -> TokenScores:
+    """:class:`TokenScores` of next-token predictions ``logits`` for ``labels`` (where ``mask`` is 1)."""
+    import torch.nn.functional as F
+
+    flat_labels = labels.flatten()
+    flat_logits = logits.flatten(0, 1)
+    nats = F.cross_entropy(flat_logits.float(), flat_labels, reduction="none")
+    hits = flat_logits.argmax(dim=-1) == flat_labels
+    if mask is None:
+        keep = None
+        count = nats.new_tensor(float(flat_labels.numel()))
+    else:
+        keep = mask.flatten().to(nats.dtype)
+        nats, hits, count = nats * keep, hits & (keep > 0), keep.sum()
+    scored_bytes = None
+    if byte_lengths is not None:
+        per_token = byte_lengths[flat_labels].to(nats.dtype)
+        scored_bytes = (per_token if keep is None else per_token * keep).sum()
+    return TokenScores(count, nats.sum(), hits.sum().to(nats.dtype), scored_bytes)
+
+
 @dataclass(frozen=True)
 class RunContext:
     """What :meth:`Task.prepare` may know about the run: where it writes, who this rank is, how to say so."""
@@ -137,6 +172,11 @@ class Task(ABC):
     @abstractmethod
     def loss(self, model, batch, device) -> LossOutput:
         """The loss of one micro-batch through ``model`` (a module or a DeepSpeed engine)."""
+
+    def evaluate(self, model, batch, device, byte_lengths=None) -> tuple[LossOutput, TokenScores | None]:
+        """The loss of one valid micro-batch (no gradients), and the :class:`TokenScores` of a task that
+        predicts tokens; ``byte_lengths`` (a tensor over the vocabulary, or None) counts their bytes."""
+        return self.loss(model, batch, device), None
 
     def prepare(self, model, run: RunContext) -> None:  # noqa: B027 - nothing to do unless overridden
         """Once, on every rank, before the first step: ``model`` (the engine) holds the run's starting

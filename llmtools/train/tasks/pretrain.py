@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 
 from llmtools.errors import InputError
-from llmtools.train.tasks.base import DataLedger, DataResume, LossOutput, Task
+from llmtools.train.tasks.base import DataLedger, DataResume, LossOutput, Task, TokenScores, score_tokens
 
 
 def cross_entropy(logits, labels):
@@ -138,3 +138,10 @@ class PretrainTask(Task):
     def loss(self, model, batch, device) -> LossOutput:
         inputs, labels = to_batch(batch, device)
         return LossOutput(cross_entropy(model(inputs), labels))
+
+    def evaluate(self, model, batch, device, byte_lengths=None) -> tuple[LossOutput, TokenScores]:
+        inputs, labels = to_batch(batch, device)
+        scores = score_tokens(model(inputs), labels, byte_lengths=byte_lengths)
+        if self.metric_names:  # a task built on this one reports its metrics from its own loss()
+            return self.loss(model, batch, device), scores
+        return LossOutput(scores.nats / scores.tokens), scores

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from llmtools.errors import InputError
-from llmtools.train.tasks.base import LossOutput, Task
+from llmtools.train.tasks.base import LossOutput, Task, TokenScores, score_tokens
 
 
 class EpochOrder:
@@ -115,3 +115,13 @@ class SftTask(Task):
         kwargs = {"position_ids": b["position_ids"], "segment_ids": b["segment_ids"]} if packed else {}
         logits = model(b["tokens"], **kwargs)
         return LossOutput(masked_loss(logits, b["labels"], b["loss_mask"]))
+
+    def evaluate(self, model, batch, device, byte_lengths=None) -> tuple[LossOutput, TokenScores]:
+        """The scores of the masked-in (assistant) tokens."""
+        packed = "segment_ids" in batch
+        b = to_tensors(batch, device, packed)
+        kwargs = {"position_ids": b["position_ids"], "segment_ids": b["segment_ids"]} if packed else {}
+        scores = score_tokens(model(b["tokens"], **kwargs), b["labels"], b["loss_mask"], byte_lengths)
+        if self.metric_names:  # a task built on this one reports its metrics from its own loss()
+            return self.loss(model, batch, device), scores
+        return LossOutput(scores.nats / scores.tokens.clamp(min=1.0)), scores
