@@ -54,9 +54,7 @@ def shared_data_stays_read_only():
     before = _listing(SHARED_DATA)
     yield
     after = _listing(SHARED_DATA)
-    changed = sorted(
-        {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}
-    )
+    changed = sorted({path for path in before.keys() | after.keys() if before.get(path) != after.get(path)})
     if changed:
         shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         pytest.fail(f"tests changed the read-only shared data folder {SHARED_DATA}: {shown}", pytrace=False)

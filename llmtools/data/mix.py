@@ -519,6 +519,20 @@ def source_names(sources: list[Source]) -> list[str]:
     return names
 
 
+def _refuse_the_same_data_twice(sources: list[Source], used: list[int], keys: list[str]) -> None:
+    """A schedule continues each source by its content (the .idx digest): two prefixes holding the same
+    data would be one stream drawn under two weights."""
+    seen: dict[str, int] = {}
+    for i in used:
+        first = seen.setdefault(keys[i], i)
+        if first != i:
+            raise InputError(
+                f"{sources[i].prefix}: the same data as {sources[first].prefix} (identical .idx): a mixture "
+                "schedule follows each source by its content, so it cannot be listed twice; give it one "
+                "weight (the sum) per stage"
+            )
+
+
 def _plan_staged(
     size: int, blend: Blend, bookend, sources: list[Source], config: MixConfig, with_arrays: bool
 ) -> SplitPlan:
@@ -529,6 +543,7 @@ def _plan_staged(
     ids = [_index_of(sources, p, positions) for p in blend.prefixes]
     names = source_names(sources)
     keys = [s.idx_sha256 for s in sources]
+    _refuse_the_same_data_twice(sources, sorted(set(ids)), keys)
     ranges = config.stage_ranges
     streams: dict[str, SourceStream] = {}
     stage_list: list[Stage] = []

@@ -350,7 +350,9 @@ def test_a_failed_background_write_is_reported_and_commits_nothing(tmp_path, ds_
     monkeypatch.setattr(writer, "write_file", disk_full)
     worker.train_step(engine, 2)
     manager.save(engine, 2, worker.client_state(2))
-    with pytest.raises(RuntimeFailure, match=r"(?i)checkpoint of step 2 not saved: .*no space left on device"):
+    with pytest.raises(
+        RuntimeFailure, match=r"(?i)checkpoint of step 2 not saved: .*no space left on device"
+    ):
         manager.wait()
     assert _steps(tmp_path / "run") == [1]
     assert manager.resolve("auto").name == "step_00000001"

@@ -155,7 +155,10 @@ def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
 
 def test_force_replaces_an_earlier_export_only(capsys, monkeypatch, prefix, tmp_path):
     out = tmp_path / "out"
-    assert export_inproc(capsys, monkeypatch, "hf", prefix, "-o", out, "--format", "parquet", "-q").returncode == 0
+    assert (
+        export_inproc(capsys, monkeypatch, "hf", prefix, "-o", out, "--format", "parquet", "-q").returncode
+        == 0
+    )
     proc = export_inproc(capsys, monkeypatch, "hf", prefix, "-o", out, "--force", "-q")
     assert proc.returncode == 0, proc.stderr
     assert not (out / "data").exists() and len(datasets.load_from_disk(str(out))) == 150

@@ -134,6 +134,26 @@ def test_the_real_command_refuses_a_bad_schedule(data, cli_env):
     assert not (tmp / "m.json").exists()
 
 
+def test_the_same_data_under_two_names_is_refused_in_a_schedule(data, cli_env):
+    """A schedule follows each source by its content: a copy of one source listed beside it is one line,
+    exit 2 (it was an internal error)."""
+    import shutil
+
+    tmp, a, b, _ = data
+    copy = tmp / "copy_of_web"
+    for suffix in (".bin", ".idx"):
+        shutil.copyfile(f"{a}{suffix}", f"{copy}{suffix}")
+    done = subprocess.run(
+        [sys.executable, "-m", "llmtools.cli.mix", a, b, str(copy), "--seq-length", "16", "--num-samples", "100",
+         "--stage", "90%", "0.7,0.3,0", "--stage", "end", "0.3,0.2,0.5", "-o", str(tmp / "m.json")],
+        capture_output=True, text=True, env=cli_env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the same data as" in lines[0] and "copy_of_web" in lines[0], done.stderr
+    assert not (tmp / "m.json").exists()
+
+
 def test_a_schedule_over_many_sources_named_by_a_glob_is_explained_per_stage_and_folder(tmp_path, cli_env):
     import numpy as np
 
