@@ -12,14 +12,14 @@ import shutil
 
 import pytest
 
-from tests.conftest import run_cli_inproc
-from tests.trust.conftest import cli, error_line, snapshot
+from tests.trust.conftest import _cli_env, cli, error_line, snapshot
 
 STEP4 = "checkpoints/step_00000004"
 
 
-def inproc(capsys, monkeypatch, command, *args):
-    return run_cli_inproc(capsys, monkeypatch, command, *args)
+def process(command, *args):
+    """Every command's --force as a real process too: a refusal's exit code is the process's."""
+    return cli(command, *args, env=_cli_env())
 
 
 def refused(proc, *needles) -> str:
@@ -79,66 +79,61 @@ def test_json2bin_never_overwrites_its_own_input(env, tmp_path):
 
 
 # -------------------------------------------------------------------------- every other writer, in process
-def test_json2bin_force_replaces_only_its_own_output(capsys, monkeypatch, tmp_path):
+def test_json2bin_force_replaces_only_its_own_output(tmp_path):
     corpus = tmp_path / "in.jsonl"
     corpus.write_text('{"text": "abc"}\n')
     args = ("json2bin", corpus, "-t", "byte", "-o", tmp_path / "o", "-q")
-    assert inproc(capsys, monkeypatch, "prep", *args).returncode == 0
-    refused(inproc(capsys, monkeypatch, "prep", *args), "already exists (use --force")
-    assert inproc(capsys, monkeypatch, "prep", *args, "--force").returncode == 0
+    assert process("prep", *args).returncode == 0
+    refused(process("prep", *args), "already exists (use --force")
+    assert process("prep", *args, "--force").returncode == 0
     (tmp_path / "o_text_document.json").unlink()  # now a pair like one Megatron wrote: not ours
-    refused(inproc(capsys, monkeypatch, "prep", *args, "--force"), "without an llmtools sidecar")
+    refused(process("prep", *args, "--force"), "without an llmtools sidecar")
 
     # --force also removes a killed run's leftovers (OUTPUT.tmp-*): never an input named like one
     odd = tmp_path / "n_text_document.bin.tmp-kept" / "in.jsonl"
     odd.parent.mkdir()
     shutil.copy(corpus, odd)
     args = ("json2bin", odd, "-t", "byte", "-o", tmp_path / "n", "-q")
-    refused(inproc(capsys, monkeypatch, "prep", *args, "--force"), "would remove the input", str(odd))
-    assert odd.is_file() and inproc(capsys, monkeypatch, "prep", *args).returncode == 0  # kept without it
+    refused(process("prep", *args, "--force"), "would remove the input", str(odd))
+    assert odd.is_file() and process("prep", *args).returncode == 0  # kept without it
     assert odd.is_file()
 
 
-def test_tokenizer_train_and_sample_corpus(capsys, monkeypatch, tmp_path):
+def test_tokenizer_train_and_sample_corpus(tmp_path):
     corpus = tmp_path / "raw"
-    assert inproc(capsys, monkeypatch, "prep", "sample-corpus", "-o", corpus, "--docs", "20").returncode == 0
+    assert process("prep", "sample-corpus", "-o", corpus, "--docs", "20").returncode == 0
     args = ("sample-corpus", "-o", corpus, "--docs", "20")
-    assert inproc(capsys, monkeypatch, "prep", *args, "--force").returncode == 0  # ours: replaced
+    assert process("prep", *args, "--force").returncode == 0  # ours: replaced
     (corpus / "arith.jsonl").write_text('{"text": "edited by hand"}\n')  # no longer what we wrote
-    refused(inproc(capsys, monkeypatch, "prep", *args, "--force"), "changed since llmtools wrote it")
+    refused(process("prep", *args, "--force"), "changed since llmtools wrote it")
 
     tok = tmp_path / "tok.json"
     train = ("tokenizer", "train", corpus / "stories.jsonl", "--vocab-size", "300", "-o", tok)
-    assert inproc(capsys, monkeypatch, "prep", *train).returncode == 0
-    assert inproc(capsys, monkeypatch, "prep", *train, "--force").returncode == 0
+    assert process("prep", *train).returncode == 0
+    assert process("prep", *train, "--force").returncode == 0
     tok.write_text(tok.read_text().replace('"version"', '"version" ', 1))  # someone else's file now
-    refused(inproc(capsys, monkeypatch, "prep", *train, "--force"), "changed since llmtools wrote it")
+    refused(process("prep", *train, "--force"), "changed since llmtools wrote it")
     into_input = ("tokenizer", "train", corpus / "stories.jsonl", "--vocab-size", "300", "-o")
-    refused(
-        inproc(capsys, monkeypatch, "prep", *into_input, corpus / "stories.jsonl", "--force"), "is the input"
-    )
+    refused(process("prep", *into_input, corpus / "stories.jsonl", "--force"), "is the input")
 
 
-def test_hf2bin_sft_and_mix(capsys, monkeypatch, trust_data, tmp_path):
+def test_hf2bin_sft_and_mix(trust_data, tmp_path):
     pq = tmp_path / "pq"
     prefix = trust_data["prefix"]
-    assert (
-        inproc(capsys, monkeypatch, "export", "hf", prefix, "-o", pq, "--format", "parquet", "-q").returncode
-        == 0
-    )
-    refused(inproc(capsys, monkeypatch, "prep", "hf2bin", pq, "-o", pq / "x", "-q"), "lies inside the input")
+    assert process("export", "hf", prefix, "-o", pq, "--format", "parquet", "-q").returncode == 0
+    refused(process("prep", "hf2bin", pq, "-o", pq / "x", "-q"), "lies inside the input")
 
     chat = tmp_path / "chat.jsonl"
     chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     foreign = tmp_path / "s_input_ids_document.bin"
     foreign.write_bytes(b"megatron made me")
     sft = ("sft", chat, "-t", "byte", "--chat-template", "chatml", "-o", tmp_path / "s", "--force")
-    refused(inproc(capsys, monkeypatch, "prep", *sft), "without an llmtools sidecar")
+    refused(process("prep", *sft), "without an llmtools sidecar")
     assert foreign.read_bytes() == b"megatron made me"
 
     sidecar = f"{prefix}.json"
     mix = ("mix", prefix, "--seq-length", "32", "--num-samples", "10", "-o", sidecar, "--force")
-    refused(inproc(capsys, monkeypatch, *mix), "it is the input")
+    refused(process(*mix), "it is the input")
     args_file, weights = tmp_path / "args.txt", tmp_path / "weights.txt"  # @FILE lists are inputs too
     args_file.write_text(f"1.0 {prefix}\n")
     weights.write_text("1.0\n")
@@ -146,20 +141,20 @@ def test_hf2bin_sft_and_mix(capsys, monkeypatch, trust_data, tmp_path):
         before = {p: p.read_bytes() for p in (args_file, weights)}
         output = files[1] if files[0] == "--data-args-path" else weights
         mix = ("mix", *files, "--seq-length", "32", "--num-samples", "10", "-o", output, "--force")
-        refused(inproc(capsys, monkeypatch, *mix), "it is the input")
+        refused(process(*mix), "it is the input")
         assert {p: p.read_bytes() for p in (args_file, weights)} == before
 
 
-def test_log_plot_and_tb(capsys, monkeypatch, run, tmp_path):
+def test_log_plot_and_tb(run, tmp_path):
     metrics = run / "metrics.jsonl"
-    refused(inproc(capsys, monkeypatch, "log", "plot", metrics, "-o", metrics, "--force"), "it is the input")
+    refused(process("log", "plot", metrics, "-o", metrics, "--force"), "it is the input")
     png = tmp_path / "curves.png"
-    assert inproc(capsys, monkeypatch, "log", "plot", metrics, "-o", png, "-q").returncode == 0
-    assert inproc(capsys, monkeypatch, "log", "plot", metrics, "-o", png, "--force", "-q").returncode == 0
+    assert process("log", "plot", metrics, "-o", png, "-q").returncode == 0
+    assert process("log", "plot", metrics, "-o", png, "--force", "-q").returncode == 0
     photo = tmp_path / "photo.png"
     photo.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 32)
-    refused(inproc(capsys, monkeypatch, "log", "plot", metrics, "-o", photo, "--force"), "did not write")
-    refused(inproc(capsys, monkeypatch, "log", "tb", metrics, "--logdir", metrics), "it is the input")
+    refused(process("log", "plot", metrics, "-o", photo, "--force"), "did not write")
+    refused(process("log", "tb", metrics, "--logdir", metrics), "it is the input")
 
 
 @pytest.mark.parametrize("case", ["ds-config-in-run", "foreign-config"])
@@ -212,18 +207,18 @@ def test_merge_never_replaces_an_input_or_a_foreign_dataset(trust_data, env, tmp
     assert cli("prep", "merge", bare, "-o", out, "--force", "-q", env=env).returncode == 0
 
 
-def test_pref_force_replaces_only_its_own_output(capsys, monkeypatch, tmp_path):
+def test_pref_force_replaces_only_its_own_output(tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text(json.dumps({"prompt": "Name a colour", "chosen": "Blue.", "rejected": "Seven."}) + "\n")
     args = ("pref", pairs, "-t", "byte", "--chat-template", "chatml", "-o", tmp_path / "p", "-q")
-    assert inproc(capsys, monkeypatch, "prep", *args).returncode == 0
-    assert inproc(capsys, monkeypatch, "prep", *args, "--force").returncode == 0
+    assert process("prep", *args).returncode == 0
+    assert process("prep", *args, "--force").returncode == 0
     foreign = tmp_path / "p_chosen_input_ids_document.json"
     foreign.write_text('{"made": "by hand"}')
-    refused(inproc(capsys, monkeypatch, "prep", *args, "--force"), "p_chosen_input_ids_document")
+    refused(process("prep", *args, "--force"), "p_chosen_input_ids_document")
     assert foreign.read_text() == '{"made": "by hand"}'
     into = ("pref", pairs, "-t", "byte", "--chat-template", "chatml", "-o", pairs / "p", "--force")
-    refused(inproc(capsys, monkeypatch, "prep", *into), "lies inside the input")
+    refused(process("prep", *into), "lies inside the input")
 
 
 def test_a_folder_holding_only_a_reference_pass_is_a_run_of_ours(env, train_files, tmp_path):
