@@ -53,30 +53,21 @@ class PretrainTask(Task):
             opened = BlendedGPTDataset.from_mix(data.mix, split=split)
             self._check_seq_length(opened.seq_length)
             return opened
-        if split == "train":
-            from llmtools.data.ledger import DataPlan
-            from llmtools.data.mix import plan_prefixes
-
-            plan = plan_prefixes(
-                data.prefixes,
-                data.weights or [1.0] * len(data.prefixes),
-                data.seq_length,
-                samples_for(data.seq_length),
-                seed=data.seed,
-                split=data.split,
-                cache_dir=data.cache_dir,
-            )
-            return self._open_train(DataPlan.from_mix_plan(plan, "data.prefixes"))
-        return BlendedGPTDataset.from_prefixes(
+        # the plan's arguments: the train split is planned here (its ledger), the others by the dataset
+        planned = (
             data.prefixes,
             data.weights or [1.0] * len(data.prefixes),
             data.seq_length,
             samples_for(data.seq_length),
-            seed=data.seed,
-            split=data.split,
-            cache_dir=data.cache_dir,
-            split_name=split,
         )
+        options = {"seed": data.seed, "split": data.split, "cache_dir": data.cache_dir}
+        if split == "train":
+            from llmtools.data.ledger import DataPlan
+            from llmtools.data.mix import plan_prefixes
+
+            plan = plan_prefixes(*planned, **options)
+            return self._open_train(DataPlan.from_mix_plan(plan, "data.prefixes"))
+        return BlendedGPTDataset.from_prefixes(*planned, **options, split_name=split)
 
     def _check_seq_length(self, seq_length: int) -> None:
         data = self.config.data
