@@ -400,7 +400,7 @@ def test_two_ranks_share_one_reference_pass(pref, learned, cli_env, python, tmp_
     "overrides,message",
     [
         ({"dpo__beta": 0}, "test-dpo.yaml: dpo.beta: must be a finite number > 0, got 0.0"),
-        ({"dpo__beta": float("inf")}, "dpo.beta: must be a finite number > 0, got inf"),
+        ({"dpo__beta": float("inf")}, "dpo.beta: expected a finite number, got inf"),
         (
             {"dpo__loss": "sigmoidd"},
             "dpo.loss: 'sigmoidd' is not one of sigmoid, ipo, hinge (did you mean 'sigmoid'?)",
