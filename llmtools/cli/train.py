@@ -175,7 +175,7 @@ def train(
         )
         return
 
-    from llmtools.train.distributed import destroy
+    from llmtools.train.distributed import barrier, destroy
     from llmtools.train.loop import RunOptions
     from llmtools.train.loop import train as run_training
 
@@ -194,6 +194,9 @@ def train(
                 rollback=rollback,
             ),
         )
+        # Every rank done before any tears its connections down: a gloo peer that closes while another
+        # still finishes its last writes can make that one's transport thread fail at exit.
+        barrier()
     finally:
         destroy()
     if int(os.environ.get("RANK", "0")) != 0:
