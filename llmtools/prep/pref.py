@@ -51,7 +51,15 @@ import numpy as np
 
 from llmtools.errors import InputError, UsageError
 from llmtools.prep.chat_template import MAX_RENDER_SECONDS, ChatTemplate, load_chat_template
-from llmtools.prep.sft import OVERFLOW, BadSample, SampleEncoder, check_messages, iter_records
+from llmtools.prep.sft import (
+    OVERFLOW,
+    BadSample,
+    SampleEncoder,
+    check_messages,
+    iter_records,
+    kind_name,
+    system_turn,
+)
 
 PREF_FORMAT = "llmtools.pref"
 SIDES = ("chosen", "rejected")
@@ -208,7 +216,7 @@ def to_pair(obj, config: PrefConfig) -> Pair:
             raise BadSample("missing_key", f"missing key {key!r} (have {have})")
         if not isinstance(obj[key], (str, list)):
             raise BadSample(
-                "not_a_string", f"[{key}]: expected a string or a list of messages, got {_kind(obj[key])}"
+                "not_a_string", f"[{key}]: expected a string or a list of messages, got {kind_name(obj[key])}"
             )
         answers.append(obj[key])
     chosen, rejected = answers
@@ -224,9 +232,11 @@ def to_pair(obj, config: PrefConfig) -> Pair:
                 "missing_key", f"missing key {config.prompt_key!r} (string answers need a prompt)"
             )
         if not isinstance(prompt, str):
-            raise BadSample("not_a_string", f"[{config.prompt_key}]: expected a string, got {_kind(prompt)}")
+            raise BadSample(
+                "not_a_string", f"[{config.prompt_key}]: expected a string, got {kind_name(prompt)}"
+            )
         pair = Pair(
-            _system(obj, config) + [{"role": "user", "content": prompt}],
+            system_turn(obj, config) + [{"role": "user", "content": prompt}],
             [{"role": "assistant", "content": chosen}],
             [{"role": "assistant", "content": rejected}],
         )
@@ -241,7 +251,7 @@ def to_pair(obj, config: PrefConfig) -> Pair:
                 shared += 1
             pair = Pair(chosen[:shared], chosen[shared:], rejected[shared:])
         if not any(m["role"] == "system" for m in pair.prompt):
-            pair.prompt = _system(obj, config) + pair.prompt
+            pair.prompt = system_turn(obj, config) + pair.prompt
     if config.system_prompt is not None and not any(m["role"] == "system" for m in pair.prompt):
         pair.prompt.insert(0, {"role": "system", "content": config.system_prompt})
     for side, key in (("chosen", config.chosen_key), ("rejected", config.rejected_key)):
@@ -256,19 +266,6 @@ def to_pair(obj, config: PrefConfig) -> Pair:
 
 def _add(result: PrefResult, name: str, n) -> None:
     setattr(result, name, getattr(result, name) + int(n))
-
-
-def _kind(value) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _system(obj: dict, config: PrefConfig) -> list[dict]:
-    system = obj.get(config.system_key)
-    if system is None:
-        return []
-    if not isinstance(system, str):
-        raise BadSample("not_a_string", f"[{config.system_key}]: expected a string, got {_kind(system)}")
-    return [{"role": "system", "content": system}]
 
 
 # ---------------------------------------------------------------------------------------------------

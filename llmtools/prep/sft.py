@@ -180,7 +180,7 @@ def to_messages(obj, config: SftConfig) -> list[dict]:
     elif config.format == "prompt-response":
         prompt = _field(obj, config.prompt_key, str, "not_a_string", "a string")
         response = _field(obj, config.response_key, str, "not_a_string", "a string")
-        out = _system(obj, config) + [
+        out = system_turn(obj, config) + [
             {"role": "user", "content": prompt},
             {"role": "assistant", "content": response},
         ]
@@ -189,9 +189,9 @@ def to_messages(obj, config: SftConfig) -> list[dict]:
         output = _field(obj, "output", str, "not_a_string", "a string")
         extra = obj.get("input")
         if extra is not None and not isinstance(extra, str):
-            raise BadSample("not_a_string", f"[input]: expected a string, got {_kind(extra)}")
+            raise BadSample("not_a_string", f"[input]: expected a string, got {kind_name(extra)}")
         user = f"{instruction}\n\n{extra}" if extra else instruction
-        out = _system(obj, config) + [
+        out = system_turn(obj, config) + [
             {"role": "user", "content": user},
             {"role": "assistant", "content": output},
         ]
@@ -218,7 +218,7 @@ def check_messages(messages: list, key: str) -> list[dict]:
                 raise BadSample("missing_key", f"{key}[{i}]: missing key {name!r}")
             if not isinstance(message[name], str):
                 raise BadSample(
-                    "not_a_string", f"{key}[{i}][{name}]: expected a string, got {_kind(message[name])}"
+                    "not_a_string", f"{key}[{i}][{name}]: expected a string, got {kind_name(message[name])}"
                 )
         if message["role"] not in ROLES:
             raise BadSample(
@@ -229,7 +229,7 @@ def check_messages(messages: list, key: str) -> list[dict]:
     return out
 
 
-def _kind(value) -> str:
+def kind_name(value) -> str:
     return "null" if value is None else type(value).__name__
 
 
@@ -238,16 +238,17 @@ def _field(obj: dict, key: str, kind: type, bad_kind: str, what: str):
         raise BadSample("missing_key", f"missing key {key!r} (have {', '.join(map(repr, obj)) or 'none'})")
     value = obj[key]
     if not isinstance(value, kind):
-        raise BadSample(bad_kind, f"[{key}]: expected {what}, got {_kind(value)}")
+        raise BadSample(bad_kind, f"[{key}]: expected {what}, got {kind_name(value)}")
     return value
 
 
-def _system(obj: dict, config: SftConfig) -> list[dict]:
+def system_turn(obj: dict, config) -> list[dict]:
+    """The record's system prompt as a turn (none when absent); ``config.system_key`` names it."""
     system = obj.get(config.system_key)
     if system is None:
         return []
     if not isinstance(system, str):
-        raise BadSample("not_a_string", f"[{config.system_key}]: expected a string, got {_kind(system)}")
+        raise BadSample("not_a_string", f"[{config.system_key}]: expected a string, got {kind_name(system)}")
     return [{"role": "system", "content": system}]
 
 
