@@ -29,6 +29,7 @@ _abort_hooks: list = []  # run before exiting on a second signal (fsutil registe
 _depth = 0  # nesting of critical() in the main thread
 _held: int | None = None  # a signal that arrived inside critical()
 _raised: int | None = None  # the signal already turned into an exception
+_blocked_before: set = set()  # what install() unblocked, blocked again by restore()
 
 
 def _handle(signum: int, _frame) -> None:
@@ -55,7 +56,7 @@ def on_abort(hook) -> None:
 def install() -> dict:
     """Turn SIGTERM/SIGHUP/SIGINT into exceptions in this process (main thread only; no-op elsewhere).
     Returns the handlers it replaced, for :func:`restore`."""
-    global _raised, _held
+    global _raised, _held, _blocked_before
     if threading.current_thread() is not threading.main_thread():
         return {}
     _raised = _held = None
@@ -64,6 +65,10 @@ def install() -> dict:
         if signal.getsignal(signum) is signal.SIG_IGN:
             continue  # nohup and friends asked for this signal to be ignored: keep it so
         previous[signum] = signal.signal(signum, _handle)
+    # A blocked mask survives fork and exec (a launcher that blocked these around its own spawn, a
+    # thread of a thread pool that had them blocked): left so, the handlers would never run, and a
+    # scheduler's SIGTERM would wait in vain before its kill -9 left our temporaries behind.
+    _blocked_before = signal.pthread_sigmask(signal.SIG_UNBLOCK, previous.keys()) & previous.keys()
     return previous
 
 
@@ -71,6 +76,8 @@ def restore(previous: dict) -> None:
     """Put back what :func:`install` replaced (a command run inside a longer-lived process, e.g. a test)."""
     for signum, handler in previous.items():
         signal.signal(signum, handler)
+    if _blocked_before:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _blocked_before)
 
 
 def reset_in_child() -> None:

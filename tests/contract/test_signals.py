@@ -17,6 +17,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,7 @@ from tests.contract.conftest import (
     World,
     changes,
     contract_env,
+    script,
     start_cli,
     temporaries,
     tree_state,
@@ -222,13 +224,35 @@ def run_case(case: Case, d: Path, w: World, mark: Path):
             paused = not feed.is_alive() and proc.poll() is None
         in_flight = temporaries(d)
         proc.send_signal(case.signum)
-        out, err = proc.communicate(timeout=120)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            err = _diagnose_stuck(proc, case).encode()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     return {"code": proc.returncode, "err": err.decode("utf-8", "replace"), "paused": paused,
             "in_flight": in_flight, "changes": changes(before, tree_state(d))}  # fmt: skip
+
+
+def _diagnose_stuck(proc: subprocess.Popen, case: Case) -> str:
+    """What a command that outlived its signal was doing: its signal masks, then every thread's stack
+    (the pause hook dumps them on SIGUSR2). A failure of one case, not an error of the whole module."""
+    try:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        masks = " ".join(line.replace("\t", "") for line in status.splitlines() if line.startswith("Sig"))
+    except OSError as error:
+        masks = f"(no /proc status: {error})"
+    ours = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    report = [f"still running 120 s after {signal.Signals(case.signum).name}; its {masks}; "
+              f"blocked in the test's thread: {sorted(s.name for s in ours) or 'none'}"]  # fmt: skip
+    if case.pause:  # the hook that pauses also dumps the stacks
+        proc.send_signal(signal.SIGUSR2)
+        time.sleep(2)
+    proc.kill()
+    _, err = proc.communicate()
+    return "\n".join([*report, err.decode("utf-8", "replace")])
 
 
 @pytest.fixture(scope="module")
@@ -264,6 +288,20 @@ def test_the_pause_was_mid_write(outcomes):
     """The cases really interrupt work in progress: most had temporaries on disk when signalled."""
     with_temporaries = [name for name, got in outcomes.items() if got["in_flight"]]
     assert len(with_temporaries) >= len(CASES) // 2, with_temporaries
+
+
+def test_a_command_started_with_its_signals_blocked_still_stops(world, tmp_path):
+    """A blocked signal mask survives exec, and a launcher may hand one down: the command unblocks the
+    signals it handles, so SIGTERM still stops it cleanly instead of waiting for a kill -9."""
+    block = ("import os, signal, sys; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP});"
+             " os.execv(sys.argv[1], sys.argv[1:])")  # fmt: skip
+    argv = [sys.executable, "-c", block, script("llm-log"), "tb", "{w.metrics}", "--logdir", "tb"]
+    case = Case("log-tb-blocked", argv, "llmtools.logs.tfevents:EventFileWriter.write@2")
+    (tmp_path / "d").mkdir()
+    got = run_case(case, tmp_path / "d", world, tmp_path / "paused")
+    assert got["paused"], got["err"]
+    assert got["code"] == 143, got["err"]
+    assert "interrupted by SIGTERM" in got["err"] and got["changes"] == [], got
 
 
 def test_kill_9_during_materialize_leaves_nothing_that_looks_finished(world, tmp_path):

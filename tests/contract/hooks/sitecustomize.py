@@ -12,9 +12,14 @@ import os
 
 _target = os.environ.get("LLMTOOLS_TEST_PAUSE")
 if _target:
+    import faulthandler
     import functools
     import importlib
+    import signal
     import time
+
+    # A command that never stops is diagnosed, not just killed: the test asks for every thread's stack.
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
 
     _before = _target.endswith("<")
     _spec, _, _count = _target.rstrip("<").partition("@")
@@ -29,7 +34,11 @@ if _target:
     def _pause():
         with open(os.environ["LLMTOOLS_TEST_PAUSE_MARK"], "w") as mark:
             mark.write(str(os.getpid()))
-        time.sleep(120)  # the test signals us here
+        # The test signals us here. Short sleeps: a signal the kernel hands to another thread of ours
+        # is still noticed by the main thread within one of them, as between two steps of real work.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
 
     @functools.wraps(_original)
     def _paused(*args, **kwargs):
