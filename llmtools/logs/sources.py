@@ -4,7 +4,8 @@ A :class:`Tailer` hands out only newline-terminated lines together with the byte
 them, so whoever converts them can remember exactly how far it got (idempotence) and a line a
 writer is still writing (or died writing: a torn last line) is never mistaken for a complete one.
 For live files it notices rotation (the path now names another inode) and truncation (the file
-shrank below our offset) and carries on with the new content.
+shrank below our offset, or the last bytes read are no longer there: cut and written again between
+two looks) and carries on with the new content.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from llmtools.errors import InputError, where
 
 CHUNK = 1 << 20
 FINGERPRINT_BYTES = 4096
+RECENT_BYTES = 64  # compared at every look at a live file
 MAX_LINE = 1 << 20
 """Longest line kept whole. No trainer prints a metrics line this long; a longer one is handed on cut to
 this length (it parses as no known format), so a file without newlines costs neither memory nor time
@@ -170,6 +172,7 @@ class Tailer:
         self._skipped = 0
         self.rotations = 0
         self.truncations = 0
+        self._recent = b""  # the last bytes read from a live file, to tell appended from replaced
         self.eof = False  # a stream that cannot grow (stdin, compressed) reached its end
         self._stream = open_stream(path)
         self._inode = os.fstat(self._stream.fileno()).st_ino if self.seekable else None
@@ -207,11 +210,15 @@ class Tailer:
 
     def poll(self) -> Iterator[tuple[int, int, bytes]]:
         """Every complete line available now."""
+        if self.live and self._replaced():
+            self._start_over()  # before reading on: what follows our offset is not a continuation
         while True:
             chunk = self._read()
             if not chunk:
                 self.eof = not self.live
                 break
+            if self.live:
+                self._recent = (self._recent + chunk)[-RECENT_BYTES:]
             extra = 0  # bytes of an overlong line that were skipped: they count in its end offset
             if self.skipping:
                 cut = chunk.find(b"\n")
@@ -263,16 +270,27 @@ class Tailer:
             self._stream = open(self.path, "rb", buffering=0)
             self._inode = os.fstat(self._stream.fileno()).st_ino
             self.offset = self.line = 0
-            self.pending = b""
+            self.pending, self._recent = b"", b""
             self.skipping, self._skipped = False, 0
             self.rotations += 1
-        elif stat.st_size < self.offset:
-            # Truncated in place (copytruncate): start over at the beginning of the new content.
-            self._stream.seek(0)
-            self.offset = self.line = 0
-            self.pending = b""
-            self.skipping, self._skipped = False, 0
-            self.truncations += 1
+        elif stat.st_size < self.offset or self._replaced():
+            self._start_over()
+
+    def _start_over(self) -> None:
+        """Truncated in place (copytruncate): carry on at the beginning of the new content."""
+        self._stream.seek(0)
+        self.offset = self.line = 0
+        self.pending, self._recent = b"", b""
+        self.skipping, self._skipped = False, 0
+        self.truncations += 1
+
+    def _replaced(self) -> bool:
+        """Cut and written again beyond where we were, all between two looks (a slow reader, a fast
+        writer): the size cannot tell, the last bytes read can."""
+        if not self._recent:
+            return False
+        end = self._stream.tell()
+        return os.pread(self._stream.fileno(), len(self._recent), end - len(self._recent)) != self._recent
 
     def fingerprint(self, offset: int | None = None) -> dict | None:
         """Hashes of the current file's bytes before ``offset`` (default: all read); None if unseekable."""

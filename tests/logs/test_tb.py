@@ -183,19 +183,47 @@ def test_follow_three_bursts_then_stop(tmp_path):
     assert_matches(tmp_path / "tb" / "ds", expected("deepspeed"))
 
 
+def _committed_records(run_dir: Path) -> int:
+    try:
+        state = json.loads((run_dir / STATE_NAME).read_text())
+    except (OSError, ValueError):
+        return 0
+    return sum(int(source.get("records", 0)) for source in state["sources"].values())
+
+
+def _records_in(text: str, tmp_path: Path) -> int:
+    """How many records llm-log finds in ``text`` (converted once, on the side)."""
+    scratch = tmp_path / f"count-{len(text)}"
+    scratch.mkdir()
+    (scratch / "metrics.jsonl").write_text(text)
+    convert([str(scratch / "metrics.jsonl")], TbConfig(scratch / "tb", run="r"))
+    return _committed_records(scratch / "tb" / "r")
+
+
+def _wait_for_committed(run_dir: Path, records: int, thread: threading.Thread) -> None:
+    """Until the follower has committed ``records``: what a rotation or a truncation then takes away
+    was read before it, however slowly the machine runs the follower."""
+    deadline = time.monotonic() + 60
+    while _committed_records(run_dir) < records and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _committed_records(run_dir) >= records
+
+
 def test_follow_survives_rotation_and_truncation(tmp_path):
     lines = (FIXTURES / "metrics.jsonl").read_text().splitlines(keepends=True)
+    first, second = _records_in("".join(lines[:20]), tmp_path), _records_in("".join(lines[:40]), tmp_path)
     log = tmp_path / "metrics.jsonl"
     log.write_text("".join(lines[:20]))
     stop = threading.Event()
+    run = tmp_path / "tb" / "r"
     config = TbConfig(tmp_path / "tb", run="r", follow=True, poll_s=0.02, commit_every_s=0.0)
     thread = threading.Thread(target=convert, args=([str(log)], config), kwargs={"should_stop": stop.is_set})
     thread.start()
     try:
-        time.sleep(0.3)
+        _wait_for_committed(run, first, thread)
         log.rename(tmp_path / "metrics.jsonl.1")  # logrotate: rename, then the writer opens a new file
         log.write_text("".join(lines[20:40]))
-        time.sleep(0.3)
+        _wait_for_committed(run, second, thread)
         log.write_text("")  # copytruncate: same file, cut to zero, then written again
         time.sleep(0.2)
         with open(log, "a") as handle:
@@ -207,6 +235,24 @@ def test_follow_survives_rotation_and_truncation(tmp_path):
     points = raw_points(tmp_path / "tb" / "r")
     assert max(points.values()) == 1
     assert_matches(tmp_path / "tb" / "r", expected("metrics"))
+
+
+def test_a_file_cut_and_written_past_our_offset_between_two_looks_is_read_from_its_start(tmp_path):
+    """copytruncate under a slow reader: by the next look the file is longer than before, so its size
+    cannot tell; the bytes last read, no longer where they were, do."""
+    from llmtools.logs.sources import Tailer
+
+    log = tmp_path / "train.log"
+    log.write_text("old 1\nold 2\n")
+    tailer = Tailer(str(log), live=True)
+    assert [raw for _, _, raw in tailer.poll()] == [b"old 1", b"old 2"]
+    log.write_text("new 1\nnew 2\nnew 3\n")  # truncated and written again, longer than before
+    assert [raw for _, _, raw in tailer.poll()] == [b"new 1", b"new 2", b"new 3"]
+    assert tailer.truncations == 1
+    with open(log, "a") as handle:  # plain appends stay appends
+        handle.write("new 4\n")
+    assert [raw for _, _, raw in tailer.poll()] == [b"new 4"] and tailer.truncations == 1
+    tailer.close()
 
 
 def test_torn_last_line_waits_until_complete(tmp_path):
