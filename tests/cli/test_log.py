@@ -142,7 +142,12 @@ def test_follow_three_bursts_and_ctrl_c(tmp_path, cli_env):
         env=cli_env,
     )
     try:
-        time.sleep(1.0)
+        # Following once its first (empty) commit is there: its Ctrl-C handler is in place by then,
+        # however long a loaded machine takes to start Python.
+        state = tmp_path / "tb" / "train" / ".llm-log-state.json"
+        deadline = time.monotonic() + 120
+        while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         thirds = [0, len(text) // 3 + 7, 2 * len(text) // 3 + 3, len(text)]
         for start, stop in zip(thirds, thirds[1:], strict=False):
             with open(log, "a") as handle:

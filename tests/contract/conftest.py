@@ -46,12 +46,17 @@ def contract_env(**extra: str) -> dict[str, str]:
     return env
 
 
-# A test runner started in the background (`pytest &` in a script) has SIGINT ignored, and its children
-# would inherit that; the commands must see the default disposition, as under a terminal or a batch
+# A test runner started in the background (`pytest &` in a script) has SIGINT ignored, under `nohup`
+# SIGHUP, and its children would inherit that (an ignored signal stays ignored across exec, and the
+# commands rightly keep it so); they must see the default disposition, as under a terminal or a batch
 # scheduler. Set here, once, in the main thread: a preexec_fn would do it per child, but is not safe
 # with the thread pools that start the commands (a child can deadlock between fork and exec).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+for _signum in (signal.SIGHUP, signal.SIGTERM):
+    if signal.getsignal(_signum) is signal.SIG_IGN:
+        # Still ignored here, as asked; but a handler, unlike SIG_IGN, is not inherited through exec.
+        signal.signal(_signum, lambda *_: None)
 
 
 def run_cli(argv: list[str], cwd: Path, stdin: bytes | None = None, timeout: float = 240, env=None):

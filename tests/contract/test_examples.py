@@ -22,6 +22,7 @@ that used to fail (``CORPUS=... VOCAB=8000 SEQ=256 ...``) for real, with two tra
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -120,6 +121,16 @@ DPO_FOR_REAL = (
     " --set training.micro_batch_size=2 --set training.global_batch_size=2 --set training.train_steps=2"
     " --set logging.log_every=1 --set checkpoint.save_every=0"
 )
+
+
+def _tb_commits(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every llm-log tb state file under ``folder``: a commit replaces one (a new inode)."""
+    found = {}
+    for path in folder.rglob(".llm-log-state.json"):
+        with contextlib.suppress(FileNotFoundError):
+            info = path.stat()
+            found[str(path)] = (info.st_ino, info.st_mtime_ns)
+    return found
 
 
 def adapt(command: str) -> tuple[str, str | None]:
@@ -362,6 +373,7 @@ def examples_run(tmp_path_factory):
                 for path in paths:
                     (d / path).unlink(missing_ok=True)
         adapted, stop = adapt(command)
+        commits_before = _tb_commits(d)
         proc = subprocess.Popen(
             ["bash", "-o", "pipefail", "-c", adapted],
             cwd=d,
@@ -370,7 +382,11 @@ def examples_run(tmp_path_factory):
             stderr=subprocess.PIPE,
         )
         if stop == "sigint":
-            time.sleep(4)
+            # Following once it has committed (its Ctrl-C handler is in place by then), however long a
+            # loaded machine takes to start it.
+            deadline = time.monotonic() + 120
+            while _tb_commits(d) == commits_before and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
             proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=600)
         results[command] = (
