@@ -10,6 +10,7 @@ DeepSpeed neither probes MPI nor builds its shared-memory comm op (a ~90 s C++ b
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import subprocess
@@ -128,6 +129,10 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistInfo:
                 f"could not initialise the {backend} process group (rank {rank}/{world}): {error}"
             ) from None
         _default_group_timeout(timeout)
+        # A gloo group still alive when the interpreter finalizes can abort the process at exit
+        # ("terminate called without an active exception") after all its work succeeded: whoever
+        # called us (a script of the user's, not only llm-train) gets it torn down while Python is alive.
+        atexit.register(destroy)
     return DistInfo(rank, world, local, backend, device, launcher)
 
 

@@ -13,6 +13,7 @@ Script use (prints nothing on stdout; appends ``step loss`` lines to --losses, w
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import random
 import sys
@@ -46,6 +47,8 @@ def init_dist() -> None:
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
         tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)
+    # Torn down while Python is alive: a gloo group left to interpreter finalization can abort the process.
+    atexit.register(lambda: tdist.is_initialized() and tdist.destroy_process_group())
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # skip the ~90 s shm op build
