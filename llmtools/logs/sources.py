@@ -218,7 +218,7 @@ class Tailer:
                 self.eof = not self.live
                 break
             if self.live:
-                self._recent = (self._recent + chunk)[-RECENT_BYTES:]
+                self._recent = (self._recent + chunk[-RECENT_BYTES:])[-RECENT_BYTES:]  # no copy of the chunk
             extra = 0  # bytes of an overlong line that were skipped: they count in its end offset
             if self.skipping:
                 cut = chunk.find(b"\n")
@@ -269,20 +269,21 @@ class Tailer:
             self._stream.close()
             self._stream = open(self.path, "rb", buffering=0)
             self._inode = os.fstat(self._stream.fileno()).st_ino
-            self.offset = self.line = 0
-            self.pending, self._recent = b"", b""
-            self.skipping, self._skipped = False, 0
+            self._at_start()
             self.rotations += 1
-        elif stat.st_size < self.offset or self._replaced():
+        elif stat.st_size < self.offset:
             self._start_over()
 
     def _start_over(self) -> None:
         """Truncated in place (copytruncate): carry on at the beginning of the new content."""
         self._stream.seek(0)
+        self._at_start()
+        self.truncations += 1
+
+    def _at_start(self) -> None:
         self.offset = self.line = 0
         self.pending, self._recent = b"", b""
         self.skipping, self._skipped = False, 0
-        self.truncations += 1
 
     def _replaced(self) -> bool:
         """Cut and written again beyond where we were, all between two looks (a slow reader, a fast
