@@ -22,7 +22,7 @@ end-of-turn marker (``<|im_end|>``, ``<|eot_id|>``): the model learns to stop. T
 not prefix-stable (that rewrite earlier turns once later ones exist) fall back to finding the
 assistant content itself in the full rendering.
 
-Templates are untrusted code: besides the sandbox, every conversation is rendered under limits
+Templates are untrusted code: besides the sandbox (:mod:`llmtools.prep.template_sandbox`), every conversation is rendered under limits
 (:data:`MAX_RENDER_CHARS`, :data:`MAX_RENDER_SECONDS`). Operations that multiply sizes (``*``, ``**``,
 ``%`` and ``format`` widths, ``ljust``/``center``/``indent``/``join``/``replace`` ...) are checked before
 they run; every string or list a template builds, and the rendering itself, are checked after; a
@@ -33,20 +33,22 @@ attribute access elsewhere); recursion and memory errors are caught. Exceeding a
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import os
-import re
-import signal
-import threading
-import time
 from dataclasses import dataclass, field
-from functools import lru_cache, wraps
 from pathlib import Path
 
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.jsonfile import read_json_object
+from llmtools.prep.template_sandbox import (
+    MAX_RENDER_CHARS,
+    MAX_RENDER_SECONDS,
+    CompileError,
+    TemplateLimitError,
+    TemplateRenderError,
+    compile_template,
+    render_limits,
+)
 
 CHATML = (
     "{% for message in messages %}"
@@ -85,22 +87,6 @@ SPECIAL_TOKEN_KEYS = (
 )
 
 
-MAX_RENDER_CHARS = 16 << 20
-"""Longest rendering of one conversation, and largest string or list a template may build."""
-MAX_RENDER_SECONDS = 10.0
-"""Longest time rendering one conversation may take (all its prefixes together), by default."""
-MAX_NUMBER_DIGITS = 4300
-"""Largest power a template may compute, in decimal digits (Python's own limit for printing an int)."""
-
-
-class TemplateRenderError(InputError):
-    """The template failed on this conversation (raise_exception, an undefined variable, a type error)."""
-
-
-class TemplateLimitError(TemplateRenderError):
-    """The template exceeded a size, time or recursion limit on this conversation."""
-
-
 class TemplateSyntaxError(InputError):
     """The template does not compile; the message names the template and the line."""
 
@@ -127,7 +113,7 @@ class ChatTemplate:
         import jinja2
 
         template = self._compiled()
-        with _limits(self.source, self.time_limit):
+        with render_limits(self.source, self.time_limit):
             try:
                 pieces, size = [], 0
                 for piece in template.generate(
@@ -159,8 +145,8 @@ class ChatTemplate:
 
     def _compiled(self):
         try:
-            return _compile(self.text)
-        except _SyntaxError as error:
+            return compile_template(self.text)
+        except CompileError as error:
             # A template file: FILE:LINE. A template inside a JSON file (tokenizer_config.json): its own line.
             if self.source.endswith(".json"):
                 place = f"{self.source}[chat_template]{f' line {error.lineno}' if error.lineno else ''}"
@@ -172,7 +158,7 @@ class ChatTemplate:
         """The rendering and the ``[start, end)`` character span of every assistant turn in it.
 
         All the renderings this takes (one per prefix) share one time budget."""
-        with _limits(self.source, self.time_limit):
+        with render_limits(self.source, self.time_limit):
             return self._assistant_spans(messages)
 
     def _assistant_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
@@ -236,304 +222,6 @@ def _find_contents(
             spans.append((at, end))
         pos = end
     return spans
-
-
-class _SyntaxError(Exception):
-    def __init__(self, lineno: int | None, message: str) -> None:
-        super().__init__(message)
-        self.lineno, self.message = lineno, message
-
-
-# -- limits ----------------------------------------------------------------------------------------
-_state = threading.local()  # .deadline (monotonic seconds) and .source while a conversation renders
-
-
-class _Timeout(BaseException):
-    """Raised by SIGALRM inside a rendering; a BaseException so that no template code catches it."""
-
-
-@contextlib.contextmanager
-def _limits(source: str, seconds: float):
-    """The time budget of one conversation (nested calls share the outermost one's)."""
-    if getattr(_state, "deadline", None) is not None:
-        yield
-        return
-    _state.deadline, _state.source, _state.seconds = time.monotonic() + seconds, source, seconds
-    alarm = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
-    if alarm:
-        previous = signal.signal(signal.SIGALRM, _on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    except _Timeout:
-        raise _too_slow() from None
-    finally:
-        if alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-        _state.deadline = None
-
-
-def _on_alarm(signum, frame) -> None:
-    if getattr(_state, "deadline", None) is not None:
-        raise _Timeout
-
-
-def _too_slow() -> TemplateLimitError:
-    return TemplateLimitError(
-        f"chat template {getattr(_state, 'source', '?')}: rendering took more than {_state.seconds:g} s"
-    )
-
-
-def _tick() -> None:
-    deadline = getattr(_state, "deadline", None)
-    if deadline is not None and time.monotonic() > deadline:
-        raise _too_slow()
-
-
-def _limit(what: str, size) -> None:
-    if size > MAX_RENDER_CHARS:
-        raise TemplateLimitError(
-            f"chat template {getattr(_state, 'source', '?')}: {what} would be {size:,} long "
-            f"(limit {MAX_RENDER_CHARS:,})"
-        )
-
-
-def _sized(value):
-    """A value a template built: strings, lists, tuples and mappings stay under the limit."""
-    if isinstance(value, (str, bytes, list, tuple, dict)):
-        _limit("a value", len(value))
-    return value
-
-
-_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(\d+|\*)?(?:\.(\d+|\*))?")
-_BRACE_SPEC = re.compile(r"\{[^{}]*?:([^{}]*)\}")
-
-
-def _check_format(text: str, args=()) -> None:
-    """Widths and precisions in a %- or {}-format string (what makes a short format produce a huge text)."""
-    if not isinstance(text, str):
-        return
-    widths = [int(n) for m in _PERCENT_SPEC.finditer(text) for n in m.groups() if n and n != "*"]
-    widths += [int(n) for m in _BRACE_SPEC.finditer(text) for n in re.findall(r"\d+", m.group(1))]
-    if "*" in text:
-        widths += [a for a in (args if isinstance(args, tuple) else (args,)) if isinstance(a, int)]
-    for width in widths:
-        _limit("a formatted field", width)
-
-
-def _check_binop(operator: str, left, right) -> None:
-    if operator == "*":
-        for seq, count in ((left, right), (right, left)):
-            if isinstance(seq, (str, bytes, list, tuple)) and isinstance(count, int):
-                _limit("a repeated sequence", len(seq) * max(count, 0))
-    elif operator == "**":
-        if isinstance(left, (int, float)) and isinstance(right, (int, float)) and abs(left) > 1 and right > 0:
-            import math
-
-            digits = right * math.log10(abs(left))
-            if digits > MAX_NUMBER_DIGITS:  # slow to compute, and Python will not even print it
-                raise TemplateLimitError(
-                    f"chat template {getattr(_state, 'source', '?')}: a power with ~{min(digits, 1e18):,.0f} "
-                    f"digits (limit {MAX_NUMBER_DIGITS:,})"
-                )
-    elif operator == "%":
-        _check_format(left, right)
-    elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
-        _limit("a concatenation", len(left) + len(right))
-
-
-def _estimate_replace(text, old, new, count=-1) -> int:
-    if not (isinstance(text, str) and isinstance(old, str) and isinstance(new, str)):
-        return 0
-    hits = len(text) + 1 if old == "" else text.count(old)
-    if isinstance(count, int) and count >= 0:
-        hits = min(hits, count)
-    return len(text) + hits * (len(new) - len(old))
-
-
-def _estimate_join(sep, items) -> int:
-    if not isinstance(sep, str) or not isinstance(items, (list, tuple)):
-        return 0
-    return len(sep) * max(len(items) - 1, 0) + sum(len(i) for i in items if isinstance(i, str))
-
-
-def _check_str_method(method, args, kwargs) -> None:
-    """Methods of str whose arguments set the size of the result."""
-    owner, name = getattr(method, "__self__", None), getattr(method, "__name__", "")
-    if not isinstance(owner, str):
-        return
-    if name in ("ljust", "rjust", "center", "zfill") and args and isinstance(args[0], int):
-        _limit(f"str.{name}'s result", args[0])
-    elif name == "expandtabs":
-        tab = args[0] if args else kwargs.get("tabsize", 8)
-        if isinstance(tab, int):
-            _limit("str.expandtabs's result", len(owner) + owner.count("\t") * max(tab, 0))
-    elif name == "replace":
-        _limit("str.replace's result", _estimate_replace(owner, *args[:3]))
-    elif name == "join" and args:
-        _limit(
-            "str.join's result",
-            _estimate_join(owner, list(args[0]) if isinstance(args[0], (list, tuple)) else []),
-        )
-
-
-# Filters whose arguments set the size of their result: a check run before the filter.
-def _filter_checks() -> dict:
-    def center(value, width=80, *_, **__):
-        if isinstance(width, int):
-            _limit("the centered text", width)
-
-    def indent(value, width=4, *_, **__):
-        if isinstance(value, str) and isinstance(width, int):
-            _limit("the indented text", len(value) + (value.count("\n") + 1) * max(width, 0))
-        elif isinstance(value, str) and isinstance(width, str):
-            _limit("the indented text", len(value) + (value.count("\n") + 1) * len(width))
-
-    def replace(value, old, new, count=None, *_, **__):
-        _limit("the replaced text", _estimate_replace(str(value), old, new, -1 if count is None else count))
-
-    def join(value, d="", attribute=None, *_, **__):
-        if attribute is None and isinstance(value, (list, tuple)):
-            _limit("the joined text", _estimate_join(d, [str(v) for v in value]))
-
-    def format(value, *args, **kwargs):
-        _check_format(value, args)
-
-    def tojson(value, ensure_ascii=False, indent=None, *_, **__):
-        if isinstance(indent, int):
-            _limit("the JSON indentation", indent)
-
-    def wordwrap(value, width=79, *_, **__):
-        if isinstance(width, int):
-            _limit("the wrap width", width)
-
-    return {
-        "center": center,
-        "indent": indent,
-        "replace": replace,
-        "join": join,
-        "format": format,
-        "tojson": tojson,
-        "wordwrap": wordwrap,
-    }
-
-
-def _guarded_filter(name: str, function, check):
-    """A filter that checks the clock and its arguments first, and the size of what it made after."""
-    from jinja2.utils import _PassArg
-
-    passes = _PassArg.from_obj(function)
-
-    @wraps(function)
-    def guarded(*args, **kwargs):
-        _tick()
-        if check is not None:
-            value_args = args[1:] if passes is not None else args  # the context comes first
-            check(*value_args, **kwargs)
-        return _sized(function(*args, **kwargs))
-
-    return guarded
-
-
-@lru_cache(maxsize=16)
-def _compile(text: str):
-    """Compile as transformers' ``_compile_jinja_template`` does (same environment, filters, globals),
-    in an environment that enforces the limits above (see the module docstring)."""
-    from datetime import datetime
-
-    import jinja2
-    import jinja2.ext
-    from jinja2.compiler import CodeGenerator
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class GenerationBlock(jinja2.ext.Extension):
-        # transformers' {% generation %} marks assistant text; here it only has to render its body.
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller):
-            return caller()
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        # Jinja's own tojson HTML-escapes; transformers replaces it with plain json.dumps.
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
-
-    def strftime_now(format):
-        return datetime.now().strftime(format)
-
-    class BoundedCodeGenerator(CodeGenerator):
-        # `a ~ b` compiles to a plain str_join call the environment never sees: route its result
-        # through the size check (its inputs are bounded already, so it grows at most 2x per step).
-        def visit_Concat(self, node, frame):
-            self.write("environment.bounded(")
-            super().visit_Concat(node, frame)
-            self.write(")")
-
-    class BoundedEnvironment(ImmutableSandboxedEnvironment):
-        # Intercepted operators are not folded at compile time either: `{{ 'A' * 10**10 }}` used to
-        # allocate its 10 GB while the template compiled.
-        intercepted_binops = frozenset({"*", "**", "%", "+"})
-        code_generator_class = BoundedCodeGenerator
-
-        def call_binop(self, context, operator, left, right):
-            _tick()
-            _check_binop(operator, left, right)
-            return _sized(super().call_binop(context, operator, left, right))
-
-        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja's own signature
-            _tick()
-            _check_str_method(__obj, args, kwargs)
-            return _sized(super().call(__context, __obj, *args, **kwargs))
-
-        def getattr(self, obj, attribute):
-            _tick()
-            return super().getattr(obj, attribute)
-
-        def getitem(self, obj, argument):
-            _tick()
-            return super().getitem(obj, argument)
-
-        def wrap_str_format(self, value):
-            wrapped = super().wrap_str_format(value)
-            if wrapped is None:
-                return None
-            template = getattr(value, "__self__", None)
-
-            def checked(*args, **kwargs):
-                _check_format(template)
-                return _sized(wrapped(*args, **kwargs))
-
-            return checked
-
-        @staticmethod
-        def bounded(value):
-            return _sized(value)
-
-    env = BoundedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    checks = _filter_checks()
-    for name, function in list(env.filters.items()):
-        env.filters[name] = _guarded_filter(name, function, checks.get(name))
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    try:
-        return env.from_string(text)
-    except jinja2.TemplateSyntaxError as error:
-        raise _SyntaxError(error.lineno, error.message or str(error)) from None
-    except RecursionError:
-        raise _SyntaxError(None, "nested too deeply to compile") from None
 
 
 # ---------------------------------------------------------------------------------------------------
