@@ -342,7 +342,7 @@ def iter_records(config, inputs: list[dict], skipped: dict[str, int]) -> Iterato
     Malformed lines are yielded as :class:`BadSample` (the caller decides: stop or count).
     ``inputs`` gets the sidecar entries of what was read.
     """
-    from llmtools.prep.hf_import import looks_like_hf
+    from llmtools.prep.hf_open import looks_like_hf
 
     for spec in config.inputs:
         if spec != "-" and looks_like_hf(spec):
@@ -413,7 +413,8 @@ def _lone_surrogate(value, path: str) -> str | None:
 
 
 def _hf_records(spec: str, config, inputs: list[dict]):
-    from llmtools.prep.hf_import import file_inputs, open_hf
+    from llmtools.prep.hf_import import file_inputs
+    from llmtools.prep.hf_open import open_hf
 
     table = open_hf(spec, config.split)
     have = set(table.schema.names)

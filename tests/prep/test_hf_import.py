@@ -10,7 +10,8 @@ import pytest
 from llmtools.errors import InputError, OutputExistsError, UsageError
 from llmtools.export.hf_export import ExportConfig, export_hf
 from llmtools.formats.indexed import IndexedDatasetReader, IndexedDatasetWriter
-from llmtools.prep.hf_import import Hf2BinConfig, HFDocumentSource, hf2bin, open_hf
+from llmtools.prep.hf_import import Hf2BinConfig, HFDocumentSource, hf2bin
+from llmtools.prep.hf_open import open_hf
 from llmtools.prep.json2bin import json2bin
 from tests.conftest import shared
 
