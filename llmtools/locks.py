@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmtools.dirfd import open_path, same_file
 from llmtools.errors import UsageError
 from llmtools.fsutil import make_parents
 
@@ -177,7 +178,7 @@ class Lock:
             return
         # Unlinked while still held, so a waiting opener of this file finds it replaced (see _acquire).
         with contextlib.suppress(OSError):
-            if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+            if same_file(fd, self.path):  # never a link someone put in its place
                 os.unlink(self.path)
         os.close(fd)
 
@@ -212,7 +213,7 @@ def acquire(
 def _acquire(lock_file: Path, target: str, me: Holder) -> int | None:
     make_parents(lock_file.parent)  # folders made for an output that never appears are removed again
     for _attempt in range(50):
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        fd = open_path(lock_file, os.O_RDWR | os.O_CREAT)  # a link planted at the lock path is refused
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -228,11 +229,7 @@ def _acquire(lock_file: Path, target: str, me: Holder) -> int | None:
             raise
         # The previous holder unlinks the file before letting go: if ours is no longer the file at that
         # path, another process may already hold the new one. Start again on the current file.
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(lock_file))
-        except FileNotFoundError:
-            same = False
-        if not same:
+        if not same_file(fd, lock_file):
             os.close(fd)
             continue
         record = json.dumps(me.__dict__).encode() + b"\n"

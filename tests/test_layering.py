@@ -20,10 +20,10 @@ PACKAGE = ROOT / "llmtools"
 HEAVY = {"torch", "deepspeed", "transformers"}
 # Packages that never depend on training: training is built on them, not the other way round.
 BELOW_TRAIN = {"ckpt", "model", "formats", "data", "prep", "tokenize", "logs"}
-# What the file formats may use of ours: the errors they raise, atomic file writing and the compiled
-# helpers (the index check on open; _native imports nothing of ours); the package root holds nothing but
-# the version string.
-FORMATS_MAY_USE = {"formats", "errors", "fsutil", "_native", "llmtools"}
+# What the file formats may use of ours: the errors they raise, atomic file writing, writing through a
+# checked folder handle (dirfd: never through a planted link) and the compiled helpers (the index check
+# on open; _native imports nothing of ours); the package root holds nothing but the version string.
+FORMATS_MAY_USE = {"formats", "errors", "fsutil", "dirfd", "_native", "llmtools"}
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def forbidden(all_arrows: list[Arrow]) -> list[tuple[Arrow, str]]:
         if a.source in BELOW_TRAIN and a.ours and a.target == "train":
             bad.append((a, f"{a.source} never imports train (training is built on it)"))
         if a.source == "formats" and a.ours and a.target not in FORMATS_MAY_USE:
-            bad.append((a, "formats imports nothing of ours but errors, fsutil and _native"))
+            bad.append((a, "formats imports nothing of ours but errors, fsutil, dirfd and _native"))
     return bad
 
 

@@ -96,7 +96,9 @@ def _gather_zero3(checkpoint: Path) -> dict:
 
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    with contextlib.redirect_stdout(sys.stderr):
+    from llmtools.ckpt import safeload
+
+    with contextlib.redirect_stdout(sys.stderr), safeload.routed_torch_load():
         return dict(get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.parent), tag=checkpoint.name))
 
 

@@ -34,6 +34,7 @@ from llmtools.ckpt import dist, layout, safeload
 from llmtools.ckpt import rng as rng_state
 from llmtools.ckpt.verify import check, check_compatible, list_files, read_meta, sha256_file, verify
 from llmtools.ckpt.writer import RankWriter
+from llmtools.dirfd import refuse_link
 from llmtools.errors import InputError, RuntimeFailure, UsageError
 from llmtools.fsutil import (
     TMP_MARK,
@@ -193,6 +194,7 @@ class CheckpointManager:
         final = self.ckpt_dir / layout.step_name(step)
         started = time.perf_counter()
         if rank == 0:
+            refuse_link(self.ckpt_dir)  # a linked checkpoints/ would write into another run
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             for leftover in layout.leftovers(self.ckpt_dir):
                 shutil.rmtree(leftover, ignore_errors=True)
@@ -494,12 +496,13 @@ class CheckpointManager:
 
             client_state = load_resharded(engine, path, meta, load_optimizer_states=load_optimizer_states)
         else:
-            load_path, client_state = engine.load_checkpoint(
-                str(path.parent),
-                tag=path.name,
-                load_optimizer_states=load_optimizer_states,
-                load_lr_scheduler_states=load_optimizer_states,
-            )
+            with safeload.routed_torch_load():  # whatever else DeepSpeed reads with torch.load
+                load_path, client_state = engine.load_checkpoint(
+                    str(path.parent),
+                    tag=path.name,
+                    load_optimizer_states=load_optimizer_states,
+                    load_lr_scheduler_states=load_optimizer_states,
+                )
             if load_path is None:
                 raise RuntimeFailure(f"{path}: DeepSpeed could not load this checkpoint")
         rng_file = path / layout.rng_name(rank)
@@ -548,6 +551,7 @@ class CheckpointManager:
         Folders that are not complete are left alone for a human to look at. Returns the removed paths.
         """
         removed, failed = [], []
+        refuse_link(self.ckpt_dir)  # a linked checkpoints/ leads into another run, without its lock
         for path in self.prune_plan(protect, keep_last):
             if path.is_symlink():  # a link to a folder elsewhere: not ours to delete through
                 self.warn(f"not pruning {path}: a symbolic link (remove it, or its target, yourself)")

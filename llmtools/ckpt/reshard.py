@@ -16,17 +16,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmtools.ckpt import dist, layout
-from llmtools.errors import DiskFullError, RuntimeFailure
+from llmtools.ckpt import dist, dstool, layout, safeload
+from llmtools.errors import DiskFullError, InputError, RuntimeFailure
 from llmtools.fsutil import FULL_MARGIN, TMP_MARK, free_bytes
 
 
 def to_universal(ckpt: str | os.PathLike, out_dir: str | os.PathLike, zero_stage: int) -> Path:
-    """Run DeepSpeed's converter (in a child process: it prints on stdout and may fork workers)."""
+    """Run DeepSpeed's converter (in a child process: it prints on stdout and may fork workers).
+
+    Every ``.pt`` of ``ckpt`` is checked here first, and the child reads them through
+    :func:`llmtools.ckpt.safeload.load` (:mod:`llmtools.ckpt.dstool`).
+    """
     out_dir = Path(out_dir)
+    from llmtools.ckpt.verify import check_pickles
+
+    check_pickles(ckpt)  # the error names the file; the child's loads are routed through safeload as well
     command = [
         sys.executable,
         "-m",
+        "llmtools.ckpt.dstool",
         "deepspeed.checkpoint.ds_to_universal",
         "--input_folder",
         str(ckpt),
@@ -43,6 +51,10 @@ def to_universal(ckpt: str | os.PathLike, out_dir: str | os.PathLike, zero_stage
     env = dict(os.environ)
     env.setdefault("DS_ACCELERATOR", "cpu")
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    if done.returncode == dstool.INPUT_ERROR:
+        raise InputError(
+            dstool.input_error(done.stdout) or f"{ckpt}: DeepSpeed's ds_to_universal refused a file"
+        )
     if done.returncode != 0:
         tail = "\n".join(done.stdout.strip().splitlines()[-5:])
         free = free_bytes(out_dir)
@@ -79,12 +91,13 @@ def load_resharded(engine, path: Path, meta: dict[str, Any], load_optimizer_stat
     previous = config.load_universal_checkpoint
     config.load_universal_checkpoint = True
     try:
-        load_path, client_state = engine.load_checkpoint(
-            str(universal.parent),
-            tag=universal.name,
-            load_optimizer_states=load_optimizer_states,
-            load_lr_scheduler_states=load_optimizer_states,
-        )
+        with safeload.routed_torch_load():  # the universal loader reads with torch.load(weights_only=False)
+            load_path, client_state = engine.load_checkpoint(
+                str(universal.parent),
+                tag=universal.name,
+                load_optimizer_states=load_optimizer_states,
+                load_lr_scheduler_states=load_optimizer_states,
+            )
     finally:
         config.load_universal_checkpoint = previous
     dist.barrier()

@@ -22,12 +22,14 @@ load.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
 import pickle
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,9 @@ class UnsafeFileError(InputError):
             f"{path}: refusing to load: it names the global {module}.{name}, which llmtools checkpoints "
             "never hold (unpickling it could run code); see 'Trust' in the README"
         )
+
+    def __reduce__(self):  # raised in a worker process: arrives in the parent as the same message
+        return InputError, (str(self),)
 
 
 def normalized(module: str, name: str) -> tuple[str, str]:
@@ -119,6 +124,7 @@ def _safe_objects(with_deepspeed: bool) -> tuple:
 def load(path: str | os.PathLike, *, map_location: Any = "cpu", mmap: bool = False) -> Any:
     """``torch.load`` of a whole file, weights only, with :data:`ALLOWED`; InputError naming what is wrong."""
     path = Path(path)
+    _check_archive(path)
     try:
         try:
             return _torch_load(path, map_location, mmap)
@@ -137,11 +143,21 @@ def load(path: str | os.PathLike, *, map_location: Any = "cpu", mmap: bool = Fal
         raise InputError(f"{path}: not a readable torch file ({_torch_reason(error)})") from None
 
 
+def _check_archive(path: Path) -> None:
+    """The archive unambiguous (torch reads the records we check) and its pickle within bounds."""
+    from llmtools.ckpt.archive import read_index
+    from llmtools.ckpt.picklebounds import check
+    from llmtools.ckpt.torchfile import read_pickle
+
+    check(read_pickle(read_index(path)), f"{path}:data.pkl")
+
+
 def _torch_load(path: Path, map_location: Any, mmap: bool) -> Any:
     import torch
 
+    real_load = getattr(torch.load, "_llmtools_original", torch.load)  # torch's own, while routed
     with torch.serialization.safe_globals(list(_safe_objects("deepspeed" in sys.modules))):
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        return real_load(path, map_location=map_location, weights_only=True, mmap=mmap)
 
 
 def check_file(path: str | os.PathLike) -> Any:
@@ -171,6 +187,36 @@ def guard_engine(engine) -> None:
     checkpoint_engine._llmtools_safe = True
 
 
+@contextlib.contextmanager
+def routed_torch_load() -> Iterator[None]:
+    """Within the block, every ``torch.load`` (however DeepSpeed calls it) reads through :func:`load`.
+
+    For third-party code that loads checkpoint files itself, with ``weights_only=False``: DeepSpeed's
+    ``zero_to_fp32``, its universal checkpoint loader and ``ds_to_universal`` (run in a child process
+    through :mod:`llmtools.ckpt.dstool`). Only paths are accepted: a file object would bypass the archive
+    check.
+    """
+    import torch
+    import torch.serialization
+
+    original = torch.load
+    if hasattr(original, "_llmtools_original"):  # already routed (nested)
+        yield
+        return
+
+    def safe_torch_load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None, **_kw):
+        if not isinstance(f, (str, os.PathLike)):
+            raise InputError(f"{f!r}: refusing to load a checkpoint from anything but a file path")
+        return load(f, map_location=map_location if map_location is not None else "cpu", mmap=bool(mmap))
+
+    safe_torch_load._llmtools_original = original
+    torch.load = torch.serialization.load = safe_torch_load
+    try:
+        yield
+    finally:
+        torch.load = torch.serialization.load = original
+
+
 def globals_in(path: str | os.PathLike) -> list[tuple[str, str]]:
     """Every global a ``torch.save`` file names, in order, read statically (``pickletools``; nothing runs).
 
@@ -180,12 +226,10 @@ def globals_in(path: str | os.PathLike) -> list[tuple[str, str]]:
     """
     import pickletools
 
-    try:
-        with zipfile.ZipFile(path) as archive:
-            pkl = next(n for n in archive.namelist() if n.endswith("data.pkl"))
-            data = archive.read(pkl)
-    except (zipfile.BadZipFile, StopIteration, OSError) as error:
-        raise InputError(f"{path}: not a torch zip file ({error})") from None
+    from llmtools.ckpt.archive import read_index
+    from llmtools.ckpt.torchfile import read_pickle
+
+    data = read_pickle(read_index(path))
     found: list[tuple[str, str]] = []
     stack: list[Any] = []  # only what STACK_GLOBAL needs: the last values pushed, strings or None
     memo: dict[int, Any] = {}

@@ -16,16 +16,12 @@ the real object is not needed, so reading a checkpoint's structure imports neith
 from __future__ import annotations
 
 import pickle
-import struct
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmtools.ckpt.safeload import allowed_name, latin1_encode
 from llmtools.errors import InputError
-
-_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 
 
 @dataclass
@@ -180,65 +176,68 @@ def _stand_in(module: str, name: str):
     return getattr(importlib.import_module(module), name)  # OrderedDict, set, torch.Size, numpy
 
 
-def _local_data_offset(handle, info: zipfile.ZipInfo) -> int:
-    handle.seek(info.header_offset)
-    header = _LOCAL_HEADER.unpack(handle.read(_LOCAL_HEADER.size))
-    if header[0] != b"PK\x03\x04":
-        raise InputError(f"{handle.name}@byte {info.header_offset}: bad zip local header")
-    name_len, extra_len = header[9], header[10]
-    return info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+MAX_PICKLE_BYTES = 64 << 20  # the structure only (tensor bytes are records of their own): a few MB at most
+
+
+def read_pickle(index) -> bytes:
+    """The ``data.pkl`` record of a checked archive (:func:`llmtools.ckpt.archive.read_index`)."""
+    record = index.get("data.pkl")
+    if record is None:
+        raise InputError(f"{index.path}: no data.pkl in the archive (not a torch.save file)")
+    if record.size > MAX_PICKLE_BYTES:
+        raise InputError(f"{index.path}: data.pkl is {record.size} bytes (at most {MAX_PICKLE_BYTES})")
+    with open(index.path, "rb") as handle:
+        handle.seek(record.offset)
+        data = handle.read(record.size)
+    if len(data) != record.size:
+        raise InputError(f"{index.path}: truncated while it was read")
+    return data
 
 
 def load_lazy(path: str | Path) -> Any:
-    """Unpickle a ``torch.save`` file; tensors come back as :class:`LazyTensor`."""
+    """Unpickle a ``torch.save`` file; tensors come back as :class:`LazyTensor`.
+
+    The archive is checked first (:func:`llmtools.ckpt.archive.read_index`: one reading that torch's
+    reader shares) and the pickle's bounds (:func:`llmtools.ckpt.picklebounds.check`) before it is
+    unpickled.
+    """
     import torch
     from torch.storage import _get_dtype_from_pickle_storage_type
 
+    from llmtools.ckpt.archive import read_index
+    from llmtools.ckpt.picklebounds import bounded_loads
+
     path = Path(path)
+    index = read_index(path)
+    data = read_pickle(index)
+
+    def persistent_load(pid):
+        kind, storage_type, key, _location, numel = pid
+        if kind != "storage":
+            raise InputError(f"{path}: unknown persistent id {kind!r}")
+        record = index.get(f"data/{key}") if isinstance(key, str) else None
+        if record is None:
+            raise InputError(f"{path}: storage {key!r} missing from the archive")
+        if not isinstance(storage_type, _Tag) or not storage_type.__name__.endswith("Storage"):
+            raise InputError(f"{path}: storage {key} has no storage type")
+        dtype = _get_dtype_from_pickle_storage_type(storage_type.__name__.removeprefix("torch."))
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if not isinstance(numel, int) or numel < 0 or numel * itemsize > record.size:
+            raise InputError(f"{path}: storage {key} claims {numel} elements but holds {record.size} bytes")
+        return LazyStorage(path, record.offset, dtype, numel)
+
+    class _Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            return _stand_in(*allowed_name(path, module, name))
+
+        def persistent_load(self, pid):
+            if not isinstance(pid, tuple) or len(pid) != 5:
+                raise InputError(f"{path}: malformed persistent id")
+            return persistent_load(pid)
+
     try:
-        archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as error:
-        raise InputError(f"{path}: not a readable torch zip file ({error})") from error
-    with archive, open(path, "rb") as handle:
-        names = archive.namelist()
-        pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
-        if pkl is None:
-            raise InputError(f"{path}: no data.pkl in the archive (not a torch.save file)")
-        prefix = pkl[: -len("data.pkl")]
-        infos = {info.filename: info for info in archive.infolist()}
-
-        def persistent_load(pid):
-            kind, storage_type, key, _location, numel = pid
-            if kind != "storage":
-                raise InputError(f"{path}: unknown persistent id {kind!r}")
-            info = infos.get(f"{prefix}data/{key}")
-            if info is None:
-                raise InputError(f"{path}: storage {key} missing from the archive")
-            if info.compress_type != zipfile.ZIP_STORED:
-                raise InputError(f"{path}: storage {key} is compressed; cannot read it lazily")
-            if not isinstance(storage_type, _Tag) or not storage_type.__name__.endswith("Storage"):
-                raise InputError(f"{path}: storage {key} has no storage type")
-            dtype = _get_dtype_from_pickle_storage_type(storage_type.__name__.removeprefix("torch."))
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            if not isinstance(numel, int) or numel < 0 or numel * itemsize > info.file_size:
-                raise InputError(
-                    f"{path}: storage {key} claims {numel} elements but holds {info.file_size} bytes"
-                )
-            return LazyStorage(path, _local_data_offset(handle, info), dtype, numel)
-
-        class _Unpickler(pickle.Unpickler):
-            def find_class(self, module, name):
-                return _stand_in(*allowed_name(path, module, name))
-
-            def persistent_load(self, pid):
-                if not isinstance(pid, tuple) or len(pid) != 5:
-                    raise InputError(f"{path}: malformed persistent id")
-                return persistent_load(pid)
-
-        with archive.open(pkl) as stream:
-            try:
-                return _Unpickler(stream).load()
-            except InputError:
-                raise
-            except Exception as error:  # noqa: BLE001 - any failure to unpickle a hostile file is bad input
-                raise InputError(f"{path}: cannot unpickle ({type(error).__name__}: {error})") from None
+        return bounded_loads(data, f"{path}:data.pkl", _Unpickler)
+    except InputError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any failure to unpickle a hostile file is bad input
+        raise InputError(f"{path}: cannot unpickle ({type(error).__name__}: {error})") from None

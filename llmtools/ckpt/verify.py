@@ -149,7 +149,7 @@ class Report:
     meta: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # files its kind needs that it does not hold or list
-    unsafe: InputError | None = None  # a file naming a global outside the allowlist
+    unsafe: InputError | None = None  # a file our safe reader refuses although its checksum matches
 
     @property
     def complete(self) -> bool:
@@ -266,7 +266,9 @@ def verify(
                 structures[file] = check_file(file)
             except InputError as error:
                 report.problems.append(str(error))
-                if isinstance(error, UnsafeFileError):
+                # The file has the size and sha256 the save recorded, yet our reader refuses it: not a
+                # torn write but a file made to be refused (or to be read differently by another reader).
+                if isinstance(error, UnsafeFileError) or checksums:
                     report.unsafe = error
                 return report
     expected = meta.get("param_shapes")

@@ -49,7 +49,9 @@ def append_records(path: str | os.PathLike, records: list[dict]) -> None:
     if not records:
         return
     text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    from llmtools.dirfd import open_path
+
+    fd = open_path(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # never through a planted link
     try:
         os.write(fd, text.encode("utf-8"))
         os.fsync(fd)

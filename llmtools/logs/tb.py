@@ -21,6 +21,7 @@ import contextlib
 import fcntl
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,7 +117,10 @@ class RunWriter:
         self._created_events: Path | None = None
         self._committed = False
         lock_was_there = (self.folder / LOCK_NAME).exists()
-        self._lock = open(self.folder / LOCK_NAME, "a+")
+        from llmtools.dirfd import open_path
+
+        # never through a link planted at the lock path
+        self._lock = os.fdopen(open_path(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_APPEND), "a+")
         try:
             fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -170,10 +174,14 @@ class RunWriter:
             if path.name != committed:
                 path.unlink()  # written but never committed: its points will be converted again
         if committed:
-            path = self.folder / committed
+            from llmtools.dirfd import refuse_link
+
+            path = refuse_link(self.folder / committed)  # appended to below: never through a link
             size = int(self.state.get("events_size", 0))
             if path.exists() and path.stat().st_size > size:
-                with open(path, "r+b") as handle:
+                from llmtools.dirfd import open_path
+
+                with os.fdopen(open_path(path, os.O_RDWR), "r+b") as handle:  # never through a link
                     handle.truncate(size)
             elif not path.exists() or path.stat().st_size < size:
                 self.state["events_file"] = None  # lost or damaged by someone else: start a new file

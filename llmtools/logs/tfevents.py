@@ -334,8 +334,10 @@ class EventFileWriter:
 
     def __enter__(self) -> EventFileWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fresh = not self.path.exists() or self.path.stat().st_size == 0
-        self._handle = open(self.path, "ab")
+        from llmtools.dirfd import append_file
+
+        self._handle = append_file(self.path)  # never through a planted link
+        fresh = os.fstat(self._handle.fileno()).st_size == 0
         if fresh:
             self.write(file_version_event(time.time()))
         return self

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llmtools.dirfd import append_file
+
 
 def _clean(value: Any) -> Any:
     # JSON has no NaN/inf: write null so every line stays parseable by strict readers.
@@ -38,7 +40,7 @@ class JsonlLogger:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._file = append_file(self.path, encoding="utf-8")  # never through a planted link
 
     def log(self, record: dict, step: int) -> None:
         self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")

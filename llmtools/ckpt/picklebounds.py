@@ -1,0 +1,166 @@
+"""Bounds on a pickle, checked by reading its opcodes before anything is unpickled.
+
+A pickle of a few hundred bytes can describe an object graph that costs gigabytes and minutes to build or
+to walk: a memo index of four billion makes C's unpickler allocate a memo table that large; a list put in
+the memo and appended to the next list twice, level after level, doubles with every level (a DAG whose
+tree has 2**n nodes: whoever walks the result — printing, converting, comparing — walks all of them); a
+list appended to itself never ends for a walker that does not check. :func:`check` reads the opcodes with
+``pickletools`` (pure Python, nothing runs, a signal stops it between any two opcodes), simulates the
+unpickler's stack with one node per object, and refuses the pickle when
+
+* it has more than :data:`MAX_OPS` opcodes, a memo index other than the next free one, a reference to a
+  memo entry never made, or an integer wider than :data:`MAX_INT_BYTES`;
+* the object it builds, as a tree (every memo reference expanded), has more than :data:`MAX_NODES`
+  nodes, nests deeper than :data:`MAX_DEPTH`, or contains itself.
+
+What is left for the unpickler is work linear in the pickle's size. The limits are far above what
+checkpoints hold (DeepSpeed's optimizer states of a 70B model: a few hundred thousand nodes, depth < 10).
+"""
+
+from __future__ import annotations
+
+import pickletools
+from typing import Any
+
+from llmtools.errors import InputError
+
+MAX_OPS = 2_000_000  # a million tensors' worth: DeepSpeed's largest pickles are far smaller
+MAX_NODES = 10_000_000
+MAX_DEPTH = 100
+MAX_INT_BYTES = 64  # integers in checkpoints are sizes, steps, seeds: 512 bits is far beyond them
+
+_GET = {"GET", "BINGET", "LONG_BINGET"}
+_PUT = {"PUT", "BINPUT", "LONG_BINPUT"}
+# Opcodes that add to the container below them and leave that container on the stack.
+_INTO = {"APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS", "BUILD"}
+
+
+class PickleBombError(InputError):
+    def __init__(self, where: str, what: str) -> None:
+        super().__init__(f"{where}: refusing to unpickle: {what} (a pickle bomb, or not a checkpoint)")
+
+    def __reduce__(self):  # raised in a worker process: arrives in the parent as the same message
+        return InputError, (str(self),)
+
+
+class _Node:
+    __slots__ = ("children",)
+
+    def __init__(self, children: list[_Node] | None = None) -> None:
+        self.children = children if children is not None else []
+
+
+def check(data: bytes, where: str) -> None:
+    """:class:`PickleBombError` (exit 2) naming ``where`` when ``data`` breaks a bound above."""
+    stack: list[_Node] = []
+    marks: list[int] = []
+    memo: list[_Node] = []
+    root: _Node | None = None
+    try:
+        for count, (op, arg, pos) in enumerate(pickletools.genops(data), 1):
+            if count > MAX_OPS:
+                raise PickleBombError(where, f"more than {MAX_OPS} opcodes")
+            name = op.name
+            if name == "MARK":
+                marks.append(len(stack))
+            elif name in _PUT or name == "MEMOIZE":
+                index = len(memo) if name == "MEMOIZE" else arg
+                if index != len(memo) or not stack:
+                    raise PickleBombError(
+                        where, f"memo index {index} at byte {pos} (the next free is {len(memo)})"
+                    )
+                memo.append(stack[-1])
+            elif name in _GET:
+                if not isinstance(arg, int) or not 0 <= arg < len(memo):
+                    raise PickleBombError(where, f"a reference to memo entry {arg} never made, at byte {pos}")
+                stack.append(memo[arg])
+            elif name == "STOP":
+                root = stack[-1] if stack else None
+                break
+            else:
+                if (
+                    name in ("LONG1", "LONG4")
+                    and isinstance(arg, int)
+                    and arg.bit_length() > 8 * MAX_INT_BYTES
+                ):
+                    raise PickleBombError(where, f"an integer wider than {MAX_INT_BYTES} bytes at byte {pos}")
+                _apply(op, stack, marks)
+    except PickleBombError:
+        raise
+    except (ValueError, IndexError) as error:  # genops on a malformed pickle, or a stack underflow
+        raise InputError(f"{where}: not a valid pickle ({error})") from None
+    if root is not None:
+        _check_tree(root, where)
+
+
+def _apply(op, stack: list[_Node], marks: list[int]) -> None:
+    before, after = op.stack_before, op.stack_after
+    popped: list[_Node] = []
+    if pickletools.markobject in before:
+        if not marks:
+            raise ValueError("an opcode without its MARK")
+        mark = marks.pop()
+        popped = stack[mark:]
+        del stack[mark:]
+        below = before.index(pickletools.markobject)
+        if below:
+            if len(stack) < below:
+                raise ValueError("stack underflow")
+            popped = stack[-below:] + popped
+            del stack[-below:]
+    elif before:
+        if len(stack) < len(before):
+            raise ValueError("stack underflow")
+        popped = stack[-len(before) :]
+        del stack[-len(before) :]
+    if op.name in _INTO:
+        container = popped[0]
+        container.children.extend(popped[1:])
+        stack.append(container)
+    elif op.name == "DUP":
+        stack.extend(popped * 2)
+    elif after:
+        node = _Node(popped)
+        stack.extend([node] * len(after))
+
+
+def _check_tree(root: _Node, where: str) -> None:
+    """Tree size and depth of the graph under ``root`` (each node's subtree counted once, iteratively)."""
+    sizes: dict[int, int] = {}
+    depths: dict[int, int] = {}
+    on_path: set[int] = set()
+    work: list[tuple[_Node, bool]] = [(root, False)]
+    while work:
+        node, done = work.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            size = 1 + sum(sizes[id(c)] for c in node.children)
+            depth = 1 + max((depths[id(c)] for c in node.children), default=0)
+            if size > MAX_NODES:
+                raise PickleBombError(
+                    where, f"it builds more than {MAX_NODES} objects (memo references expanded)"
+                )
+            if depth > MAX_DEPTH:
+                raise PickleBombError(where, f"it nests deeper than {MAX_DEPTH}")
+            sizes[key], depths[key] = size, depth
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            raise PickleBombError(where, "an object that contains itself")
+        on_path.add(key)
+        work.append((node, True))
+        for child in node.children:
+            if id(child) in on_path:
+                raise PickleBombError(where, "an object that contains itself")
+            if id(child) not in sizes:
+                work.append((child, False))
+
+
+def bounded_loads(data: bytes, where: str, unpickler: Any) -> Any:
+    """``unpickler(BytesIO(data)).load()`` after :func:`check`."""
+    import io
+
+    check(data, where)
+    return unpickler(io.BytesIO(data)).load()

@@ -1,0 +1,86 @@
+"""Pickle and archive bombs in a checkpoint (meta.json re-signed) cost the reading command no more time and
+memory than a normal checkpoint: each is refused (exit 2 naming the file) within a time bound, with a peak
+resident set close to that of reading the untouched checkpoint (measured by ``wait4`` on the child)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+from tests.trust.bombs import ITEMS, compressed_pickle, with_item
+from tests.trust.conftest import error_line, rehash
+from tests.trust.zipcraft import records_of, write
+
+STEP4 = "checkpoints/step_00000004"
+MODEL = f"{STEP4}/mp_rank_00_model_states.pt"
+TIME_BOUND = 120  # seconds: the refusals take about as long as reading a good checkpoint (a few seconds)
+RSS_MARGIN = 200 << 20  # bytes over the good checkpoint's peak: far below any bomb's cost (>= 1 GiB)
+ZIP_BOMB = 1 << 30  # declared (and real, once inflated) size of the compressed data.pkl
+
+
+def _run_measured(args, env):
+    """``llm-ckpt ARGS`` in a fresh interpreter that reports its own peak RSS on its last stderr line."""
+    code = (
+        "import resource, runpy, sys\n"
+        "sys.argv = ['llm-ckpt', *sys.argv[1:]]\n"
+        "try:\n"
+        "    runpy.run_module('llmtools.cli.ckpt', run_name='__main__')\n"
+        "finally:\n"
+        "    sys.stderr.write('\\nPEAK_RSS %d\\n' % (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))\n"
+    )
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *map(str, args)],
+            capture_output=True, text=True, env=env, cwd=REPO, timeout=TIME_BOUND,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"llm-ckpt {args[0]} still running after {TIME_BOUND} s")
+    elapsed = time.monotonic() - start
+    peak = int(proc.stderr.rsplit("PEAK_RSS ", 1)[1].split()[0])
+    proc.stderr = proc.stderr.rsplit("\nPEAK_RSS", 1)[0]
+    return proc, elapsed, peak
+
+
+@functools.cache
+def _zip_bomb(data: bytes) -> tuple[bytes, int, int]:
+    return compressed_pickle(data, ZIP_BOMB)
+
+
+def _plant(run, kind: str) -> None:
+    file = run / MODEL
+    records = records_of(file)
+    pkl = next(name for name, _ in records if name.endswith("/data.pkl"))
+    if kind == "compressed":
+        write(file, records, raw={pkl: _zip_bomb(dict(records)[pkl])})
+    else:
+        write(file, [(name, with_item(data, kind) if name == pkl else data) for name, data in records])
+    rehash(run / STEP4)
+
+
+@pytest.fixture(scope="module")
+def baseline_peak(run_master, tmp_path_factory):
+    env = dict(os.environ)
+    peaks = {}
+    for command in ("inspect", "verify"):
+        proc, _elapsed, peak = _run_measured([command, run_master / STEP4], env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        peaks[command] = peak
+    return peaks
+
+
+@pytest.mark.parametrize("kind", [*ITEMS, "compressed"])
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_bombs_are_refused_within_bounds(run, env, baseline_peak, kind, command):
+    _plant(run, kind)
+    proc, elapsed, peak = _run_measured([command, run / STEP4], env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert str(run / MODEL) in error_line(proc)
+    assert elapsed < TIME_BOUND
+    assert peak < baseline_peak[command] + RSS_MARGIN, (peak, baseline_peak[command])
