@@ -265,7 +265,12 @@ def convert_(
         force=force,
         adapter_only=adapter_only,
     )
-    claim([output], inputs=input_paths([checkpoint, tokenizer]), force=force)
+    kinds = {
+        "hf": "llmtools.lora-adapter" if adapter_only else "llmtools.hf-model",
+        "safetensors": "llmtools.safetensors",
+        "universal": "llmtools.universal-checkpoint",
+    }
+    claim([output], inputs=input_paths([checkpoint, tokenizer]), force=force, kinds={kinds.get(to, to)})
     emit(str(convert(config)))
 
 
@@ -293,7 +298,7 @@ def import_hf_(
 
     if not hf_dir.is_dir():
         raise InputError(f"{hf_dir}: not a folder")
-    claim([output], inputs=[hf_dir], force=force)
+    claim([output], inputs=[hf_dir], force=force, kinds={"llmtools.checkpoint"})
     emit(str(import_hf(hf_dir, output, force=force)))
 
 

@@ -81,7 +81,8 @@ def hf(
         force=force,
         progress=False if quiet else None,
     )
-    claim([config.output], inputs=[*input_files(config), *input_paths([tokenizer])], force=force)
+    inputs = [*input_files(config), *input_paths([tokenizer])]
+    claim([config.output], inputs=inputs, force=force, kinds={"llmtools.hf-export"})
     result = export_hf(config)
     emit(json.dumps(result.to_dict()) if as_json else str(result.output))
 

@@ -10,6 +10,8 @@ why) an output that
 * is an input, contains an input, or lies inside an input folder (whatever ``--force`` says);
 * exists and is not an earlier output of ours, even with ``--force`` (a file without our mark, a
   non-empty folder we did not write: :func:`llmtools.formats.outputs.not_ours`);
+* is an output of ours of another kind than the command writes (``kinds``), or a training run, a part of
+  one or one of its checkpoints, which only ``llm-train`` replaces (even with ``--force``);
 * exists, without ``--force``;
 * with ``--force``, would take an input with it: the leftovers of a killed run (``OUTPUT.tmp-*``) go too.
 
@@ -19,11 +21,11 @@ An empty folder may be written into without ``--force``: it holds nothing to los
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from llmtools.errors import UsageError
-from llmtools.formats.outputs import not_ours
+from llmtools.formats.outputs import RUN_CHECKPOINT_KIND, RUN_ENTRY_KIND, RUN_KIND, kind_of, not_ours
 from llmtools.fsutil import TMP_MARK
 
 PathLike = str | os.PathLike
@@ -69,12 +71,19 @@ def _leftover(output: PathLike, inputs: Iterable[PathLike]) -> str | None:
 
 
 def claim(
-    outputs: Iterable[PathLike], inputs: Iterable[PathLike] = (), force: bool = False, adds: bool = False
+    outputs: Iterable[PathLike],
+    inputs: Iterable[PathLike] = (),
+    force: bool = False,
+    adds: bool = False,
+    kinds: Collection[str] | None = None,
 ) -> None:
     """Refuse (UsageError naming the path and why) any output this command may not write; see the module.
 
     ``adds``: the command adds to an existing output and replaces only files of its own in it
-    (``llm-log tb``'s log folder): only the overlap with the inputs is checked.
+    (``llm-log tb``'s log folder): only the overlap with the inputs is checked. ``kinds``: the kinds of
+    output (:func:`llmtools.formats.outputs.kind_of`) this command writes; an earlier output of ours of
+    another kind is not replaced. A training run, its entries and its checkpoints are replaced only by a
+    command that names their kinds (``llm-train``), whatever ``kinds`` a command omits.
     """
     inputs = [p for p in inputs if p is not None]
     for output in outputs:
@@ -95,6 +104,8 @@ def claim(
         ):
             continue
         why = not_ours(output)
+        if not why:
+            _same_kind(output, kinds or ())
         if why:
             raise UsageError(
                 f"{output}: already exists and is {why}; --force replaces only earlier llmtools outputs: "
@@ -102,6 +113,31 @@ def claim(
             )
         if not force:
             raise UsageError(f"{output}: already exists (use --force to overwrite)")
+
+
+_RUN_PARTS = {
+    RUN_KIND: "a training run folder",
+    RUN_ENTRY_KIND: "part of a training run folder",
+    RUN_CHECKPOINT_KIND: "a checkpoint of a training run",
+}
+
+
+def _same_kind(output: Path, kinds: Collection[str]) -> None:
+    """Refuse to replace an output of ours of another kind than this command writes; a run (or part of
+    one) is replaced by nothing but ``llm-train``."""
+    found = kind_of(output)
+    if found in _RUN_PARTS and found not in kinds:
+        raise UsageError(
+            f"{output}: refusing to write there: it is {_RUN_PARTS[found]}, and only llm-train replaces a "
+            "run (llm-train -o RUN --force); --force of other commands replaces only their own earlier "
+            "outputs (pick another output)"
+        )
+    if kinds and found is not None and found not in kinds:
+        raise UsageError(
+            f"{output}: refusing --force: it is an earlier llmtools output of another kind ({found}), and "
+            f"--force replaces only an earlier output of the same kind ({', '.join(sorted(kinds))}) "
+            "(remove it yourself or pick another output)"
+        )
 
 
 def input_paths(specs: Iterable[PathLike | None]) -> list[str]:

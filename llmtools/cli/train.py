@@ -226,7 +226,7 @@ def _claim_run_dir(run_dir: Path, given: list[Path], cfg, force: bool) -> None:
     prepare_run_dir, whose refusal says how to continue it."""
     from llmtools.cli.outputs import claim, input_paths
     from llmtools.formats.indexed import strip_suffix
-    from llmtools.formats.outputs import RUN_FILES, RUN_FOLDERS, not_ours, run_folder_entries
+    from llmtools.formats.outputs import RUN_FILES, RUN_FOLDERS, RUN_PARTS, not_ours, run_folder_entries
 
     data = cfg.data
     prefixes = [strip_suffix(p) for p in (data.prefixes or [])]
@@ -236,7 +236,7 @@ def _claim_run_dir(run_dir: Path, given: list[Path], cfg, force: bool) -> None:
     entries += [p for p in run_folder_entries(run_dir) if p not in entries]  # --force removes these too
     if not force:
         entries = [path for path in entries if not_ours(path)]
-    claim(entries, inputs=input_paths(inputs), force=force)
+    claim(entries, inputs=input_paths(inputs), force=force, kinds=RUN_PARTS)
 
 
 def main() -> None:

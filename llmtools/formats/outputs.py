@@ -192,6 +192,36 @@ def run_folder_entries(run_dir: str | os.PathLike) -> list[Path]:
     return found
 
 
+RUN_KIND = "llmtools.run"
+RUN_ENTRY_KIND = "llmtools.run-entry"
+RUN_CHECKPOINT_KIND = "llmtools.run-checkpoint"
+RUN_PARTS = frozenset({RUN_KIND, RUN_ENTRY_KIND, RUN_CHECKPOINT_KIND})  # what only llm-train replaces
+
+
+def kind_of(path: str | os.PathLike) -> str | None:
+    """What kind of output of ours ``path`` is, for ``--force``'s same-kind rule: a training run folder
+    (:data:`RUN_KIND`), an entry of one (:data:`RUN_ENTRY_KIND`), a checkpoint of a run
+    (:data:`RUN_CHECKPOINT_KIND`), else the ``format`` its mark records (``llmtools.hf-export``,
+    ``llmtools.checkpoint``, ...); None when there is no mark to tell."""
+    path = Path(path)
+    if path.is_symlink() or not path.exists():
+        return None
+    if _is_run_entry(path.name) and _run_folder(path.parent):
+        return RUN_ENTRY_KIND
+    if path.is_dir():
+        if _run_folder(path):
+            return RUN_KIND
+        if _json_format(path / "meta.json") == "llmtools.checkpoint":
+            in_run = path.parent.name == "checkpoints" and _run_folder(path.parent.parent)
+            return RUN_CHECKPOINT_KIND if in_run else "llmtools.checkpoint"
+        return _json_format(path / FOLDER_MARKER)
+    if path.suffix == ".safetensors" and safetensors_producer(path) == PRODUCER:
+        return "llmtools.safetensors"
+    if path.suffix == ".json":
+        return _json_format(path)
+    return None
+
+
 def not_ours(path: str | os.PathLike) -> str | None:
     """None when ``path`` is missing or something llmtools wrote; else why it is not (for a message)."""
     path = Path(path)
