@@ -46,6 +46,9 @@ from llmtools.fsutil import (
     write_text_atomic,
 )
 
+# DeepSpeed's recovery scripts, copied beside the checkpoints on every save (shutil.copyfile follows links)
+RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
+
 
 def _stderr_warning(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
@@ -196,6 +199,8 @@ class CheckpointManager:
         if rank == 0:
             refuse_link(self.ckpt_dir)  # a linked checkpoints/ would write into another run
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            for script in RECOVERY_SCRIPTS:
+                refuse_link(self.ckpt_dir / script)
             for leftover in layout.leftovers(self.ckpt_dir):
                 shutil.rmtree(leftover, ignore_errors=True)
         dist.barrier()

@@ -21,7 +21,18 @@ STEP4 = "checkpoints/step_00000004"
 MODEL = f"{STEP4}/mp_rank_00_model_states.pt"
 TIME_BOUND = 120  # seconds: the refusals take about as long as reading a good checkpoint (a few seconds)
 RSS_MARGIN = 200 << 20  # bytes over the good checkpoint's peak: far below any bomb's cost (>= 1 GiB)
-ZIP_BOMB = 1 << 30  # declared (and real, once inflated) size of the compressed data.pkl
+ZIP_BOMB = 1 << 30
+ADDRESS_CAP = (
+    12 << 30
+)  # torch maps ~3 GiB of address space at import; bombs ask for 16 GiB or more  # declared (and real, once inflated) size of the compressed data.pkl
+
+
+def _cap_memory() -> None:
+    """In the child: an address-space cap, so that a bomb that gets through fails there instead of
+    taking the machine's memory (the RSS assertion is the test; this only protects the host)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_CAP, ADDRESS_CAP))
 
 
 def _run_measured(args, env):
@@ -38,11 +49,12 @@ def _run_measured(args, env):
     try:
         proc = subprocess.run(
             [sys.executable, "-c", code, *map(str, args)],
-            capture_output=True, text=True, env=env, cwd=REPO, timeout=TIME_BOUND,
+            capture_output=True, text=True, env=env, cwd=REPO, timeout=TIME_BOUND, preexec_fn=_cap_memory,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         pytest.fail(f"llm-ckpt {args[0]} still running after {TIME_BOUND} s")
     elapsed = time.monotonic() - start
+    assert "PEAK_RSS " in proc.stderr, proc.stderr[-2000:]
     peak = int(proc.stderr.rsplit("PEAK_RSS ", 1)[1].split()[0])
     proc.stderr = proc.stderr.rsplit("\nPEAK_RSS", 1)[0]
     return proc, elapsed, peak

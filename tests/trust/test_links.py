@@ -65,6 +65,13 @@ def _argv(command: str, ws: Path, train_files) -> tuple:
     }[command]
 
 
+def _state(victim: Path):
+    """Bytes and modification times: a rewrite with the same bytes is a write through the link too."""
+    if victim.is_dir():
+        return snapshot(victim), sorted((str(p), p.stat().st_mtime_ns) for p in victim.rglob("*"))
+    return victim.read_bytes(), victim.stat().st_mtime_ns
+
+
 def _reset(tmp_path: Path, run_master: Path, command: str, env) -> Path:
     """The workspace at ``tmp_path/ws``, as it was before the first run (same paths every time: the
     commands record absolute paths in their state)."""
@@ -112,10 +119,10 @@ def test_no_command_writes_through_a_planted_link(command, run_master, env, trai
             if path.exists():
                 victim.write_bytes(path.read_bytes())  # a target like the real file: read as ours would be
                 path.unlink()
-        before = snapshot(victim) if victim.is_dir() else victim.read_bytes()
+        before = _state(victim)
         path.symlink_to(victim)
         proc = cli(*_argv(command, ws, train_files), env=env, timeout=600)
-        after = snapshot(victim) if victim.is_dir() else victim.read_bytes()
+        after = _state(victim)
         assert after == before, f"{command} wrote through a link at {relative} ({sorted(kinds)})"
         if kinds & {"open", "delete"}:
             assert proc.returncode == 2, (relative, proc.stderr[-2000:])
