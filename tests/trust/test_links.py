@@ -106,6 +106,8 @@ def test_no_command_writes_through_a_planted_link(command, run_master, env, trai
     written = _written(command, tmp_path, run_master, env, train_files)
     assert written, "the audit hook saw no writes"
     for n, (relative, kinds) in enumerate(sorted(written.items())):
+        if command == "train" and not kinds & {"open", "delete"}:
+            continue  # each plant costs a training run; paths only renamed onto are covered by the others
         ws = _reset(tmp_path, run_master, command, env)
         path = ws / relative
         if not path.parent.is_dir():
