@@ -23,6 +23,8 @@ two kernels above need no compile and take the boundaries as they are.
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -122,10 +124,14 @@ def _varlen(q, k, v, spans: DocumentSpans, gqa: bool) -> torch.Tensor:
     def flat(x):  # (b, h, t, d) -> (b*t, h, d)
         return x.transpose(1, 2).reshape(b * t, x.shape[1], d)
 
-    out = varlen_attn(
-        flat(q), flat(k), flat(v), cu, cu, spans.max_length, spans.max_length,
-        window_size=(-1, 0), enable_gqa=gqa,
-    )  # fmt: skip
+    params = inspect.signature(varlen_attn).parameters
+    # torch 2.10/2.11 name causality is_causal; later versions a (left, right) window, (-1, 0) = causal
+    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    if gqa and "enable_gqa" not in params:  # share each key/value head across its query group by copy
+        k, v = (x.repeat_interleave(h // x.shape[1], dim=1) for x in (k, v))
+    elif gqa:
+        causal["enable_gqa"] = True
+    out = varlen_attn(flat(q), flat(k), flat(v), cu, cu, spans.max_length, spans.max_length, **causal)
     return out.view(b, t, h, d).transpose(1, 2)
 
 
