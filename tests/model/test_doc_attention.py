@@ -164,3 +164,32 @@ def test_cpu_picks_per_document_spans_and_unknown_kernels_are_refused():
     assert pick_kernel(q) == "spans"
     with pytest.raises(ValueError, match="unknown document-attention kernel"):
         document_attention(q, q, q, DocumentSpans(torch.tensor([[1, 1, 2, 2]])), kernel="dense")
+
+
+def test_varlen_kernel_feeds_the_flattened_documents_with_their_cumulative_lengths(monkeypatch):
+    """The CUDA kernel's inputs, checked on CPU: a stand-in for torch's varlen_attn (the reference
+    causal attention over each [cu[i], cu[i+1]) of the flattened stream) gives the dense mask's result."""
+    import torch.nn.attention.varlen as varlen
+
+    def reference(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False, **_):
+        assert torch.equal(cu_q, cu_k) and window_size == (-1, 0) and cu_q.dtype == torch.int32
+        cu = cu_q.tolist()
+        assert max_q == max(b - a for a, b in zip(cu[:-1], cu[1:], strict=True))
+        pieces = []
+        for a, b in zip(cu[:-1], cu[1:], strict=True):
+            qs, ks, vs = (x[a:b].transpose(0, 1) for x in (q, k, v))
+            pieces.append(
+                F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=enable_gqa).transpose(
+                    0, 1
+                )
+            )
+        return torch.cat(pieces)
+
+    monkeypatch.setattr(varlen, "varlen_attn", reference)
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 12, 8)
+    k, v = torch.randn(2, 2, 12, 8), torch.randn(2, 2, 12, 8)
+    segments = torch.tensor([[1] * 5 + [2] * 7, [1] * 3 + [2] * 3 + [3] * 6])
+    ours = document_attention(q, k, v, DocumentSpans(segments), enable_gqa=True, kernel="varlen")
+    dense = F.scaled_dot_product_attention(q, k, v, attn_mask=segment_causal_mask(segments), enable_gqa=True)
+    torch.testing.assert_close(ours, dense, rtol=0, atol=1e-5)  # fp32, summation order only
