@@ -148,6 +148,11 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # enable_gqa lets the kernel share each key/value head across its query group (HF's repeat_kv).
         gqa = self.num_kv_heads != self.num_heads
+        exchange = getattr(self, "sequence_exchange", None)
+        if exchange is not None:  # sequence parallel: this rank's t tokens, attention over the group's
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            out = exchange(q, k, v, 0, None, spans, gqa)  # (b, t, h, d) back from the all-to-all
+            return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
         if spans is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:  # packed documents: causal within each, no document sees another
@@ -230,6 +235,8 @@ class LlamaModel(nn.Module):
         cos, sin = self.rotary_emb(position_ids, input_ids.shape[1], x.device, x.dtype)
         spans = DocumentSpans(segment_ids) if segment_ids is not None else None
         token_mask = segment_ids != 0 if segment_ids is not None else None  # segment 0 = padding
+        if token_mask is not None and token_mask.shape[1] != input_ids.shape[1]:
+            token_mask = None  # sequence parallel: the segment ids are the whole row's, the tokens a part
         routers = []
         for layer in self.layers:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():

@@ -121,6 +121,28 @@ class DataSection:
 
 
 @dataclass
+class ParallelSection:
+    """How each sequence and each weight is split over the ranks (data parallelism takes the rest)."""
+
+    sequence: int = 1
+    """DeepSpeed-Ulysses: each rank of a group of N holds 1/N of every sequence; attention heads are
+    exchanged with all-to-all (N divides the world size, the attention heads and the sequence length)."""
+    tensor: int = 1
+    """DeepSpeed AutoTP (tensor parallelism): not supported yet; 1 only (see docs/parallelism.md)."""
+
+    def __post_init__(self) -> None:
+        for key in ("sequence", "tensor"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise _bad(f"parallel.{key}", f"expected an integer >= 1, got {value!r}")
+        if self.tensor != 1:
+            raise _bad(
+                "parallel.tensor",
+                "not supported yet: DeepSpeed AutoTP training is not wired into llm-train (docs/parallelism.md)",
+            )
+
+
+@dataclass
 class TrainingSection:
     """Batch sizes, how long, precision, clipping."""
 
@@ -432,6 +454,7 @@ class TrainConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     health: HealthSection = field(default_factory=HealthSection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
     task: str = DEFAULT_TASK
     """What is trained: a name in the table of tasks (llmtools.train.tasks.TASKS)."""
     lora: LoraSection | None = None
@@ -441,8 +464,13 @@ class TrainConfig:
     source: str | None = field(default=None, metadata={"internal": True})
 
     # -- derived values --------------------------------------------------------------------------
+    def data_parallel(self, world_size: int) -> int:
+        """Data-parallel replicas: the ranks of a sequence-parallel group read the same samples."""
+        return max(1, world_size // self.parallel.sequence)
+
     def grad_accumulation(self, world_size: int) -> int:
-        """Micro-batches per rank per step; the global batch must split evenly over the ranks."""
+        """Micro-batches per rank per step; the global batch must split evenly over the data-parallel ranks."""
+        world_size = self.data_parallel(world_size)
         per_step = self.training.micro_batch_size * world_size
         if self.training.global_batch_size % per_step:
             raise UsageError(
@@ -513,6 +541,7 @@ SECTION_TYPES = {
     "checkpoint": CheckpointSection,
     "health": HealthSection,
     "distributed": DistributedSection,
+    "parallel": ParallelSection,
     "lora": LoraSection,
     "dpo": DpoSection,
 }

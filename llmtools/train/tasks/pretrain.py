@@ -44,15 +44,40 @@ def masked_cross_entropy(logits, labels, loss_mask):
 class Inputs:
     """One micro-batch on the device: inputs, labels, the model's keyword arguments, the loss mask."""
 
-    def __init__(self, array, device, eod_id: int | None, data) -> None:
-        import numpy as np
+    def __init__(self, array, device, eod_id: int | None, data, sequence=None) -> None:
         import torch
 
         self.tokens, self.labels = to_batch(array, device)
         self.kwargs: dict = {}
         self.loss_mask = None
-        if eod_id is None:
-            return
+        self.sequence = sequence
+        if eod_id is not None:
+            self._masks(array, device, eod_id, data)
+        if sequence is not None:  # this rank's slice of every row; the document boundaries stay whole
+            if "position_ids" not in self.kwargs:
+                t = self.tokens.shape[1]
+                self.kwargs["position_ids"] = torch.arange(t, device=device).expand_as(self.tokens)
+            self.tokens, self.labels = sequence.local(self.tokens), sequence.local(self.labels)
+            self.kwargs["position_ids"] = sequence.local(self.kwargs["position_ids"])
+            if self.loss_mask is not None:
+                self.loss_mask = sequence.local(self.loss_mask)
+
+    def loss(self, logits):
+        """The micro-batch's loss (this rank's share of it under sequence parallelism)."""
+        if self.sequence is not None:
+            import torch.nn.functional as F
+
+            ce = F.cross_entropy(logits.float().flatten(0, 1), self.labels.flatten(), reduction="none")
+            mask = None if self.loss_mask is None else self.loss_mask.flatten()
+            return self.sequence.share(ce, mask)
+        if self.loss_mask is None:
+            return cross_entropy(logits, self.labels)
+        return masked_cross_entropy(logits, self.labels, self.loss_mask)
+
+    def _masks(self, array, device, eod_id: int, data) -> None:
+        import numpy as np
+        import torch
+
         from llmtools.data.doc_mask import document_masks
 
         masks = document_masks(
@@ -93,6 +118,7 @@ class PretrainTask(Task):
         self._plan = None  # llmtools.data.ledger.DataPlan of the train split
         self._train = None  # the RunData the trainer reads
         self._eod: int | None = None  # the EOD id when document masking is on
+        self.sequence = None  # this rank's SequenceSlice under sequence parallelism (set by the engine)
 
     def _masking(self, opened):
         """Remember the data's EOD id when document masking is on (every split names the same one)."""
@@ -101,7 +127,7 @@ class PretrainTask(Task):
         return opened
 
     def inputs(self, batch, device) -> Inputs:
-        return Inputs(batch, device, self._eod, self.config.data)
+        return Inputs(batch, device, self._eod, self.config.data, self.sequence)
 
     def open_data(self, split: str, samples_for: Callable[[int], int]):
         """A mix's split (its seq_length and samples are the mix's), or exactly the samples the run needs
@@ -200,10 +226,7 @@ class PretrainTask(Task):
 
     def loss(self, model, batch, device) -> LossOutput:
         b = self.inputs(batch, device)
-        logits = model(b.tokens, **b.kwargs)
-        if b.loss_mask is None:
-            return LossOutput(cross_entropy(logits, b.labels))
-        return LossOutput(masked_cross_entropy(logits, b.labels, b.loss_mask))
+        return LossOutput(b.loss(model(b.tokens, **b.kwargs)))
 
     def evaluate(self, model, batch, device, byte_lengths=None) -> tuple[LossOutput, TokenScores]:
         b = self.inputs(batch, device)
