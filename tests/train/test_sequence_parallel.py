@@ -24,14 +24,15 @@ def _ds(stage: int) -> str:
     return str(ROOT / "configs" / "deepspeed" / f"zero{stage}.json")
 
 
-def _config(folder: Path, mix: str, sequence: int, **sections):
+def _config(folder: Path, mix: str, sequence: int, recompute: bool = False, **sections):
     folder.mkdir(parents=True, exist_ok=True)
+    training = {"train_steps": STEPS, "micro_batch_size": 4, "global_batch_size": 8}
     return write_config(
         folder,
         mix,
         data=DATA,
         parallel={"sequence": sequence},
-        training={"train_steps": STEPS, "micro_batch_size": 4, "global_batch_size": 8},
+        training={**training, "activation_checkpointing": recompute},
         schedule={"warmup_steps": 3, "total_steps": STEPS},
         checkpoint={"save_every": 10},
         **sections,
@@ -50,13 +51,13 @@ def _torchrun(config, stage: int, run_dir: Path, env, *extra):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_two_ranks_holding_half_of_each_sequence_equal_one_rank(byte_data, tmp_path, cli_env, stage):
+    recompute = stage == 3  # activation checkpointing recomputes the all-to-all in the backward pass
     one = tmp_path / "one"
-    out = llm_train(
-        [_config(tmp_path / "c1", byte_data["mix"], 1), "--deepspeed", _ds(stage), "-o", one], cli_env
-    )
+    config = _config(tmp_path / "c1", byte_data["mix"], 1, recompute)
+    out = llm_train([config, "--deepspeed", _ds(stage), "-o", one], cli_env)
     assert out.returncode == 0, out.stderr[-3000:]
     two = tmp_path / "two"
-    _torchrun(_config(tmp_path / "c2", byte_data["mix"], 2), stage, two, cli_env)
+    _torchrun(_config(tmp_path / "c2", byte_data["mix"], 2, recompute), stage, two, cli_env)
     resolved = yaml.safe_load((two / "config.yaml").read_text())["resolved"]
     assert resolved["world_size"] == 2 and resolved["grad_accumulation"] == 2  # one replica of two ranks
     a, b = losses(one), losses(two)
