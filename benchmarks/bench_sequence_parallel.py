@@ -56,7 +56,10 @@ def worker(args: argparse.Namespace) -> None:
     model = LlamaForCausalLM(config).to(device)
     part = slice(None)
     if world > 1:
+        import deepspeed.ops
         from deepspeed import comm
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # plain gloo, as llm-train does
 
         from llmtools.model.sequence_parallel import enable_sequence_parallel
         from llmtools.train.sequence import start_sequence_parallel
@@ -119,7 +122,12 @@ def run_cell(args: argparse.Namespace, seq: int, sp: int) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if proc.returncode:
-        raise SystemExit(f"worker failed ({seq=}, {sp=}):\n{proc.stderr[-2000:]}")
+        causes = [
+            line
+            for line in proc.stderr.splitlines()
+            if "what()" in line or "terminate" in line or "Error" in line
+        ]
+        raise SystemExit(f"worker failed ({seq=}, {sp=}):\n" + "\n".join(causes[:10]))
     return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
 
 
