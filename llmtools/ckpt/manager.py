@@ -139,7 +139,7 @@ def _meta_fields(engine, step: int, final: Path, client_state: dict[str, Any]) -
         "tokenizer": client_state.get("tokenizer"),
         "expert_parallel": client_state.get("expert_parallel"),
         "world_size": world,
-        "dp_world_size": int(getattr(engine, "dp_world_size", world)),
+        "dp_world_size": zero_partitions(engine, world),
         "zero_stage": int(engine.zero_optimization_stage()),
         "precision": _precision(engine),
         "rng": {"kinds": ["python", "numpy", "torch"], "files": [layout.rng_name(r) for r in range(world)]},
@@ -147,6 +147,16 @@ def _meta_fields(engine, step: int, final: Path, client_state: dict[str, Any]) -
         "num_parameters": sum(int(torch.Size(s).numel()) for s in shapes.values()),
         "versions": {"deepspeed": deepspeed.__version__, "torch": torch.__version__.split("+")[0]},
     }
+
+
+def zero_partitions(engine, world: int) -> int:
+    """Ranks ZeRO partitions the state over: the data-parallel ranks, and under sequence parallelism
+    (where DeepSpeed has no plain data-parallel group) every rank of the sequence x data grid."""
+    for name in ("seq_dp_world_size", "dp_world_size"):
+        value = getattr(engine, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return world
 
 
 class CheckpointManager:
@@ -481,7 +491,7 @@ class CheckpointManager:
         meta = read_meta(path)
         rank, world = dist.rank(), dist.world_size()
         saved_world = int(meta.get("dp_world_size") or meta["world_size"])
-        current_dp = int(getattr(engine, "dp_world_size", world))
+        current_dp = zero_partitions(engine, world)
         if meta.get("init_only"):
             # Weights only (llm-ckpt import-hf): the optimizer, schedule and RNG start fresh.
             _load_weights_only(engine, layout.model_states_file(path))

@@ -90,6 +90,17 @@ class DataSection:
     """Seed of the sample order (prefixes only; a mix carries its own)."""
     cache_dir: str | None = None
     """Where the sample-index cache goes (prefixes only); default beside the data."""
+    reset_position_ids: bool = False
+    """Megatron's flag: position ids restart at 0 after every EOD token of a sample (pretraining)."""
+    reset_attention_mask: bool = False
+    """Megatron's flag: attention stays inside each document of a sample, the EOD closing its document
+    (pretraining; document attention kernels, never a dense mask)."""
+    eod_mask_loss: bool = False
+    """Megatron's flag: no loss where the input token is EOD (pretraining)."""
+
+    @property
+    def document_masking(self) -> bool:
+        return self.reset_position_ids or self.reset_attention_mask or self.eod_mask_loss
 
     def __post_init__(self) -> None:
         if self.mix is None and not self.prefixes:
@@ -107,6 +118,28 @@ class DataSection:
                 raise _bad("data.weights", "weights must be >= 0 with a positive sum")
         if self.seq_length is not None and self.seq_length < MIN_SEQ_LENGTH:
             raise _bad("data.seq_length", f"must be >= {MIN_SEQ_LENGTH}, got {self.seq_length}")
+
+
+@dataclass
+class ParallelSection:
+    """How each sequence and each weight is split over the ranks (data parallelism takes the rest)."""
+
+    sequence: int = 1
+    """DeepSpeed-Ulysses: each rank of a group of N holds 1/N of every sequence; attention heads are
+    exchanged with all-to-all (N divides the world size, the attention heads and the sequence length)."""
+    tensor: int = 1
+    """DeepSpeed AutoTP (tensor parallelism): not supported yet; 1 only (see docs/parallelism.md)."""
+
+    def __post_init__(self) -> None:
+        for key in ("sequence", "tensor"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise _bad(f"parallel.{key}", f"expected an integer >= 1, got {value!r}")
+        if self.tensor != 1:
+            raise _bad(
+                "parallel.tensor",
+                "not supported yet: DeepSpeed AutoTP training is not wired into llm-train (docs/parallelism.md)",
+            )
 
 
 @dataclass
@@ -421,6 +454,7 @@ class TrainConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     health: HealthSection = field(default_factory=HealthSection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
     task: str = DEFAULT_TASK
     """What is trained: a name in the table of tasks (llmtools.train.tasks.TASKS)."""
     lora: LoraSection | None = None
@@ -430,8 +464,13 @@ class TrainConfig:
     source: str | None = field(default=None, metadata={"internal": True})
 
     # -- derived values --------------------------------------------------------------------------
+    def data_parallel(self, world_size: int) -> int:
+        """Data-parallel replicas: the ranks of a sequence-parallel group read the same samples."""
+        return max(1, world_size // self.parallel.sequence)
+
     def grad_accumulation(self, world_size: int) -> int:
-        """Micro-batches per rank per step; the global batch must split evenly over the ranks."""
+        """Micro-batches per rank per step; the global batch must split evenly over the data-parallel ranks."""
+        world_size = self.data_parallel(world_size)
         per_step = self.training.micro_batch_size * world_size
         if self.training.global_batch_size % per_step:
             raise UsageError(
@@ -502,6 +541,7 @@ SECTION_TYPES = {
     "checkpoint": CheckpointSection,
     "health": HealthSection,
     "distributed": DistributedSection,
+    "parallel": ParallelSection,
     "lora": LoraSection,
     "dpo": DpoSection,
 }

@@ -195,10 +195,11 @@ def resolve_ds_config(
         ds["gradient_accumulation_steps"],
         ds["train_batch_size"],
     )
-    if micro * accum * world_size != total:
+    replicas = config.data_parallel(world_size)  # a sequence-parallel group reads one batch
+    if micro * accum * replicas != total:
         raise InputError(
             f"{ds_source}: train_batch_size={total} != train_micro_batch_size_per_gpu={micro} x "
-            f"gradient_accumulation_steps={accum} x world size {world_size}"
+            f"gradient_accumulation_steps={accum} x data-parallel size {replicas}"
         )
     check_with_deepspeed(ds, ds_source)
     return ds

@@ -91,6 +91,16 @@ def build_engine(plan: TrainPlan, model, device: str):
             scheduler = build_lr_scheduler(optimizer, cfg.schedule, plan.total_steps)
         else:
             scheduler = lambda opt: build_lr_scheduler(opt, cfg.schedule, plan.total_steps)  # noqa: E731
+    mpu = None
+    if cfg.parallel.sequence > 1:  # DeepSpeed's Ulysses groups, and the head exchange in every attention
+        from deepspeed import comm
+
+        from llmtools.model.sequence_parallel import enable_sequence_parallel
+        from llmtools.train.sequence import start_sequence_parallel
+
+        comm.init_distributed(dist_backend=torch.distributed.get_backend(), dist_init_required=False)
+        mpu, plan.task.sequence = start_sequence_parallel(cfg.parallel.sequence)
+        enable_sequence_parallel(model, plan.task.sequence.group, cfg.parallel.sequence)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=groups if optimizer is None else None,
@@ -98,6 +108,7 @@ def build_engine(plan: TrainPlan, model, device: str):
         lr_scheduler=scheduler,
         config=plan.ds_config,
         dist_init_required=False,
+        mpu=mpu,
     )
     if hasattr(engine.basic_optimizer, "bind_partitions"):
         # Muon orthogonalizes whole matrices: learn where DeepSpeed's flat partitions cut them.

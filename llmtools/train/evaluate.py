@@ -20,9 +20,13 @@ from llmtools.train.distributed import all_mean
 from llmtools.train.plan import TrainPlan
 
 
-def evaluate(engine, plan: TrainPlan, rank: int, world: int) -> tuple[float, dict[str, float]]:
+def evaluate(
+    engine, plan: TrainPlan, rank: int, world: int, ranks: int | None = None
+) -> tuple[float, dict[str, float]]:
     """The eval loss, and the other fields of the eval record (``eval_accuracy``, ``eval_bpb``,
-    ``eval_tokens``, ``eval_bytes`` and the task's metrics)."""
+    ``eval_tokens``, ``eval_bytes`` and the task's metrics). ``rank``/``world`` pick the samples (the
+    data-parallel rank and replicas); ``ranks`` is every process that scores tokens (default ``world``;
+    more under sequence parallelism, where each scores its part of the rows)."""
     import numpy as np
     import torch
 
@@ -58,7 +62,7 @@ def evaluate(engine, plan: TrainPlan, rank: int, world: int) -> tuple[float, dic
     record = dict(zip(task.metric_names, task_means, strict=True))
     if not scored:
         return loss, record
-    tokens, nats, correct, scored_bytes = (value * world for value in means[len(local) :])
+    tokens, nats, correct, scored_bytes = (value * (ranks or world) for value in means[len(local) :])
     record["eval_accuracy"] = correct / tokens if tokens else float("nan")
     record["eval_tokens"] = round(tokens)
     if byte_lengths is not None and scored_bytes > 0:

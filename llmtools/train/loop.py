@@ -567,8 +567,7 @@ class _Trainer:
             plan.steps * gbs,
             micro,
             gbs,
-            self.rank,
-            self.world,
+            *self.data_rank(),
             consumed_samples=self.progress.consumed_samples,
         )
         batches = self._recorded(iter(sampler))
@@ -621,6 +620,11 @@ class _Trainer:
         result.checkpoint = self.last_saved
         self.metrics.close()
         return result
+
+    def data_rank(self) -> tuple[int, int]:
+        """(data-parallel rank, replicas): the ranks of a sequence-parallel group read the same samples."""
+        n = self.cfg.parallel.sequence
+        return self.rank // n, self.world // n
 
     def _recorded(self, batches):
         """The sampler's micro-batches, the current step's kept (what a quarantine names)."""
@@ -859,7 +863,7 @@ class _Trainer:
         from llmtools.train.evaluate import evaluate
 
         plan, step = self.plan, self.progress.step
-        eval_loss, task_metrics = evaluate(self.engine, plan, self.rank, self.world)
+        eval_loss, task_metrics = evaluate(self.engine, plan, *self.data_rank(), ranks=self.world)
         ppl = math.exp(min(eval_loss, 700.0))
         record = {
             "kind": "eval",

@@ -165,6 +165,10 @@ def make_plan(
             f"{model_config.max_position_embeddings}"
         )
 
+    from llmtools.train.sequence import check_sequence_parallel
+
+    check_sequence_parallel(config, model_config, world_size, seq_length, where)
+
     valid = None
     if config.eval.every > 0 and not task.evaluates:
         warnings.append(f"task {config.task} has no valid split yet; eval.every ignored")
@@ -195,6 +199,10 @@ def make_plan(
         ds_source=ds_source,
     )
     _plan_expert_parallel(config, model_config, ds_config, world_size, ds_source)
+    if config.parallel.sequence > 1:
+        from llmtools.train.sequence import zero3_reduction
+
+        zero3_reduction(ds_config, ds_source)
     _plan_precision_and_optimizer(config, ds_config, ds_source)
     return TrainPlan(
         config=config,

@@ -68,6 +68,13 @@ POLICY: dict[str, Rule] = {
     "model.*": Rule(NEVER, "a different model cannot continue this checkpoint", OTHER_RUN),
     "tokenizer": Rule(NEVER, "token ids would mean something else (a different tokenizer)", OTHER_RUN),
     "data.cache_dir": Rule(APPLY, "only where the sample-index cache is kept"),
+    "parallel.sequence": Rule(
+        APPLY, "ZeRO partitions span every rank under any degree: the same world size loads as is"
+    ),
+    "parallel.tensor": Rule(NEVER, "tensor parallelism is not supported (1 only)", OTHER_RUN),
+    "data.reset_position_ids": Rule(APPLY, "positions of the next samples; the data position is unchanged"),
+    "data.reset_attention_mask": Rule(APPLY, "attention of the next samples; the data position is unchanged"),
+    "data.eod_mask_loss": Rule(APPLY, "loss of the next samples; the data position is unchanged"),
     "data.plan": Rule(RESET_DATA, "another sample plan under this data"),
     "data.*": Rule(RESET_DATA, "the data position belongs to the old data"),
     "training.train_steps": Rule(APPLY, "the run now ends at this step"),
@@ -129,7 +136,7 @@ _FLAGS = {
 }
 _SECTIONS = (
     "model", "data", "training", "fp16", "optimizer", "schedule", "eval", "logging", "checkpoint", "health",
-    "distributed", "dpo",
+    "distributed", "dpo", "parallel",
 )  # fmt: skip
 _TOKENIZER_IDENTITY = ("hash", "vocab_size", "eod_id")
 
