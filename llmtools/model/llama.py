@@ -8,7 +8,8 @@ Face ``state_dict`` loads with ``load_state_dict`` as is and export is no more t
 logits upcast to fp32 for the loss), which is what the comparison tests pin down.
 
 Attention goes through ``torch.nn.functional.scaled_dot_product_attention`` with ``is_causal``:
-flash / memory-efficient kernels on GPU, the fused CPU kernel otherwise.
+flash / memory-efficient kernels on GPU, the fused CPU kernel otherwise. Packed rows (``segment_ids``)
+attend within their documents through :mod:`llmtools.model.doc_attention`, never a dense t x t mask.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmtools.model.config import ModelConfig
+from llmtools.model.doc_attention import DocumentSpans, document_attention
 from llmtools.model.moe import Experts, RouterInfo, RouterStats, SparseMoeBlock, TopKRouter, router_losses
 
 IGNORE_INDEX = -100
@@ -134,7 +136,7 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: torch.Tensor | None = None
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spans: DocumentSpans | None = None
     ) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
@@ -146,10 +148,10 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # enable_gqa lets the kernel share each key/value head across its query group (HF's repeat_kv).
         gqa = self.num_kv_heads != self.num_heads
-        if attn_mask is None:
+        if spans is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else:  # packed samples: a block-diagonal causal mask (no sample sees another), True = may attend
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa)
+        else:  # packed documents: causal within each, no document sees another
+            out = document_attention(q, k, v, spans, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
 
@@ -179,11 +181,11 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
+        spans: DocumentSpans | None = None,
         token_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, RouterInfo | None]:
         """The new hidden states, and what the router did when this is a MoE layer."""
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, spans)
         if isinstance(self.mlp, SparseMoeBlock):
             out, info = self.mlp(self.post_attention_layernorm(x), token_mask)
             return x + out, info
@@ -197,7 +199,7 @@ class DecoderLayer(nn.Module):
 def segment_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     """(b, 1, t, t) bool for SDPA: causal and within one segment (packed samples never see each other).
 
-    Padding (segment 0) attends to padding only; its diagonal is always True, so no row is all-masked
+    The dense reference of document attention, for tests and benchmarks only (t x t memory). Padding (segment 0) attends to padding only; its diagonal is always True, so no row is all-masked
     (which would give NaNs).
     """
     t = segment_ids.shape[-1]
@@ -226,16 +228,16 @@ class LlamaModel(nn.Module):
         """The final hidden states, and each MoE layer's :class:`RouterInfo` (none for a dense model)."""
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(position_ids, input_ids.shape[1], x.device, x.dtype)
-        mask = segment_causal_mask(segment_ids) if segment_ids is not None else None
+        spans = DocumentSpans(segment_ids) if segment_ids is not None else None
         token_mask = segment_ids != 0 if segment_ids is not None else None  # segment 0 = padding
         routers = []
         for layer in self.layers:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 from torch.utils.checkpoint import checkpoint
 
-                x, info = checkpoint(layer, x, cos, sin, mask, token_mask, use_reentrant=False)
+                x, info = checkpoint(layer, x, cos, sin, spans, token_mask, use_reentrant=False)
             else:
-                x, info = layer(x, cos, sin, mask, token_mask)
+                x, info = layer(x, cos, sin, spans, token_mask)
             if info is not None:
                 routers.append(info)
         return self.norm(x), routers

@@ -90,6 +90,17 @@ class DataSection:
     """Seed of the sample order (prefixes only; a mix carries its own)."""
     cache_dir: str | None = None
     """Where the sample-index cache goes (prefixes only); default beside the data."""
+    reset_position_ids: bool = False
+    """Megatron's flag: position ids restart at 0 after every EOD token of a sample (pretraining)."""
+    reset_attention_mask: bool = False
+    """Megatron's flag: attention stays inside each document of a sample, the EOD closing its document
+    (pretraining; document attention kernels, never a dense mask)."""
+    eod_mask_loss: bool = False
+    """Megatron's flag: no loss where the input token is EOD (pretraining)."""
+
+    @property
+    def document_masking(self) -> bool:
+        return self.reset_position_ids or self.reset_attention_mask or self.eod_mask_loss
 
     def __post_init__(self) -> None:
         if self.mix is None and not self.prefixes:

@@ -237,3 +237,28 @@ def test_background_saves_in_the_trainer_resume_exactly(byte_mix, uninterrupted,
         _weights(resumed_run / "checkpoints" / "step_00000012"),
     )
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+DOC_MASKING = {
+    "data__reset_position_ids": True,
+    "data__reset_attention_mask": True,
+    "data__eod_mask_loss": True,
+}
+
+
+def test_document_masking_changes_the_losses_and_resumes_exactly(byte_mix, uninterrupted, tmp_path):
+    """Megatron's three flags: every sample holds several EOD-ended lines, so the losses move; a run
+    resumed from step 6 continues bit for bit."""
+    import torch
+
+    _, plain = uninterrupted
+    full_run = tmp_path / "full"
+    full = _train(byte_mix["mix"], full_run, **DOC_MASKING)
+    assert full.losses[0] != plain.losses[0]
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copytree(full_run / "checkpoints" / "step_00000006", run / "checkpoints" / "step_00000006")
+    resumed = _train(byte_mix["mix"], run, resume="auto", **DOC_MASKING)
+    assert resumed.losses == full.losses[6:]
+    a, b = (_weights(r / "checkpoints" / "step_00000012") for r in (full_run, run))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -250,6 +250,11 @@ class DpoTask(Task):
                 f"{self.where}: data: task dpo reads one prefix written by llm-prep pref: "
                 "data.prefixes: [PREFIX] and data.seq_length (no data.mix)"
             )
+        if data.document_masking:
+            raise InputError(
+                f"{self.where}: data.reset_position_ids/reset_attention_mask/eod_mask_loss: pretraining only "
+                "(its rows are single pairs, never packed)"
+            )
         seq_length = int(data.seq_length)
         self.data = PrefTrainData(data.prefixes[0], seq_length, samples_for(seq_length), seed=data.seed)
         return self.data

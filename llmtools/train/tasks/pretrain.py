@@ -1,6 +1,11 @@
 """Pretraining (``task: pretrain``, the default): next-token cross-entropy in fp32 over every token of
 blended GPT samples (a ``mix.json`` from llm-mix, or prefixes with weights planned in code).
 
+With ``data.reset_position_ids`` / ``reset_attention_mask`` / ``eod_mask_loss`` (Megatron's flags,
+:mod:`llmtools.data.doc_mask`) the samples carry position ids restarting per document, document ids
+that keep attention inside each document, and a loss mask over the EOD inputs; the EOD id is the one
+the data's tokenizer identity records.
+
 The train data keeps a data ledger (:mod:`llmtools.data.ledger`): one cursor per source, so a resumed
 run continues every source where it stopped, also when the mix changed in between.
 """
@@ -27,6 +32,59 @@ def to_batch(array, device):
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
+def masked_cross_entropy(logits, labels, loss_mask):
+    """``sum(ce * mask) / sum(mask)`` in fp32, Megatron's masked loss (0 when nothing is masked in)."""
+    import torch.nn.functional as F
+
+    ce = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
+    mask = loss_mask.flatten().to(ce.dtype)
+    return (ce * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+class Inputs:
+    """One micro-batch on the device: inputs, labels, the model's keyword arguments, the loss mask."""
+
+    def __init__(self, array, device, eod_id: int | None, data) -> None:
+        import numpy as np
+        import torch
+
+        self.tokens, self.labels = to_batch(array, device)
+        self.kwargs: dict = {}
+        self.loss_mask = None
+        if eod_id is None:
+            return
+        from llmtools.data.doc_mask import document_masks
+
+        masks = document_masks(
+            np.asarray(array)[:, :-1],
+            eod_id,
+            reset_position_ids=data.reset_position_ids,
+            reset_attention_mask=data.reset_attention_mask,
+            eod_mask_loss=data.eod_mask_loss,
+        )
+
+        def t(a):
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device=device)
+
+        if data.reset_position_ids:
+            self.kwargs["position_ids"] = t(masks["position_ids"])
+        if data.reset_attention_mask:
+            self.kwargs["segment_ids"] = t(masks["segment_ids"])
+        if data.eod_mask_loss:
+            self.loss_mask = t(masks["loss_mask"])
+
+
+def eod_id_of(tokenizer: dict | None, where: str) -> int:
+    """The EOD id of the data's tokenizer identity (refused when the data does not record one)."""
+    eod = (tokenizer or {}).get("eod_id") if isinstance(tokenizer, dict) else None
+    if isinstance(eod, bool) or not isinstance(eod, int) or eod < 0:
+        raise InputError(
+            f"{where}: data.reset_position_ids/reset_attention_mask/eod_mask_loss need the EOD id, "
+            "and the data's sidecar records no tokenizer eod_id (re-tokenize it with llm-prep json2bin)"
+        )
+    return eod
+
+
 class PretrainTask(Task):
     name = "pretrain"
 
@@ -34,6 +92,16 @@ class PretrainTask(Task):
         super().__init__(config)
         self._plan = None  # llmtools.data.ledger.DataPlan of the train split
         self._train = None  # the RunData the trainer reads
+        self._eod: int | None = None  # the EOD id when document masking is on
+
+    def _masking(self, opened):
+        """Remember the data's EOD id when document masking is on (every split names the same one)."""
+        if self.config.data.document_masking:
+            self._eod = eod_id_of(opened.tokenizer, self.where)
+        return opened
+
+    def inputs(self, batch, device) -> Inputs:
+        return Inputs(batch, device, self._eod, self.config.data)
 
     def open_data(self, split: str, samples_for: Callable[[int], int]):
         """A mix's split (its seq_length and samples are the mix's), or exactly the samples the run needs
@@ -52,7 +120,7 @@ class PretrainTask(Task):
                 return self._open_train(DataPlan.from_mix(data.mix))
             opened = BlendedGPTDataset.from_mix(data.mix, split=split)
             self._check_seq_length(opened.seq_length)
-            return opened
+            return self._masking(opened)
         # the plan's arguments: the train split is planned here (its ledger), the others by the dataset
         planned = (
             data.prefixes,
@@ -67,7 +135,7 @@ class PretrainTask(Task):
 
             plan = plan_prefixes(*planned, **options)
             return self._open_train(DataPlan.from_mix_plan(plan, "data.prefixes"))
-        return BlendedGPTDataset.from_prefixes(*planned, **options, split_name=split)
+        return self._masking(BlendedGPTDataset.from_prefixes(*planned, **options, split_name=split))
 
     def _check_seq_length(self, seq_length: int) -> None:
         data = self.config.data
@@ -83,7 +151,7 @@ class PretrainTask(Task):
         self._check_seq_length(plan.seq_length)
         self._plan = plan
         self._train, _ = open_run_data(plan, None, 0)
-        return self._train
+        return self._masking(self._train)
 
     # -- the data ledger ---------------------------------------------------------------------------
     def ledger(self) -> DataLedger | None:
@@ -120,19 +188,26 @@ class PretrainTask(Task):
         import torch
         import torch.nn.functional as F
 
-        inputs, labels = to_batch(batch, device)
+        b = self.inputs(batch, device)
         with torch.no_grad():
-            logits = model(inputs).float()
-            per_token = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
-        return per_token.view(labels.shape).mean(dim=1).tolist()
+            logits = model(b.tokens, **b.kwargs).float()
+            per_token = F.cross_entropy(logits.flatten(0, 1), b.labels.flatten(), reduction="none")
+        per_token = per_token.view(b.labels.shape)
+        if b.loss_mask is None:
+            return per_token.mean(dim=1).tolist()
+        mask = b.loss_mask.to(per_token.dtype)
+        return ((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).tolist()
 
     def loss(self, model, batch, device) -> LossOutput:
-        inputs, labels = to_batch(batch, device)
-        return LossOutput(cross_entropy(model(inputs), labels))
+        b = self.inputs(batch, device)
+        logits = model(b.tokens, **b.kwargs)
+        if b.loss_mask is None:
+            return LossOutput(cross_entropy(logits, b.labels))
+        return LossOutput(masked_cross_entropy(logits, b.labels, b.loss_mask))
 
     def evaluate(self, model, batch, device, byte_lengths=None) -> tuple[LossOutput, TokenScores]:
-        inputs, labels = to_batch(batch, device)
-        scores = score_tokens(model(inputs), labels, byte_lengths=byte_lengths)
+        b = self.inputs(batch, device)
+        scores = score_tokens(model(b.tokens, **b.kwargs), b.labels, b.loss_mask, byte_lengths=byte_lengths)
         if self.metric_names:  # a task built on this one reports its metrics from its own loss()
             return self.loss(model, batch, device), scores
-        return LossOutput(scores.nats / scores.tokens), scores
+        return LossOutput(scores.nats / scores.tokens.clamp(min=1.0)), scores

@@ -105,6 +105,11 @@ class SftTask(Task):
                 f"{self.where}: data: task sft reads one prefix written by llm-prep sft: "
                 "data.prefixes: [PREFIX] and data.seq_length (no data.mix)"
             )
+        if data.document_masking:
+            raise InputError(
+                f"{self.where}: data.reset_position_ids/reset_attention_mask/eod_mask_loss: pretraining only "
+                "(packed samples are kept apart by the segment ids llm-prep sft --pack wrote)"
+            )
         seq_length = int(data.seq_length)
         return SftTrainData(data.prefixes[0], seq_length, samples_for(seq_length), seed=data.seed)
 
