@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import os
 import platform
@@ -113,12 +114,14 @@ def write_data(folder: Path, vocab: int, seq_length: int, samples: int, seed: in
     import numpy as np
 
     from llmtools.formats.indexed import IndexedDatasetWriter
+    from llmtools.formats.sidecar import write_sidecar
 
     rng = np.random.default_rng(seed)
     prefix = folder / "random_text_document"
     dtype = np.int32 if vocab > 65535 else np.uint16
     need = (samples + 2) * (seq_length + 1)
     written = 0
+    documents = 0
     with IndexedDatasetWriter(prefix, dtype) as writer:
         while written < need:
             n = int(rng.integers(64, max(seq_length, 65)))
@@ -126,6 +129,38 @@ def write_data(folder: Path, vocab: int, seq_length: int, samples: int, seed: in
             ids[-1] = 0
             writer.add_document(ids.astype(dtype))
             written += n
+            documents += 1
+    # The sidecar names the EOD id (document masking needs it) and the vocabulary (checked against the model).
+    write_sidecar(
+        prefix,
+        {
+            "format": "llmtools.indexed-sidecar",
+            "version": 1,
+            "tool": "benchmarks/gpu_check.py",
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "tokenizer": {
+                "kind": "random",
+                "source": "gpu_check",
+                "name": "random",
+                "hash": "",
+                "vocab_size": vocab,
+                "eod_id": 0,
+                "bos_id": None,
+            },  # fmt: skip
+            "json_key": "text",
+            "append_eod": True,
+            "dtype": np.dtype(dtype).name,
+            "special_tokens": "none",
+            "inputs": [],
+            "counts": {
+                "documents": documents,
+                "sequences": documents,
+                "tokens": written,
+                "empty_documents": 0,
+                "skipped": {},
+            },  # fmt: skip
+        },
+    )
     return str(prefix)
 
 

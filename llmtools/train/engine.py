@@ -33,8 +33,9 @@ def device_choices(plan: TrainPlan, device: str):
     from llmtools.train.device import choose
 
     cfg, model = plan.config, plan.model_config
-    # Packed SFT rows reach SDPA with a dense block-diagonal mask, which flash does not take.
-    masked = bool(getattr(plan.train_data, "packed", False))
+    # Document masking and packed SFT reach SDPA as per-document causal spans (or varlen flash), never
+    # as a dense mask: no run passes SDPA an explicit mask.
+    masked = False
     casts = bool(
         (plan.ds_config.get("bf16") or {}).get("enabled") or (plan.ds_config.get("fp16") or {}).get("enabled")
     )
