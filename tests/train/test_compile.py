@@ -77,6 +77,23 @@ def test_moe_compiled_losses_equal_eager(byte_data, tmp_path):
     assert worst <= LOSS_TOL, (worst, eager.losses, comp.losses)
 
 
+def test_document_masking_compiles_once(byte_data, tmp_path, monkeypatch):
+    import torch
+
+    masking = {
+        "data__reset_attention_mask": True,
+        "data__reset_position_ids": True,
+        "training__train_steps": 3,
+    }
+    eager = _train(byte_data["mix"], tmp_path / "eager", **masking)
+    torch._dynamo.reset()
+    # every batch has other document boundaries: none of them may recompile the layers
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    comp = _train(byte_data["mix"], tmp_path / "comp", training__compile=True, **masking)
+    worst = max(abs(a - b) for a, b in zip(eager.losses, comp.losses, strict=True))
+    assert worst <= LOSS_TOL, (worst, eager.losses, comp.losses)
+
+
 def test_refused_combinations_name_the_key(byte_data, monkeypatch):
     from llmtools.train.deepspeed_config import load_ds_config
     from llmtools.train.plan import make_plan
