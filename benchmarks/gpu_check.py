@@ -15,9 +15,9 @@ bf16 through DeepSpeed, SDPA restricted to the flash/efficient kernels, NCCL. Th
 * ``zero0-eager``, ``zero2-eager``, ``zero0-compiled``, ``zero2-compiled``: ZeRO-0/2, with and without
   ``training.compile``;
 * ``zero2-eager-ac``, ``zero2-compiled-ac``: activation checkpointing on;
+* ``moe-zero2-eager``: one MoE model (the 1B shape with 8 experts of width 2048, 2 per token);
 * ``zero2-eager-docmask``, ``zero2-compiled-docmask``: document masking (``data.reset_attention_mask``)
   on, where this build has it; otherwise recorded as "not available in this build";
-* ``moe-zero2-eager``: one MoE model (the 1B shape with 8 experts of width 2048, 2 per token);
 * ``hf-deepspeed-zero2``: the same model as ``transformers.LlamaForCausalLM`` (SDPA attention) under
   ``deepspeed.initialize`` with ZeRO-2, bf16 and the same fused AdamW, on the same token batches' shape:
   the baseline every other row is compared with (``vs_baseline``).
@@ -58,9 +58,9 @@ VARIANTS = [
     ("hf-deepspeed-zero2", "hf", {"stage": 2}),
     ("zero2-eager-ac", "llmtools", {"stage": 2, "ac": True}),
     ("zero2-compiled-ac", "llmtools", {"stage": 2, "compile": True, "ac": True}),
+    ("moe-zero2-eager", "llmtools", {"stage": 2, "moe": True}),
     ("zero2-eager-docmask", "llmtools", {"stage": 2, "docmask": True}),
     ("zero2-compiled-docmask", "llmtools", {"stage": 2, "compile": True, "docmask": True}),
-    ("moe-zero2-eager", "llmtools", {"stage": 2, "moe": True}),
 ]
 BASELINE = "hf-deepspeed-zero2"
 
@@ -499,6 +499,8 @@ def main(argv=None) -> int:
             result = {"status": "ok", "wall_s": wall, **json.loads(result_file.read_text())}
         else:
             tail = [line for line in (stderr or "").strip().splitlines() if line.strip()][-3:]
+            if rc == "timeout":  # the killed process's stderr is often lost: say what happened
+                tail.insert(0, f"timed out after {setup.timeout_s:.0f} s")
             result = {"status": "failed", "wall_s": wall, "returncode": rc, "error": " | ".join(tail)[-600:]}
         report["results"][name] = result
         line = (
