@@ -112,3 +112,31 @@ def test_refused_combinations_name_the_key(byte_data, monkeypatch):
 def test_compile_keeps_the_fingerprint(byte_data):
     on = tiny_config(byte_data["mix"], training__compile=True)
     assert on.fingerprint() == tiny_config(byte_data["mix"]).fingerprint()
+
+
+def test_llm_train_refuses_compile_with_zero3_in_one_line(byte_data, tmp_path):
+    import yaml
+
+    from tests.contract.conftest import error_line, run_cli
+
+    config = tmp_path / "compile.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"preset": "tiny", **TINY},
+                "data": {"mix": byte_data["mix"]},
+                "training": {
+                    "micro_batch_size": 4,
+                    "global_batch_size": 8,
+                    "train_steps": 2,
+                    "compile": True,
+                },
+            }
+        )
+    )
+    zero3 = ROOT / "configs/deepspeed/zero3.json"
+    proc = run_cli(["llm-train", config, "--deepspeed", zero3, "-o", tmp_path / "run"], cwd=tmp_path)
+    assert proc.returncode == 2
+    line = error_line(proc, "llm-train")
+    assert "training.compile: not with ZeRO stage 3" in line and str(config) in line
+    assert not (tmp_path / "run").exists()
