@@ -74,7 +74,17 @@ def pick_kernel(q: torch.Tensor) -> str:
     return "spans"
 
 
-def document_attention(
+# Each batch has its own document boundaries, which the kernels slice by: traced inside a compiled
+# layer (training.compile), every new layout would recompile the layer. It runs eager, the rest of the
+# layer stays compiled, and its output is always contiguous (the kernels' layouts differ, and the
+# compiled code after it is specialised on strides).
+@torch.compiler.disable
+def document_attention(*args, **kwargs) -> torch.Tensor:
+    """:func:`_document_attention`, outside any compiled graph, as one contiguous (b, h, t, d) tensor."""
+    return _document_attention(*args, **kwargs).contiguous()
+
+
+def _document_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,

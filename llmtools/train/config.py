@@ -163,6 +163,8 @@ class TrainingSection:
     """Seed of the model initialisation and of every RNG."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass: less memory, ~30% more compute."""
+    compile: bool = False
+    """torch.compile each decoder layer (dense and MoE): fused kernels, the same losses within rounding."""
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "global_batch_size"):
@@ -515,6 +517,7 @@ class TrainConfig:
         d = self.to_dict()
         keep = {k: d[k] for k in ("model", "data", "training", "optimizer", "schedule")}
         keep["training"].pop("activation_checkpointing", None)  # same weights with or without it
+        keep["training"].pop("compile", None)  # the same weights within rounding, and older hashes stay
         # Keys an optimizer or precision does not read leave the hash as it was before they existed.
         if self.optimizer.name != "muon":
             for key in MUON_KEYS:

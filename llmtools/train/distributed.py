@@ -89,8 +89,10 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistInfo:
 
     launcher = detect_environment()
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    from llmtools.train.device import process_group_backend
+
     cuda = torch.cuda.is_available()
-    backend = "nccl" if cuda else "gloo"
+    backend = process_group_backend("cuda" if cuda else "cpu")
     if cuda:
         # srun --gpus-per-task=1 (or --gpu-bind) shows each task only its own device(s): index modulo what is seen.
         index = local % torch.cuda.device_count()

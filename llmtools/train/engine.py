@@ -27,6 +27,40 @@ def param_groups(model, weight_decay: float, named: bool = False) -> list[dict]:
     return groups
 
 
+def device_choices(plan: TrainPlan, device: str):
+    """What this run gets on ``device`` (:func:`llmtools.train.device.choose`): DeepSpeed casts the model
+    itself for bf16/fp16, so autocast is left to runs whose engine does not."""
+    from llmtools.train.device import choose
+
+    cfg, model = plan.config, plan.model_config
+    # Document masking and packed SFT reach SDPA as per-document causal spans (or varlen flash), never
+    # as a dense mask: no run passes SDPA an explicit mask.
+    masked = False
+    casts = bool(
+        (plan.ds_config.get("bf16") or {}).get("enabled") or (plan.ds_config.get("fp16") or {}).get("enabled")
+    )
+    return choose(
+        device,
+        precision=cfg.training.precision,
+        engine_casts=casts or cfg.training.precision == "fp32",
+        head_dim=model.head_dim,
+        masked=masked,
+        gqa=model.num_key_value_heads != model.num_attention_heads,
+    )
+
+
+def compile_layers(model) -> int:
+    """``torch.compile`` each decoder layer in place (parameter names unchanged, so checkpoints are the
+    eager model's); one graph serves every layer of the same kind. Returns how many were compiled."""
+    from llmtools.model.moe import SparseMoeBlock
+
+    for layer in model.model.layers:
+        # A MoE layer's experts see a different number of tokens every step: compiled for any size at
+        # once rather than once per size seen first.
+        layer.compile(dynamic=True if isinstance(layer.mlp, SparseMoeBlock) else None)
+    return len(model.model.layers)
+
+
 def build_model(plan: TrainPlan):
     import torch
 
@@ -50,6 +84,8 @@ def build_model(plan: TrainPlan):
             f"{counts['frozen']:,} base parameters frozen",
             int(os.environ.get("RANK", "0")),
         )
+    if plan.config.training.compile:  # last: the layers are compiled with their adapters in place
+        compile_layers(model)
     return model
 
 
@@ -77,7 +113,7 @@ def build_engine(plan: TrainPlan, model, device: str):
         allow_in_deepspeed(plan.ds_config, cfg.optimizer.name)
     elif "optimizer" not in plan.ds_config:
         betas = tuple(cfg.optimizer.betas)
-        kwargs = {"fused": True} if device.startswith("cuda") else {"foreach": False}
+        kwargs = {"fused": True} if device_choices(plan, device).fused_adamw else {"foreach": False}
         optimizer = torch.optim.AdamW(
             groups,
             lr=cfg.optimizer.lr,

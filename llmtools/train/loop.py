@@ -333,7 +333,7 @@ class _Trainer:
     def __init__(self, plan: TrainPlan, options: RunOptions, dist_info) -> None:
         from llmtools.model.flops import flops_per_token
         from llmtools.train import checkpointing
-        from llmtools.train.engine import build_engine, build_model, coalesce_reductions
+        from llmtools.train.engine import build_engine, build_model, coalesce_reductions, device_choices
         from llmtools.train.metrics import StepWindow, peak_tflops
 
         cfg = self.cfg = plan.config
@@ -341,6 +341,7 @@ class _Trainer:
         self.rank, self.world, self.device = dist_info.rank, dist_info.world_size, dist_info.device
         self.run_dir = options.run_dir
         self.engine = engine = build_engine(plan, build_model(plan), self.device)
+        self.choices = device_choices(plan, self.device)
 
         self.fp16 = cfg.training.precision == "fp16"
         self.gate = HealthGate(cfg.health, self._norm_of_deepspeed, loss_scaling=self.fp16)
@@ -644,9 +645,10 @@ class _Trainer:
         if self.norms is not None and self._measures_norms(self.progress.step + 1):
             self.norms.begin()
         try:
-            losses, metrics = accumulate_and_update(
-                engine, plan, batches, gate, self.coalesce, self.own_norm, self.router
-            )
+            with self.kernels():
+                losses, metrics = accumulate_and_update(
+                    engine, plan, batches, gate, self.coalesce, self.own_norm, self.router
+                )
         except Exception as error:
             self._stop_if_scale_collapsed(error)
             raise
@@ -663,6 +665,12 @@ class _Trainer:
         self.step_time = time.perf_counter() - started
         self.loss = loss
         return loss, gate.norm
+
+    def kernels(self):
+        """The device's attention kernels and autocast (:mod:`~llmtools.train.device`) around a pass."""
+        from llmtools.train.device import kernel_context
+
+        return kernel_context(self.choices, self.device, warn=lambda m: self.log(m, always=True))
 
     def _measures_norms(self, step: int) -> bool:
         """Norms on log steps; on every step when the update ratio is a health signal."""
@@ -863,7 +871,8 @@ class _Trainer:
         from llmtools.train.evaluate import evaluate
 
         plan, step = self.plan, self.progress.step
-        eval_loss, task_metrics = evaluate(self.engine, plan, *self.data_rank(), ranks=self.world)
+        with self.kernels():
+            eval_loss, task_metrics = evaluate(self.engine, plan, *self.data_rank(), ranks=self.world)
         ppl = math.exp(min(eval_loss, 700.0))
         record = {
             "kind": "eval",

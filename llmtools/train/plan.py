@@ -204,6 +204,7 @@ def make_plan(
 
         zero3_reduction(ds_config, ds_source)
     _plan_precision_and_optimizer(config, ds_config, ds_source)
+    _plan_compile(config, ds_config, ds_source)
     return TrainPlan(
         config=config,
         task=task,
@@ -327,6 +328,31 @@ def _plan_precision_and_optimizer(config: TrainConfig, ds_config: dict, ds_sourc
             "(AdamW's step count and weight decay then run one step ahead)"
         )
     check_optimizer(config, ds_config, stage, where, ds_source)
+
+
+def _plan_compile(config: TrainConfig, ds_config: dict, ds_source: str) -> None:
+    """training.compile: what cannot be compiled, refused before compute (one line)."""
+    if not config.training.compile:
+        return
+    import shutil
+
+    where = config.source or "<train config>"
+    cc = os.environ.get("CC") or "cc"
+    if not (shutil.which(cc) or shutil.which("gcc") or shutil.which("clang")):
+        raise InputError(
+            f"{where}: training.compile: no C compiler ({cc}, gcc or clang) on PATH; torch.compile builds its "
+            "kernels with one (install gcc, or set training.compile false)"
+        )
+    if config.model.expert_parallel is not None:
+        raise InputError(
+            f"{where}: training.compile: not with model.expert_parallel (DeepSpeed's expert-parallel layer "
+            "exchanges tokens between ranks inside the layer, which the compiled layer would have to trace)"
+        )
+    if zero_stage(ds_config) == 3:
+        raise InputError(
+            f"{where}: training.compile: not with ZeRO stage 3 ({ds_source}): its hooks gather each layer's "
+            "parameters inside the layer call, which the compiled layer would have to trace"
+        )
 
 
 def _round_vocab(vocab: int, multiple: int = 64) -> int:

@@ -87,6 +87,11 @@ POLICY: dict[str, Rule] = {
     "training.clip_grad": Rule(APPLY, "set in the optimizer from the next step on"),
     "training.seed": Rule(RESET_DATA, "the RNG streams restart from the new seed"),
     "training.activation_checkpointing": Rule(APPLY, "same results, other memory and speed"),
+    # Same parameters and optimizer state either way; only the kernels change, whose sums may round
+    # differently (within the compile-equality test's tolerance), so a switch is exact up to rounding.
+    "training.compile": Rule(
+        APPLY, "the same model in fused kernels from the next step on (rounding may differ)"
+    ),
     "optimizer.name": Rule(NEVER, "the optimizer state belongs to the old optimizer", NEW_RUN),
     "optimizer.lr": Rule(APPLY, "the schedule continues at this step with the new peak"),
     "optimizer.betas": Rule(APPLY, "set in the optimizer from the next step on; its moments are kept"),

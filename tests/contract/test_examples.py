@@ -45,6 +45,11 @@ README = REPO / "README.md"
 FIXTURES = REPO / "tests" / "logs" / "fixtures"
 
 NOT_HERE = {
+    "python3 -m venv .venv": "docs/gpu.md's CUDA install: needs a CUDA machine and PyTorch's CUDA index",
+    ".venv/bin/pip install torch==2.13.0 --index-url": "docs/gpu.md's CUDA install: PyTorch's CUDA index",
+    "DS_ACCELERATOR=cuda make setup": "docs/gpu.md's CUDA install: needs a CUDA machine",
+    "python benchmarks/gpu_check.py --out": "needs one CUDA GPU for ~8 minutes",
+    "python benchmarks/gpu_check.py --cpu-smoke": "run by tests/train/test_gpu_check.py (minutes of torch.compile)",
     "deepspeed --hostfile hosts": "needs a multi-node hostfile and ssh/pdsh to its hosts",
     "export MASTER_ADDR=$(scontrol": "inside a Slurm batch script (scontrol); srun-style ranks are emulated in tests/train/test_slurm.py",
     "export MASTER_PORT=$((20000 + SLURM_JOB_ID": "inside a Slurm batch script (SLURM_JOB_ID)",
