@@ -293,6 +293,10 @@ class EvalSection:
     """Evaluate every N steps (and after the last step); 0 disables."""
     iters: int = 4
     """Micro-batches per rank per evaluation."""
+    tasks: list[str] = field(default_factory=list)
+    """Downstream tasks scored at every evaluation: JSONL files (relative to the config's folder) of
+    multiple-choice ({context, choices, gold}: acc, acc_norm) or perplexity ({text}: loss, bpb) examples,
+    reported as eval/<file name>/acc ... (llmtools.train.downstream)."""
 
     def __post_init__(self) -> None:
         if self.every < 0:

@@ -929,6 +929,17 @@ class _Trainer:
 
         plan, step = self.plan, self.progress.step
         eval_loss, task_metrics = evaluate(self.engine, plan, self.rank, self.world)
+        if plan.eval_tasks:
+            from llmtools.train.downstream import evaluate_tasks
+
+            self.engine.eval()
+            task_metrics.update(
+                evaluate_tasks(
+                    self.engine, plan.eval_tasks, self.engine.device, self.rank, self.world,
+                    self.cfg.training.micro_batch_size,
+                )
+            )  # fmt: skip
+            self.engine.train()
         ppl = math.exp(min(eval_loss, 700.0))
         record = {
             "kind": "eval",
@@ -944,6 +955,11 @@ class _Trainer:
             f" | {label} {record[key]:.4f}"
             for key, label in (("eval_accuracy", "accuracy"), ("eval_bpb", "bits/byte"))
             if key in record
+        )
+        extra += "".join(
+            f" | {task.name} {name} {record[f'{task.name}/{name}']:.4f}"
+            for task in plan.eval_tasks
+            for name in (("acc", "acc_norm") if task.kind == "multiple_choice" else ("loss", "bpb"))
         )
         self.log(f"step {step:>6}/{plan.steps} | eval loss {eval_loss:.4f} | eval ppl {ppl:.2f}{extra}")
         return eval_loss
