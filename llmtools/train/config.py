@@ -293,6 +293,9 @@ class EvalSection:
     """Evaluate every N steps (and after the last step); 0 disables."""
     iters: int = 4
     """Micro-batches per rank per evaluation."""
+    per_source: bool = False
+    """Also the valid split's loss, bits per byte and tokens of each source of a blend (eval/<source>/loss,
+    /bpb, /tokens); one more forward over the evaluated micro-batches."""
     tasks: list[str] = field(default_factory=list)
     """Downstream tasks scored at every evaluation: JSONL files (relative to the config's folder) of
     multiple-choice ({context, choices, gold}: acc, acc_norm) or perplexity ({text}: loss, bpb) examples,

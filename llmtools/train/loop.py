@@ -929,6 +929,10 @@ class _Trainer:
 
         plan, step = self.plan, self.progress.step
         eval_loss, task_metrics = evaluate(self.engine, plan, self.rank, self.world)
+        if plan.config.eval.per_source:
+            from llmtools.train.evaluate import evaluate_sources
+
+            task_metrics.update(evaluate_sources(self.engine, plan, self.rank, self.world))
         if plan.eval_tasks:
             from llmtools.train.downstream import evaluate_tasks
 

@@ -143,3 +143,24 @@ def test_a_bad_task_file_is_one_line_exit_2(byte_data, tmp_path, cli_env, line, 
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{task}{message}" in lines[0], out.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_per_source_validation_loss_adds_up_to_the_eval_loss(byte_data, tmp_path, cli_env):
+    config = write_config(
+        tmp_path,
+        byte_data["mix"],
+        training={"train_steps": 2},
+        checkpoint={"save_every": 0},
+        eval={"every": 2, "iters": 4, "per_source": True},
+    )
+    out = llm_train([config, "--deepspeed", DS, "-o", tmp_path / "run"], cli_env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    (record,) = [r for r in records if r["kind"] == "eval"]
+    names = [Path(p).name for p in byte_data["prefixes"]]
+    tokens = {name: record[f"{name}/tokens"] for name in names}
+    assert sum(tokens.values()) == record["eval_tokens"] and min(tokens.values()) > 0
+    mean = sum(record[f"{name}/loss"] * tokens[name] for name in names) / record["eval_tokens"]
+    # the same float32 cross-entropies summed in another order, over ~2k tokens
+    assert mean == pytest.approx(record["eval_loss"], rel=1e-5)
+    assert all(0 < record[f"{name}/bpb"] < 20 for name in names)  # bytes are known: the byte tokenizer
