@@ -18,7 +18,6 @@ error naming the file and line. Inputs longer than the model's context keep thei
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,34 +48,16 @@ def _encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int],
 
 
 def load_tasks(paths: list[str], tokenizer, base: Path | None, max_len: int) -> list[Task]:
-    """Read and tokenize the task files (relative paths against ``base``, the config's folder)."""
-    tasks, names = [], set()
-    for spec in paths:
-        path = Path(spec) if base is None or Path(spec).is_absolute() else base / spec
-        name = path.name.removesuffix(".jsonl").removesuffix(".json")
-        if name in names:
-            raise InputError(f"eval.tasks: two tasks named {name!r} (file names must differ)")
-        names.add(name)
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            raise InputError(f"eval.tasks: {path}: no such file") from None
-        except (OSError, UnicodeDecodeError) as error:
-            raise InputError(f"eval.tasks: {path}: unreadable ({error})") from None
-        task = Task(name, "")
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                item = json.loads(line)
-            except ValueError as error:
-                raise InputError(f"{where}: not JSON ({error})") from None
-            kind = _kind(item, where)
-            if task.kind and kind != task.kind:
-                raise InputError(f"{where}: a {kind} example in a {task.kind} task (one kind per file)")
-            task.kind = kind
-            if kind == "perplexity":
+    """Read (:mod:`llmtools.formats.tasks`) and tokenize the task files (relative paths against ``base``,
+    the config's folder)."""
+    from llmtools.formats.tasks import read_task_files
+
+    tasks = []
+    for found in read_task_files(paths, base):
+        task = Task(found.name, found.kind)
+        for number, item in enumerate(found.examples, 1):
+            where = f"{found.path}: example {number}"
+            if found.kind == "perplexity":
                 ids = list(tokenizer.encode(item["text"]))[-(max_len + 1) :]
                 if len(ids) < 2:
                     raise InputError(f"{where}: text: fewer than 2 tokens, nothing to predict")
@@ -96,31 +77,8 @@ def load_tasks(paths: list[str], tokenizer, base: Path | None, max_len: int) -> 
             task.pairs.append(pairs)
             task.gold.append(item["gold"])
             task.choice_chars.append(chars)
-        if not task.pairs:
-            raise InputError(f"eval.tasks: {path}: no examples")
         tasks.append(task)
     return tasks
-
-
-def _kind(item, where: str) -> str:
-    if not isinstance(item, dict):
-        raise InputError(f"{where}: expected a JSON object, got {type(item).__name__}")
-    if "text" in item and "choices" not in item:
-        if not isinstance(item["text"], str):
-            raise InputError(f"{where}: text: expected a string")
-        return "perplexity"
-    context, choices, gold = item.get("context"), item.get("choices"), item.get("gold")
-    if not isinstance(context, str):
-        raise InputError(f"{where}: context: expected a string (or text, for a perplexity task)")
-    if (
-        not isinstance(choices, list)
-        or len(choices) < 2
-        or not all(isinstance(c, str) and c for c in choices)
-    ):
-        raise InputError(f"{where}: choices: expected a list of at least 2 non-empty strings")
-    if not isinstance(gold, int) or isinstance(gold, bool) or not 0 <= gold < len(choices):
-        raise InputError(f"{where}: gold: expected the index of the right choice (0..{len(choices) - 1})")
-    return "multiple_choice"
 
 
 def _loglikelihoods(

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,6 +124,34 @@ def test_accuracy_rises_on_a_taught_task_and_stays_at_chance_otherwise(byte_data
     assert all(abs(r["random/acc"] - 0.5) <= 0.25 for r in evals), evals
     assert "shakespeare acc" in out.stderr
 
+    # lm-evaluation-harness on the final checkpoint, through llm-ckpt eval: the same accuracies
+    pytest.importorskip("lm_eval")
+    harness = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmtools.cli.ckpt",
+            "eval",
+            tmp_path / "run",
+            "--tasks",
+            taught,
+            "--tasks",
+            untaught,
+        ],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert harness.returncode == 0, harness.stderr
+    report = json.loads(harness.stdout)
+    assert report["checkpoint"].endswith("step_00000012")
+    for task in ("shakespeare", "random"):
+        for metric in ("acc", "acc_norm"):
+            # a count of right answers over 60 examples: equal unless a choice is a near-tie in float32
+            assert report["results"][task][metric] == last[f"{task}/{metric}"], (task, metric, report)
+    assert json.loads((tmp_path / "run" / "eval" / "step_00000012.json").read_text()) == report
+
 
 @pytest.mark.parametrize(
     ("line", "message"),
@@ -164,3 +194,30 @@ def test_per_source_validation_loss_adds_up_to_the_eval_loss(byte_data, tmp_path
     # the same float32 cross-entropies summed in another order, over ~2k tokens
     assert mean == pytest.approx(record["eval_loss"], rel=1e-5)
     assert all(0 < record[f"{name}/bpb"] < 20 for name in names)  # bytes are known: the byte tokenizer
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "--tasks: {task}: no such task file"),
+        (
+            '{"context": "a", "choices": ["b", "c"]}\n',
+            "{task}:1: gold: expected the index of the right choice (0..1)",
+        ),
+    ],
+)
+def test_llm_ckpt_eval_bad_task_is_one_line_exit_2(tmp_path, cli_env, content, message):
+    pytest.importorskip("lm_eval")
+    task = tmp_path / "task.jsonl"
+    if content is not None:
+        task.write_text(content)
+    out = subprocess.run(
+        [sys.executable, "-m", "llmtools.cli.ckpt", "eval", tmp_path / "nowhere", "--tasks", task],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2
+    # the task is checked first: before the checkpoint is even looked for
+    assert out.stderr.strip().splitlines() == [f"llm-ckpt: error: {message.format(task=task)}"]
