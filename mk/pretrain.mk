@@ -2,7 +2,7 @@
 #
 #   built-in corpus (or CORPUS=...) -> tokenizer -> llm-prep json2bin (one prefix per source)
 #     -> llm-mix (WEIGHTS) -> llm-train (CONFIG, DS, NPROC processes) -> llm-ckpt verify / convert to HF
-#     -> llm-log summary / plot
+#     -> llm-log summary / plot -> llm-ckpt eval on a downstream task (the built-in corpus only)
 #
 #   make pretrain                                     # the embedded default, a few minutes on 2 CPU cores
 #   make pretrain NPROC=2                             # two processes under torchrun
@@ -33,6 +33,9 @@ RUN := $(OUT)/run
 TOKENIZER := $(OUT)/tokenizer.json
 MIX := $(OUT)/mix.json
 HF := $(OUT)/hf
+# A downstream task built like the built-in corpus (arithmetic sums); user corpora have no such task.
+TASK := $(OUT)/tasks/arith_sums.jsonl
+EVAL := $(if $(strip $(CORPUS)),,$(OUT)/eval.json)
 
 # Sources: the built-in sample corpus (two styles, so the mix has two sources) unless CORPUS names files.
 DEFAULT_SOURCES := $(RAW)/stories.jsonl $(RAW)/arith.jsonl
@@ -53,7 +56,7 @@ PIPELINE_SETS = --set data.mix=$(MIX) --set data.seq_length=$(SEQ) --set model.v
 
 .PHONY: pretrain pretrain-data pretrain-train pretrain-clean
 
-pretrain: $(OUT)/summary.txt $(OUT)/curves.png $(OUT)/verify.txt $(HF)/config.json
+pretrain: $(OUT)/summary.txt $(OUT)/curves.png $(OUT)/verify.txt $(HF)/config.json $(EVAL)
 	@echo ""
 	@echo "pretrain: done. Everything is under $(OUT)/:"
 	@echo "  corpus       $(SOURCES)"
@@ -66,6 +69,11 @@ pretrain: $(OUT)/summary.txt $(OUT)/curves.png $(OUT)/verify.txt $(HF)/config.js
 	@echo "  curves       $(OUT)/curves.png"
 	@echo "  summary      $(OUT)/summary.txt"
 	@cat $(OUT)/summary.txt
+ifneq ($(EVAL),)
+	@$(PY) -c "import json, sys; r = json.load(open(sys.argv[1])); \
+	[print(f'downstream   {t}: acc {m[\"acc\"]:.3f}, acc_norm {m[\"acc_norm\"]:.3f} (chance 0.250; {sys.argv[1]})') \
+	 for t, m in r['results'].items()]" $(EVAL)
+endif
 
 pretrain-data: $(MIX)
 pretrain-train: $(OUT)/train.done
@@ -114,6 +122,15 @@ $(OUT)/summary.txt: $(OUT)/train.done
 
 $(OUT)/curves.png: $(OUT)/train.done
 	$(BIN)/llm-log plot $(RUN)/metrics.jsonl -o $@ --force
+
+# 8. Downstream: lm-evaluation-harness on the final checkpoint (llm-ckpt eval), a task of the built-in corpus.
+$(TASK): | setup
+	@mkdir -p $(dir $@)
+	$(BIN)/llm-prep sample-task -o $@ --seed $(SEED) --force
+
+$(OUT)/eval.json: $(OUT)/train.done $(TASK)
+	$(BIN)/llm-ckpt eval $(RUN) --tasks $(TASK) > $@.tmp
+	mv $@.tmp $@
 
 pretrain-clean:
 	rm -rf $(OUT)

@@ -1,4 +1,4 @@
-"""``llm-ckpt``: list, verify, inspect, prune and convert training checkpoints."""
+"""``llm-ckpt``: list, verify, inspect, prune, convert and evaluate training checkpoints."""
 
 from __future__ import annotations
 
@@ -272,6 +272,67 @@ def convert_(
     }
     claim([output], inputs=input_paths([checkpoint, tokenizer]), force=force, kinds={kinds.get(to, to)})
     emit(str(convert(config)))
+
+
+EVAL_HELP = """Evaluate a checkpoint with lm-evaluation-harness, without converting it first.
+
+Tasks are local JSONL files (docs/evaluation.md): multiple choice ({context, choices, gold}: acc,
+acc_norm) or perplexity ({text}: word_perplexity, byte_perplexity, bits_per_byte); nothing is
+downloaded. The checkpoint (any ZeRO stage, dense or MoE, LoRA merged) is converted into a temporary
+Hugging Face folder and scored with the run's own tokenizer. Prints the results as JSON and writes
+them to RUN/eval/<checkpoint>.json. Needs the extra 'eval' (pip install 'llmtools[eval]').
+
+\b
+Examples:
+  llm-ckpt eval runs/tiny --tasks tasks/arithmetic.jsonl
+  llm-ckpt eval runs/tiny/checkpoints/step_00000200 --tasks a.jsonl --tasks b.jsonl --limit 100
+"""
+
+
+@app.command("eval", help=EVAL_HELP, no_args_is_help=True)
+def eval_(
+    checkpoint: Path = typer.Argument(
+        ..., help="A checkpoint folder, or a run folder (its newest verified one)."
+    ),
+    tasks: list[str] = typer.Option(..., "--tasks", help="A task file (JSONL); repeat for more."),
+    tokenizer: str = typer.Option(
+        None,
+        "--tokenizer",
+        help="Tokenizer to score with; default: the one the checkpoint's data was made with.",
+    ),
+    limit: int = typer.Option(None, "--limit", help="At most N examples per task."),
+    batch: int = typer.Option(8, "--batch", help="Sequences per forward."),
+) -> None:
+    from llmtools.ckpt import harness
+    from llmtools.ckpt.convert import resolve_checkpoint
+    from llmtools.ckpt.verify import read_meta
+    from llmtools.fsutil import write_text_atomic
+    from llmtools.tokenize.loader import load_tokenizer
+
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit: must be >= 1, got {limit}")
+    if batch < 1:
+        raise InputError(f"--batch: must be >= 1, got {batch}")
+    found = harness.check_ready(tasks)
+    path = resolve_checkpoint(checkpoint)
+    source = tokenizer or ((read_meta(path).get("tokenizer") or {}).get("source"))
+    if not source:
+        raise InputError(f"{path}/meta.json[tokenizer]: records no tokenizer; pass --tokenizer")
+    try:
+        tok = load_tokenizer(str(source), backend="tokenizers")
+    except InputError as error:
+        raise InputError(f"--tokenizer: {source}: {error}") from None
+    results = harness.evaluate_checkpoint(path, found, tok, limit=limit, batch=batch)
+    report = {
+        "checkpoint": str(path.resolve()),
+        "tasks": {t.name: str(t.path) for t in found},
+        "results": results,
+    }
+    where = harness.results_path(path)
+    where.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(where, harness.dumps(report))
+    log(f"llm-ckpt: results in {where}")
+    emit(json.dumps(report))
 
 
 IMPORT_HELP = """Bring a Hugging Face Llama/Qwen3 model folder in as a step-0 checkpoint.

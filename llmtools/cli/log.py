@@ -1,4 +1,5 @@
-"""``llm-log``: training logs to TensorBoard event files (``tb``), curves (``plot``) and tables (``summary``)."""
+"""``llm-log``: training logs to TensorBoard event files (``tb``), experiment trackers (``wandb``, ``mlflow``),
+curves (``plot``) and tables (``summary``)."""
 
 from __future__ import annotations
 
@@ -150,6 +151,115 @@ def tb(
     else:
         for info in result.runs.values():
             emit(info["events_file"])
+
+
+TRACK_HELP = """Upload a run to {title}: every metric at its step ({what}).
+
+A LOG is a run folder of llm-train, a metrics.jsonl, or a Megatron-LM / DeepSpeed / MindFormers /
+generic log (as for 'llm-log tb'); each becomes one {title} run named after it, with llm-train's own
+names (train/loss, eval/eval_loss; events as keys event/<step>/<name>). Idempotent: DIR keeps the run
+id of each LOG (.llm-log-trackers.json) and uploading again continues that run with only the steps it
+lacks, so a second upload adds nothing; --follow keeps uploading a growing log until Ctrl-C.
+Needs the extra 'track' (pip install 'llmtools[track]'). Prints one line per run: name, id, new points.
+
+\b
+Examples:
+{examples}
+"""
+WANDB_HELP = TRACK_HELP.format(
+    title="Weights & Biases",
+    what="offline into DIR/wandb unless WANDB_MODE says otherwise; 'wandb sync DIR/wandb/offline-run-*' "
+    "uploads it later",
+    examples="  llm-log wandb runs/tiny --dir tracking/                # our run folder\n"
+    "  llm-log wandb megatron.log --dir tracking/ --project 345m\n"
+    "  llm-log wandb runs/tiny --dir tracking/ --follow         # live; Ctrl-C to stop",
+)
+MLFLOW_HELP = TRACK_HELP.format(
+    title="MLflow",
+    what="into the store --tracking-uri (or MLFLOW_TRACKING_URI) names, else the folder store DIR/mlruns",
+    examples="  llm-log mlflow runs/tiny --dir tracking/\n"
+    "  llm-log mlflow ds.log.gz --dir tracking/ --tracking-uri http://mlflow.internal:5000\n"
+    "  llm-log mlflow runs/tiny --dir tracking/ --follow",
+)
+
+
+def _upload(
+    tracker: str, logs, folder, project, tracking_uri, fmt, pattern, follow, poll, seq_length, as_json, quiet
+):
+    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.logs.upload import UploadConfig, upload
+
+    claim([folder], inputs=input_paths(logs), adds=True)
+    config = UploadConfig(
+        tracker=tracker,
+        folder=folder,
+        project=project,
+        tracking_uri=tracking_uri,
+        fmt=fmt,
+        pattern=pattern,
+        follow=follow,
+        poll_s=poll,
+        seq_length=seq_length,
+    )
+    flag = _StopFlag()
+    if follow:
+        signal.signal(signal.SIGINT, flag)
+        signal.signal(signal.SIGTERM, flag)
+    result = upload(logs, config, should_stop=lambda: flag.stop, on_progress=None if quiet else log)
+    _report_counts(result.pop("counts"), quiet)
+    if as_json:
+        emit(json.dumps(result))
+    else:
+        for name, info in result["runs"].items():
+            emit(f"{name}\t{info['id']}\t{info['points']} new points")
+
+
+_DIR_HELP = "Folder for the tracker's local files (W&B offline runs, MLflow's folder store) and the state."
+
+
+@app.command("wandb", help=WANDB_HELP, no_args_is_help=True)
+def wandb_command(
+    logs: list[str] = typer.Argument(..., help="Run folders, metrics.jsonl files or trainer logs."),
+    folder: Path = typer.Option(..., "--dir", help=_DIR_HELP),
+    project: str = typer.Option("llmtools", "--project", help="The W&B project."),
+    fmt: str = typer.Option("auto", "--format", help=FORMATS_HELP),
+    pattern: str = typer.Option(None, "--pattern", help=PATTERN_HELP),
+    follow: bool = typer.Option(
+        False, "-f", "--follow", help="Keep uploading as the logs grow (Ctrl-C stops)."
+    ),
+    poll: float = typer.Option(0.5, "--poll", help="With --follow: seconds between looks at the logs."),
+    seq_length: int = typer.Option(None, "--seq-length", help=SEQ_HELP),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print a JSON summary (runs, ids, points, line counts)."
+    ),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No counts on stderr."),
+) -> None:
+    _upload("wandb", logs, folder, project, None, fmt, pattern, follow, poll, seq_length, as_json, quiet)
+
+
+@app.command("mlflow", help=MLFLOW_HELP, no_args_is_help=True)
+def mlflow_command(
+    logs: list[str] = typer.Argument(..., help="Run folders, metrics.jsonl files or trainer logs."),
+    folder: Path = typer.Option(..., "--dir", help=_DIR_HELP),
+    project: str = typer.Option("llmtools", "--project", help="The MLflow experiment."),
+    tracking_uri: str = typer.Option(
+        None, "--tracking-uri", help="MLflow store or server; default MLFLOW_TRACKING_URI, else DIR/mlruns."
+    ),
+    fmt: str = typer.Option("auto", "--format", help=FORMATS_HELP),
+    pattern: str = typer.Option(None, "--pattern", help=PATTERN_HELP),
+    follow: bool = typer.Option(
+        False, "-f", "--follow", help="Keep uploading as the logs grow (Ctrl-C stops)."
+    ),
+    poll: float = typer.Option(0.5, "--poll", help="With --follow: seconds between looks at the logs."),
+    seq_length: int = typer.Option(None, "--seq-length", help=SEQ_HELP),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print a JSON summary (runs, ids, points, line counts)."
+    ),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No counts on stderr."),
+) -> None:
+    _upload(
+        "mlflow", logs, folder, project, tracking_uri, fmt, pattern, follow, poll, seq_length, as_json, quiet
+    )
 
 
 @app.command("plot", help=PLOT_HELP, no_args_is_help=True)

@@ -486,6 +486,34 @@ def sample_corpus_cmd(
         emit(str(path))
 
 
+SAMPLE_TASK_HELP = """Write a downstream task built from the sample corpus: arithmetic sums, multiple choice.
+
+Each example is a prompt of the arith style ("17 + 25 =") and four sums, the right one among three off by
+1 to 10 ({"context", "choices", "gold"}: the task format of eval.tasks and llm-ckpt eval, see
+docs/evaluation.md). Deterministic from --seed.
+
+\b
+Examples:
+  llm-prep sample-task -o tasks/arith_sums.jsonl
+  llm-ckpt eval runs/tiny --tasks tasks/arith_sums.jsonl
+"""
+
+
+@app.command("sample-task", help=SAMPLE_TASK_HELP)
+def sample_task_cmd(
+    output: Path = typer.Option(..., "-o", "--output", help="The task file to write (JSONL)."),
+    examples: int = typer.Option(100, "--examples", help="Examples."),
+    seed: int = typer.Option(1234, "--seed", help="Seed; the same seed gives the same bytes."),
+    force: bool = typer.Option(False, "--force", help="Replace a task file written by llmtools."),
+) -> None:
+    from llmtools.cli.outputs import claim
+    from llmtools.formats.outputs import marker_path
+    from llmtools.prep.sample_corpus import write_arith_task
+
+    claim([output, marker_path(output)], force=force)
+    emit(str(write_arith_task(output, examples=examples, seed=seed, force=force)))
+
+
 def _keys(values: list[str]) -> list[str]:
     """--json-keys a,b / --json-keys a --json-keys b / --json-keys "a b" all mean [a, b]."""
     return [k for item in values for k in item.replace(",", " ").split()]

@@ -41,9 +41,10 @@ FOLDER_MARKER = "llmtools.json"
 RUN_CONFIG_HEADER = "# written by llm-train"
 # What `llm-train -o RUN --force` removes to start over (the rest of a run folder is left alone): its
 # files, the earlier configs kept on resume (config.<step>.yaml, ds_config.<step>.json), its folders.
-RUN_FILES = ("metrics.jsonl", "config.yaml", "ds_config.json", "quarantine.jsonl")
+RUN_FILES = ("metrics.jsonl", "config.yaml", "ds_config.json", "quarantine.jsonl", "curves.png")
 RUN_KEPT = ("config.*.yaml", "ds_config.*.json")
-RUN_FOLDERS = ("checkpoints", "tensorboard", "reference")  # reference: a preference run's reference pass
+# reference: a preference run's reference pass; wandb, mlruns: the trackers' offline runs
+RUN_FOLDERS = ("checkpoints", "tensorboard", "reference", "wandb", "mlruns")
 # The marker of a stored reference pass: llmtools.formats.reference.META_FILE, spelled here so that
 # recognising outputs does not load numpy (a test keeps the two equal).
 REFERENCE_META = "reference.json"

@@ -147,3 +147,40 @@ def write_sample_corpus(
 def corpus_paths(output_dir: str | os.PathLike, styles: Sequence[str] = STYLES) -> list[Path]:
     """``{output_dir}/{style}.jsonl`` for each style (each gets a ``.llmtools.json`` marker beside it)."""
     return [Path(output_dir) / f"{style}.jsonl" for style in dict.fromkeys(styles)]
+
+
+def arith_sums_task(examples: int = 100, seed: int = 1234) -> Iterator[dict]:
+    """A multiple-choice downstream task built like the ``arith`` corpus: ``"a + b ="`` and four sums
+    (the right one and three off by 1 to 10), in the task format of :mod:`llmtools.formats.tasks`."""
+    for i in range(examples):
+        rng = _rng("arith-sums-task", seed, i)
+        a, b = rng.randint(0, 50), rng.randint(0, 50)
+        right = a + b
+        wrong: set[int] = set()
+        while len(wrong) < 3:
+            other = right + rng.choice((-1, 1)) * rng.randint(1, 10)
+            if other >= 0 and other != right:
+                wrong.add(other)
+        choices = sorted(wrong | {right}, key=lambda _: rng.random())
+        yield {"context": f"{a} + {b} =", "choices": [f" {c}" for c in choices], "gold": choices.index(right)}
+
+
+def write_arith_task(
+    path: str | os.PathLike, examples: int = 100, seed: int = 1234, force: bool = False
+) -> Path:
+    """Write :func:`arith_sums_task` to ``path`` (JSONL), with its marker."""
+    from llmtools.formats.outputs import marker_path, write_marker
+    from llmtools.fsutil import atomic_group, check_writable
+    from llmtools.locks import lock_output
+
+    if examples < 1:
+        raise UsageError(f"--examples: must be at least 1, got {examples}")
+    path = Path(path)
+    with lock_output([path]):
+        check_writable([path, marker_path(path)], force)
+        with atomic_group() as group:
+            with open(group.path(path), "w", encoding="utf-8") as handle:
+                for item in arith_sums_task(examples, seed):
+                    handle.write(json.dumps(item) + "\n")
+        write_marker(path, "sample-task", task="arith-sums", examples=examples, seed=seed)
+    return path

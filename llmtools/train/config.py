@@ -9,7 +9,7 @@ Layout (``schemas/train-config.schema.json``; example ``configs/train/tiny.yaml`
     optimizer:  adamw | adafactor | lion | muon (lr, betas, eps, weight_decay; no decay on norms and biases)
     schedule:   warmup then cosine | linear | constant | wsd | inverse_sqrt; total_steps fixed in the config
     eval:       every N steps on the valid split (loss, perplexity, token accuracy, bits per byte), iters batches
-    logging:    log_every, tensorboard, norms (parameter norm, update norm and update/parameter ratio)
+    logging:    log_every, report_to (tensorboard, wandb, mlflow), norms (parameter norm, update norm and update/parameter ratio)
     checkpoint: save_every, keep_last, keep_every
     health:     NaN/inf loss, grad-norm and update-ratio spikes: skip the step or stop with a checkpoint
 
@@ -47,6 +47,7 @@ DEFAULT_BETAS = {"adamw": [0.9, 0.95], "adafactor": [0.9, 0.95], "muon": [0.9, 0
 HEALTH_ACTIONS = ("skip", "stop")
 SPIKE_ACTIONS = ("skip", "stop", "warn")
 UPDATE_SPIKE_ACTIONS = ("warn", "stop")
+REPORTERS = ("tensorboard", "wandb", "mlflow")
 # The optimizer keys only Muon reads.
 MUON_KEYS = ("momentum", "nesterov", "ns_steps", "muon_lr", "muon_adjust_lr")
 DEFAULT_TASK = "pretrain"
@@ -327,6 +328,13 @@ class EvalSection:
     """Evaluate every N steps (and after the last step); 0 disables."""
     iters: int = 4
     """Micro-batches per rank per evaluation."""
+    per_source: bool = False
+    """Also the valid split's loss, bits per byte and tokens of each source of a blend (eval/<source>/loss,
+    /bpb, /tokens); one more forward over the evaluated micro-batches."""
+    tasks: list[str] = field(default_factory=list)
+    """Downstream tasks scored at every evaluation: JSONL files (relative to the config's folder) of
+    multiple-choice ({context, choices, gold}: acc, acc_norm) or perplexity ({text}: loss, bpb) examples,
+    reported as eval/<file name>/acc ... (llmtools.train.downstream)."""
 
     def __post_init__(self) -> None:
         if self.every < 0:
@@ -342,7 +350,15 @@ class LoggingSection:
     log_every: int = 10
     """A metrics record (metrics.jsonl) and a stderr line every N steps."""
     tensorboard: bool = False
-    """Also write TensorBoard events to RUN_DIR/tensorboard/."""
+    """Also write TensorBoard events to RUN_DIR/tensorboard/ (the same as tensorboard in report_to)."""
+    report_to: list[str] = field(default_factory=list)
+    """Where rank 0 reports besides metrics.jsonl: any of tensorboard, wandb, mlflow (wandb and mlflow are
+    the extra ``track``). W&B runs offline into RUN_DIR/wandb unless WANDB_MODE says otherwise; MLflow writes
+    to RUN_DIR/mlruns unless tracking_uri (or MLFLOW_TRACKING_URI) names a store."""
+    project: str = "llmtools"
+    """The W&B project and the MLflow experiment the run reports to."""
+    tracking_uri: str | None = None
+    """MLflow's tracking URI (a server, file: or sqlite:); default MLFLOW_TRACKING_URI, else RUN_DIR/mlruns."""
     norms: bool = True
     """params_norm, update_norm and update_ratio (norm of the step's update / norm of the parameters) in
     each train record; costs a copy of the optimizer's parameters (its partition) on log steps."""
@@ -350,6 +366,17 @@ class LoggingSection:
     def __post_init__(self) -> None:
         if self.log_every < 1:
             raise _bad("logging.log_every", f"must be >= 1, got {self.log_every}")
+        for name in self.report_to:
+            if name not in REPORTERS:
+                raise _bad(
+                    "logging.report_to",
+                    f"{name!r} is not one of {', '.join(REPORTERS)}{suggest(name, REPORTERS)}",
+                )
+
+    def reporters(self) -> list[str]:
+        """The trackers asked for, in a fixed order (``tensorboard: true`` is an alias of the first)."""
+        asked = set(self.report_to) | ({"tensorboard"} if self.tensorboard else set())
+        return [name for name in REPORTERS if name in asked]
 
 
 @dataclass

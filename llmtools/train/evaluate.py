@@ -69,3 +69,65 @@ def evaluate(
         record["eval_bpb"] = nats / math.log(2) / scored_bytes
         record["eval_bytes"] = round(scored_bytes)
     return (nats / tokens if tokens else float("nan")), record
+
+
+def source_names(data) -> list[str] | None:
+    """The short name of each source of a blended valid split (those of ``source_tokens`` in the train
+    records), or None when the data is not a blend of several sources."""
+    parts = getattr(data, "parts", None)
+    if not parts or len(parts) < 2 or getattr(data, "dataset_index", None) is None:
+        return None
+    from llmtools.data.streams import display_name
+
+    taken: set[str] = set()
+    names = []
+    for part in parts:
+        name = display_name(part.reader.prefix, taken)
+        taken.add(name)
+        names.append(name)
+    return names
+
+
+def evaluate_sources(engine, plan: TrainPlan, rank: int, world: int) -> dict[str, float]:
+    """Per-source validation loss: the same micro-batches as :func:`evaluate`, each sample's tokens counted
+    for the source it was drawn from: ``<source>/loss`` (nats per token) and ``<source>/bpb``. A pretraining
+    task on a blend only (other tasks' samples are not a source's text). Collective."""
+    import numpy as np
+    import torch
+
+    from llmtools.train.tasks.base import score_tokens
+    from llmtools.train.tasks.pretrain import to_batch
+
+    data = plan.valid_data
+    names = source_names(data) if plan.task.name == "pretrain" else None
+    if names is None:
+        return {}
+    micro, n = plan.config.training.micro_batch_size, len(data)
+    byte_lengths = None
+    if plan.eval_byte_lengths is not None:
+        byte_lengths = torch.as_tensor(plan.eval_byte_lengths, device=engine.device)
+    sums = [0.0] * (3 * len(names))  # per source: tokens, nats, bytes
+    engine.eval()
+    with torch.no_grad():
+        for i in range(plan.config.eval.iters):
+            start = (i * world + rank) * micro
+            indices = np.asarray([int(j % n) for j in range(start, start + micro)])
+            inputs, labels = to_batch(data.batch(indices), engine.device)
+            logits = engine(inputs)
+            for row, index in enumerate(indices):
+                scores = score_tokens(logits[row : row + 1], labels[row : row + 1], byte_lengths=byte_lengths)
+                source = int(data.dataset_index[index])
+                sums[3 * source] += float(scores.tokens)
+                sums[3 * source + 1] += float(scores.nats)
+                sums[3 * source + 2] += float(scores.bytes) if scores.bytes is not None else 0.0
+    engine.train()
+    totals = [value * world for value in all_mean(sums, engine.device)]
+    record: dict[str, float] = {}
+    for s, name in enumerate(names):
+        tokens, nats, scored_bytes = totals[3 * s : 3 * s + 3]
+        if tokens:  # a source the evaluated batches did not draw from has no figure
+            record[f"{name}/loss"] = nats / tokens
+            record[f"{name}/tokens"] = round(tokens)
+            if scored_bytes > 0:
+                record[f"{name}/bpb"] = nats / math.log(2) / scored_bytes
+    return record

@@ -191,6 +191,10 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
         ds_source=options.ds_source,
         check_length=options.resume is None,
     )
+    from llmtools.logs.trackers import check_available
+
+    # A tracker whose library is missing: refused before anything is written.
+    check_available(config.logging.reporters(), f"{config.source or '<train config>'}: logging.report_to")
     # A device without fp16 arithmetic: refused before anything is written.
     if config.training.precision == "fp16":
         from llmtools.train.engine import check_fp16_support
@@ -373,6 +377,9 @@ class _Trainer:
         self.progress = Progress()
         self.last_saved: Path | None = None
         self.metrics = None  # opened by resume(), once a checkpoint asked for has loaded
+        from llmtools.logs.trackers import TrackerState
+
+        self.trackers = TrackerState()  # the experiment trackers' run ids (saved with each checkpoint)
         self.flops_per_token = flops_per_token(plan.model_config, plan.seq_length)
         self.peak = peak_tflops(self.device)
         self.window = StepWindow()  # the steps since the last train record
@@ -426,8 +433,19 @@ class _Trainer:
             for kept in write_resolved(plan, self.run_dir, resumed_step=accepted.step):
                 self.log(f"the previous config is kept as {kept}")
         # Only now: a --resume that fails leaves no metrics.jsonl, so the folder does not look like a run.
+        # The tracker runs continue those the checkpoint names (a fresh run starts new ones).
+        self.trackers.load_state_dict((client_state or {}).get("trackers") if accepted is not None else None)
+        reporters = self.cfg.logging.reporters()
+        trackers = self._open_trackers(reporters)
+        if trackers and accepted is not None:
+            from llmtools.logs.trackers import backfill
+
+            backfill(trackers, self.run_dir / "metrics.jsonl", int(client_state.get("step", 0)))
         self.metrics = build_metrics_logger(
-            self.run_dir, self.rank, tensorboard=options.tensorboard or self.cfg.logging.tensorboard
+            self.run_dir,
+            self.rank,
+            tensorboard=options.tensorboard or "tensorboard" in reporters,
+            trackers=trackers,
         )
         ledger = plan.task.ledger()
         if accepted is None:
@@ -470,6 +488,55 @@ class _Trainer:
         if ledger is not None:
             self._continue_data(Path(path))
 
+    def _open_trackers(self, reporters: list[str]) -> list:
+        """Rank 0's W&B and MLflow runs (continued from the ids in ``self.trackers``)."""
+        if self.rank != 0 or not any(name in reporters for name in ("wandb", "mlflow")):
+            return []
+        from llmtools.logs.trackers import open_trackers
+
+        logging = self.cfg.logging
+        return open_trackers(
+            reporters,
+            self.run_dir,
+            logging.project,
+            self.run_dir.resolve().name,
+            self.trackers,
+            self.resolved,
+            lambda message: self.log(message, always=True),
+            tracking_uri=logging.tracking_uri,
+        )
+
+    def _finish_trackers(self) -> None:
+        """The end of a run, for the trackers: the curves picture and the final checkpoint's path and hash
+        (the sha256 of its meta.json, which lists every file's sha256)."""
+        if self.rank != 0 or not self.metrics.trackers:
+            return
+        from llmtools.ckpt.verify import sha256_file
+
+        summary = {}
+        if self.last_saved is not None and (self.last_saved / "meta.json").is_file():
+            summary["checkpoint/path"] = str(self.last_saved.resolve())
+            summary["checkpoint/sha256"] = sha256_file(self.last_saved / "meta.json")
+        self.metrics.finish(summary, self._curves_picture())
+
+    def _curves_picture(self) -> Path | None:
+        """RUN/curves.png drawn from metrics.jsonl (``llm-log plot``); None without matplotlib."""
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            return None
+        from llmtools.logs.plot import PlotConfig, plot_runs
+        from llmtools.logs.runs import collect_curves
+
+        picture = self.run_dir / "curves.png"
+        try:
+            runs, _ = collect_curves([str(self.run_dir / "metrics.jsonl")], names=[self.run_dir.name])
+            plot_runs(runs, PlotConfig(output=picture, force=True))
+        except (InputError, OSError) as error:
+            self.log(f"warning: no curves picture for the trackers: {error}", always=True)
+            return None
+        return picture
+
     def _name_run(self, ledger) -> None:
         """A run's id, the same on every rank (kept in its data ledger and its quarantine records)."""
         import uuid
@@ -511,6 +578,7 @@ class _Trainer:
             # llm-ckpt convert merges the adapters (or writes them alone) from this record
             "lora": cfg.lora.to_dict() if cfg.lora is not None else None,
             "task_state": plan.task.state_dict(),
+            "trackers": self.trackers.state_dict(),  # the W&B / MLflow runs a resume continues
             # the checkpoint holds DeepSpeed's expert-parallel layout (resume and llm-ckpt read it)
             "expert_parallel": cfg.model.expert_parallel,
             **self._ledger_state(),
@@ -619,6 +687,7 @@ class _Trainer:
             stop.restore()
         self.finish_background_save()
         result.checkpoint = self.last_saved
+        self._finish_trackers()
         self.metrics.close()
         return result
 
@@ -871,8 +940,24 @@ class _Trainer:
         from llmtools.train.evaluate import evaluate
 
         plan, step = self.plan, self.progress.step
+        rank, replicas = self.data_rank()
         with self.kernels():
-            eval_loss, task_metrics = evaluate(self.engine, plan, *self.data_rank(), ranks=self.world)
+            eval_loss, task_metrics = evaluate(self.engine, plan, rank, replicas, ranks=self.world)
+            if plan.config.eval.per_source:
+                from llmtools.train.evaluate import evaluate_sources
+
+                task_metrics.update(evaluate_sources(self.engine, plan, rank, replicas))
+            if plan.eval_tasks:
+                from llmtools.train.downstream import evaluate_tasks
+
+                self.engine.eval()
+                task_metrics.update(
+                    evaluate_tasks(
+                        self.engine, plan.eval_tasks, self.engine.device, rank, replicas,
+                        self.cfg.training.micro_batch_size,
+                    )
+                )  # fmt: skip
+                self.engine.train()
         ppl = math.exp(min(eval_loss, 700.0))
         record = {
             "kind": "eval",
@@ -888,6 +973,11 @@ class _Trainer:
             f" | {label} {record[key]:.4f}"
             for key, label in (("eval_accuracy", "accuracy"), ("eval_bpb", "bits/byte"))
             if key in record
+        )
+        extra += "".join(
+            f" | {task.name} {name} {record[f'{task.name}/{name}']:.4f}"
+            for task in plan.eval_tasks
+            for name in (("acc", "acc_norm") if task.kind == "multiple_choice" else ("loss", "bpb"))
         )
         self.log(f"step {step:>6}/{plan.steps} | eval loss {eval_loss:.4f} | eval ppl {ppl:.2f}{extra}")
         return eval_loss

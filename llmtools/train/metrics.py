@@ -95,20 +95,31 @@ class MetricsLogger:
         for sink in self.sinks:
             sink.log(record, step)
 
+    @property
+    def trackers(self) -> list:
+        return [sink for sink in self.sinks if hasattr(sink, "finish")]
+
+    def finish(self, summary: dict[str, str], picture: Path | None) -> None:
+        """The end of a run, for the experiment trackers: the final checkpoint and the curves picture."""
+        for sink in self.trackers:
+            sink.finish(summary, picture)
+
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
 
 
-def build_metrics_logger(run_dir: str | os.PathLike, rank: int, tensorboard: bool = False) -> MetricsLogger:
-    """metrics.jsonl (+ TensorBoard) on rank 0, nothing elsewhere."""
+def build_metrics_logger(
+    run_dir: str | os.PathLike, rank: int, tensorboard: bool = False, trackers: list | None = None
+) -> MetricsLogger:
+    """metrics.jsonl (+ TensorBoard, + the experiment trackers already opened) on rank 0, nothing elsewhere."""
     if rank != 0:
         return MetricsLogger([NullLogger()])
     run_dir = Path(run_dir)
     sinks: list = [JsonlLogger(run_dir / "metrics.jsonl")]
     if tensorboard:
         sinks.append(TensorBoardLogger(run_dir / "tensorboard"))
-    return MetricsLogger(sinks)
+    return MetricsLogger(sinks + list(trackers or []))
 
 
 # Dense bf16 peak of one device, for MFU (TFLOP/s). CPU peaks are unknown: MFU is null there unless

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from llmtools.errors import InputError
@@ -35,6 +36,8 @@ class TrainPlan:
     warnings: list[str]
     eval_byte_lengths: Any = None
     """UTF-8 bytes per token id of the valid data's tokenizer (numpy), for bits per byte; None: unknown."""
+    eval_tasks: list = field(default_factory=list)
+    """The downstream tasks of ``eval.tasks``, read and tokenized (:mod:`llmtools.train.downstream`)."""
     data_resume: tuple | None = None
     """(checkpoint path, DataResume): the train data a resume from that checkpoint continues with,
     decided before any compute (a run that loads another checkpoint decides again)."""
@@ -189,6 +192,12 @@ def make_plan(
         if why is not None:
             warnings.append(f"eval: no bits per byte: {why}")
 
+    eval_tasks = _load_eval_tasks(config, train, model_config, warnings)
+    if eval_tasks and valid is None:
+        warnings.append(
+            "eval.tasks are scored with the valid split's evaluation, and there is none: not evaluated"
+        )
+
     ds_config = resolve_ds_config(
         _with_expert_parallel_defaults(ds_raw, config),
         config,
@@ -218,7 +227,33 @@ def make_plan(
         grad_accumulation=gas,
         warnings=warnings,
         eval_byte_lengths=eval_byte_lengths,
+        eval_tasks=eval_tasks,
     )
+
+
+def _load_eval_tasks(config: TrainConfig, train, model_config, warnings: list[str]) -> list:
+    """``eval.tasks`` read and tokenized with the data's tokenizer (before any compute)."""
+    if not config.eval.tasks:
+        return []
+    if not config.eval.every:
+        warnings.append("eval.tasks are evaluated every eval.every steps, which is 0: not evaluated")
+        return []
+    from llmtools.errors import LlmtoolsError
+    from llmtools.tokenize.loader import load_tokenizer
+    from llmtools.train.downstream import load_tasks
+
+    identity = train.tokenizer or {}
+    source = identity.get("source")
+    if not source:
+        raise InputError("eval.tasks: the data records no tokenizer to tokenize the tasks with")
+    try:
+        tokenizer = load_tokenizer(str(source), backend="tokenizers")
+    except LlmtoolsError as error:
+        raise InputError(f"eval.tasks: the data's tokenizer could not be loaded: {error}") from None
+    if identity.get("hash") and tokenizer.hash != identity["hash"]:
+        raise InputError(f"eval.tasks: the tokenizer at {source} is not the one the data was made with")
+    base = Path(config.source).parent if config.source else None
+    return load_tasks(config.eval.tasks, tokenizer, base, model_config.max_position_embeddings - 1)
 
 
 def check_data_length(config: TrainConfig, train: TaskData, steps: int) -> None:

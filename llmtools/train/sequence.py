@@ -48,6 +48,11 @@ def check_sequence_parallel(config, model_config, world_size: int, seq_length: i
         )
     if config.lora is not None:
         raise InputError(f"{key}: not supported with LoRA (not tested together)")
+    if config.eval.per_source or config.eval.tasks:
+        raise InputError(
+            f"{key}: not supported with eval.per_source or eval.tasks (they score whole rows on each rank, "
+            "and a rank holds 1/N of each row)"
+        )
 
 
 def zero3_reduction(ds_config: dict, ds_source: str) -> None:

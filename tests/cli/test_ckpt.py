@@ -65,7 +65,7 @@ def test_help_is_fast_and_has_examples(cli_env):
         env=cli_env,
     )
     assert probe.stdout.strip() == "False"
-    for command in ("list", "verify", "inspect", "prune", "convert", "import-hf"):
+    for command in ("list", "verify", "inspect", "prune", "convert", "import-hf", "eval"):
         help_text = ckpt_subprocess(cli_env, command, "--help").stdout
         assert "Examples:" in help_text and f"llm-ckpt {command}" in help_text, command
 

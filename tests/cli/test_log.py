@@ -25,12 +25,12 @@ def llm_log(args, cli_env, **kwargs):
 
 
 def test_help_has_examples_and_imports_nothing_heavy(cli_env):
-    for command in ("tb", "plot", "summary"):
+    for command in ("tb", "wandb", "mlflow", "plot", "summary"):
         result = llm_log([command, "--help"], cli_env)
         assert (
             result.returncode == 0 and "Examples:" in result.stdout and "llm-log " + command in result.stdout
         )
-    probe = "import sys, llmtools.cli.log; print(sorted(m for m in ('torch', 'matplotlib', 'tensorboard', 'numpy') if m in sys.modules))"
+    probe = "import sys, llmtools.cli.log; print(sorted(m for m in ('torch', 'matplotlib', 'tensorboard', 'numpy', 'wandb', 'mlflow') if m in sys.modules))"
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, env=cli_env, check=True
     )

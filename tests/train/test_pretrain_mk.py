@@ -36,6 +36,8 @@ def test_default_chain(tmp_path):
         "llm-ckpt convert",
         "llm-log summary",
         "llm-log plot",
+        "llm-prep sample-task",
+        "llm-ckpt eval",
     ]
     text = "\n".join(lines)
     for name in order:
@@ -64,6 +66,7 @@ def test_variables_point_it_at_real_data(tmp_path):
     )
     text = "\n".join(lines)
     assert "sample-corpus" not in text
+    assert "llm-ckpt eval" not in text  # the downstream task is built like the built-in corpus only
     assert f"json2bin {a}" in text and f"-o {tmp_path}/p/data/web " in text
     assert f"json2bin {b}" in text and f"-o {tmp_path}/p/data/code " in text
     assert "--weights 0.6,0.4" in text

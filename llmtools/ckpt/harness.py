@@ -1,0 +1,176 @@
+"""``llm-ckpt eval``: lm-evaluation-harness on a checkpoint of ours, without converting it first.
+
+The checkpoint (any ZeRO stage, dense or MoE, LoRA merged on the way) is converted into a temporary
+Hugging Face folder (:func:`llmtools.ckpt.convert.to_hf`), loaded with transformers, and wrapped as an
+lm-eval ``LM`` that tokenizes with the run's own tokenizer (the one its data was made with, as the
+in-loop evaluation does). Tasks are local JSONL files (:mod:`llmtools.formats.tasks`), turned into
+lm-eval task definitions that read them with ``dataset_path: json`` (nothing is downloaded:
+``HF_DATASETS_OFFLINE`` and ``HF_HUB_OFFLINE`` are set):
+
+* multiple choice: ``output_type: multiple_choice``, ``target_delimiter: ""``, metrics ``acc`` and
+  ``acc_norm`` (lm-eval's own definitions);
+* perplexity: ``output_type: loglikelihood_rolling``, metrics ``word_perplexity``, ``byte_perplexity``,
+  ``bits_per_byte``. Without a BOS token the first token has no context: it is not scored (as in the
+  in-loop evaluation), where lm-eval's ``hf`` model scores it after its prefix token.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from llmtools.errors import InputError
+from llmtools.formats.tasks import TaskFile, read_task_files
+
+
+def check_ready(tasks: list[str]) -> list[TaskFile]:
+    """Before any compute: lm_eval installed, every task file readable and well-formed."""
+    if importlib.util.find_spec("lm_eval") is None:
+        raise InputError("--tasks: lm_eval is not installed; pip install 'llmtools[eval]'")
+    if not tasks:
+        raise InputError("--tasks: give at least one task file (JSONL)")
+    return read_task_files(tasks, None, where="--tasks")
+
+
+def task_yaml(task: TaskFile) -> dict[str, Any]:
+    """The lm-eval task definition reading ``task``'s JSONL file as a local json dataset."""
+    base = {
+        "task": task.name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(task.path.resolve())}},
+        "test_split": "test",
+    }
+    if task.kind == "multiple_choice":
+        return {
+            **base,
+            "output_type": "multiple_choice",
+            "doc_to_text": "{{context}}",
+            "doc_to_choice": "{{choices}}",
+            "doc_to_target": "{{gold}}",
+            "target_delimiter": "",
+            "metric_list": [
+                {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True},
+            ],
+        }
+    return {
+        **base,
+        "output_type": "loglikelihood_rolling",
+        "doc_to_text": "",
+        "doc_to_target": "{{text}}",
+        "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")],
+    }
+
+
+def make_lm(model, tokenizer, max_length: int, batch: int):
+    """Our model (a transformers causal LM) and our tokenizer as an lm-eval ``LM``."""
+    import torch
+    import torch.nn.functional as F
+    from lm_eval.api.model import LM
+
+    class LlmtoolsLM(LM):
+        def _score(self, sequences: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
+            out = []
+            for i in range(0, len(sequences), batch):
+                chunk = sequences[i : i + batch]
+                width = max(len(ids) for ids, _ in chunk) - 1
+                inputs = torch.zeros((len(chunk), width), dtype=torch.long)
+                for row, (ids, _) in enumerate(chunk):
+                    inputs[row, : len(ids) - 1] = torch.as_tensor(ids[:-1])
+                with torch.no_grad():
+                    logprobs = F.log_softmax(model(inputs).logits.float(), dim=-1)
+                for row, (ids, start) in enumerate(chunk):
+                    targets = torch.as_tensor(ids[start:])
+                    part = logprobs[row, start - 1 : len(ids) - 1]
+                    greedy = bool((part.argmax(-1) == targets).all())
+                    out.append((float(part.gather(-1, targets[:, None]).sum()), greedy))
+            return out
+
+        def _pair(self, context: str, continuation: str) -> tuple[list[int], int]:
+            spaces = len(context) - len(context.rstrip())
+            if spaces:  # lm-eval's _encode_pair: a space ending the context belongs to the continuation
+                context, continuation = context[:-spaces], context[-spaces:] + continuation
+            whole = list(tokenizer.encode(context + continuation))
+            start = len(tokenizer.encode(context))
+            cut = max(0, len(whole) - (max_length + 1))
+            return whole[cut:], max(1, start - cut)
+
+        def loglikelihood(self, requests):
+            return self._score([self._pair(*r.args) for r in requests])
+
+        def loglikelihood_rolling(self, requests):
+            out = []
+            for r in requests:
+                ids = list(tokenizer.encode(r.args[0]))
+                total = 0.0
+                # windows of max_length predicted tokens, each after the token before it
+                for begin in range(1, len(ids), max_length):
+                    window = ids[max(0, begin - 1) : begin + max_length]
+                    total += self._score([(window, 1)])[0][0]
+                out.append(total)
+            return out
+
+        def generate_until(self, requests):
+            raise InputError("--tasks: generation tasks are not supported (multiple choice and perplexity)")
+
+    return LlmtoolsLM()
+
+
+def evaluate_checkpoint(
+    checkpoint: Path, tasks: list[TaskFile], tokenizer, limit: int | None = None, batch: int = 8
+) -> dict[str, dict[str, float]]:
+    """``{task: {metric: value}}`` of lm-evaluation-harness on ``checkpoint`` (converted in a temporary
+    folder, removed afterwards)."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # stderr: our lines, not bars
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    from llmtools.ckpt.convert import to_hf
+
+    with tempfile.TemporaryDirectory(prefix="llm-ckpt-eval-") as scratch:
+        folder = to_hf(checkpoint, Path(scratch) / "hf", dtype="fp32")
+        model = AutoModelForCausalLM.from_pretrained(str(folder)).eval().float()
+        max_length = int(model.config.max_position_embeddings) - 1
+        task_dir = Path(scratch) / "tasks"
+        task_dir.mkdir()
+        for task in tasks:
+            (task_dir / f"{task.name}.yaml").write_text(yaml.safe_dump(task_yaml(task)), encoding="utf-8")
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+
+        results = lm_eval.simple_evaluate(
+            model=make_lm(model, tokenizer, max_length, batch),
+            tasks=[task.name for task in tasks],
+            task_manager=TaskManager(include_path=str(task_dir)),
+            limit=limit,
+            log_samples=False,
+        )
+    return {name: _metrics(values) for name, values in results["results"].items()}
+
+
+def _metrics(values: dict) -> dict[str, float]:
+    """lm-eval's ``acc,none`` -> ``acc`` (standard errors dropped)."""
+    out = {}
+    for key, value in values.items():
+        metric, _, _ = key.partition(",")
+        if isinstance(value, (int, float)) and not metric.endswith("_stderr") and metric != "sample_len":
+            out[metric] = float(value)
+    return out
+
+
+def results_path(checkpoint: Path) -> Path:
+    """``RUN/eval/<checkpoint>.json`` for a checkpoint under ``RUN/checkpoints``, else beside the checkpoint."""
+    checkpoint = Path(checkpoint).resolve()
+    run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    return run / "eval" / f"{checkpoint.name}.json"
+
+
+def dumps(report: dict) -> str:
+    return json.dumps(report, indent=1, sort_keys=True) + "\n"

@@ -1,0 +1,190 @@
+"""``llm-log wandb`` / ``llm-log mlflow``: any run's log into an experiment tracker, exactly once, finished
+or live.
+
+A LOG is a run folder of llm-train (its ``metrics.jsonl``), a ``metrics.jsonl``, or a Megatron-LM /
+DeepSpeed / MindFormers / generic log (the parsers of ``llm-log tb``). Each becomes one tracker run, with
+the names llm-train's own reporting uses (``train/loss``, ``eval/eval_loss``, events as keys
+``event/<step>/<name>``).
+
+Idempotence. ``DIR/.llm-log-trackers.json`` keeps the tracker run id of every source (written as soon as
+the run exists). Uploading again continues that run: the tracker is asked which step each metric already
+has (:mod:`llmtools.logs.trackers`) and only what lies beyond is logged, so a second upload adds nothing
+and a grown log adds its new steps. ``--follow`` keeps reading the growing log (rotation and truncation
+as ``llm-log tb``) until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmtools.errors import InputError, RuntimeFailure, UsageError
+from llmtools.formats import jsonfile
+from llmtools.fsutil import write_text_atomic
+from llmtools.logs.parsers import FORMATS
+from llmtools.logs.reader import LogReader, check_seq_length
+from llmtools.logs.records import Counts, Record
+from llmtools.logs.sources import check_readable
+from llmtools.logs.tb import run_name, source_key
+from llmtools.logs.trackers import TRACKERS, Tracker, TrackerState, check_available, open_trackers
+
+STATE_NAME = ".llm-log-trackers.json"
+STATE_VERSION = 1
+
+
+@dataclass
+class UploadConfig:
+    """Options of ``llm-log wandb|mlflow`` (validated here, so the library refuses bad values too)."""
+
+    tracker: str
+    folder: Path  # W&B's offline files / MLflow's local store, and the state file
+    project: str = "llmtools"
+    tracking_uri: str | None = None
+    fmt: str = "auto"
+    pattern: str | None = None
+    follow: bool = False
+    poll_s: float = 0.5
+    seq_length: int | None = None
+
+    def __post_init__(self) -> None:
+        self.folder = Path(self.folder)
+        if self.tracker not in TRACKERS:
+            raise UsageError(f"unknown tracker {self.tracker!r} (choose from {', '.join(TRACKERS)})")
+        if self.fmt not in FORMATS:
+            raise UsageError(f"--format: unknown format {self.fmt!r} (choose from {', '.join(FORMATS)})")
+        if not 0 < self.poll_s <= 3600:
+            raise UsageError(f"--poll must be > 0 and at most 3600 seconds, got {self.poll_s}")
+        check_seq_length(self.seq_length)
+
+
+def log_path(path: str) -> str:
+    """A run folder stands for its metrics.jsonl."""
+    if path != "-" and Path(path).is_dir():
+        inner = Path(path) / "metrics.jsonl"
+        if not inner.is_file():
+            raise InputError(f"{path}: a folder without metrics.jsonl (not a run folder of llm-train)")
+        return str(inner)
+    return path
+
+
+def as_record(record: Record) -> dict:
+    """A parsed record in the shape of a metrics.jsonl line (what the trackers take)."""
+    if record.kind == "event":
+        return {"kind": "event", "step": record.step, "event": record.event, "message": record.message or ""}
+    return {"kind": record.kind, "step": record.step, **record.values}
+
+
+def _load_state(path: Path) -> dict:
+    if not path.exists():
+        return {"version": STATE_VERSION, "sources": {}}
+    try:
+        state = jsonfile.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise InputError(f"{path}: unreadable llm-log state ({error}); delete it to upload afresh") from None
+    if (
+        not isinstance(state, dict)
+        or state.get("version") != STATE_VERSION
+        or not isinstance(state.get("sources"), dict)
+    ):
+        raise InputError(f"{path}: not an llm-log tracker state file of version {STATE_VERSION}")
+    return state
+
+
+def upload(
+    logs: list[str],
+    config: UploadConfig,
+    should_stop: Callable[[], bool] | None = None,
+    on_progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Upload (with ``config.follow``, keep uploading) ``logs``; returns ``{run: {"id", "points", ...}}``."""
+    if not logs:
+        raise UsageError("give at least one LOG (a run folder, a metrics.jsonl, a trainer's log)")
+    if "-" in logs:
+        raise UsageError("stdin (-) has no name to find its tracker run again by: give a file")
+    check_available([config.tracker], f"llm-log {config.tracker}")
+    paths = [log_path(p) for p in logs]
+    for path in paths:
+        check_readable(path)
+    config.folder.mkdir(parents=True, exist_ok=True)
+    state_path = config.folder / STATE_NAME
+    state = _load_state(state_path)
+    warnings: list[str] = []
+    opened: list[tuple[str, str, Tracker, LogReader]] = []
+    counts = Counts()
+    try:
+        for path in paths:
+            key = source_key(path)
+            entry = state["sources"].setdefault(key, {"name": run_name(path)})
+            ids = TrackerState()
+            ids.load_state_dict(entry)
+            trackers = open_trackers(
+                [config.tracker], config.folder, config.project, entry["name"], ids, None, warnings.append,
+                tracking_uri=config.tracking_uri,
+            )  # fmt: skip
+            if not trackers:
+                raise RuntimeFailure(f"{path}: {warnings[-1] if warnings else 'the tracker did not start'}")
+            entry.update(ids.state_dict())
+            # the id first, durably: a crash after this continues the same tracker run
+            write_text_atomic(state_path, json.dumps(state, indent=1) + "\n")
+            reader = LogReader(
+                path, config.fmt, config.pattern, live=config.follow, seq_length=config.seq_length
+            )
+            opened.append((path, entry["name"], trackers[0], reader))
+
+        points = dict.fromkeys((name for _, name, _, _ in opened), 0)
+
+        def pump(final: bool) -> int:
+            written = 0
+            for _, name, tracker, reader in opened:
+                batches = [reader.poll(), reader.settle()]
+                if final:
+                    batches.append(reader.finish(take_torn=False))
+                for batch in batches:
+                    for record in batch:
+                        fresh = _log(tracker, record)
+                        written += fresh
+                        points[name] += fresh
+                if not tracker.alive:
+                    raise RuntimeFailure(f"{reader.name}: {warnings[-1]}")
+            return written
+
+        if not config.follow:
+            pump(final=True)
+        else:
+            pump(final=False)
+            while not (should_stop and should_stop()):
+                pump(final=False)
+                if all(reader.tailer.eof for _, _, _, reader in opened):
+                    break
+                time.sleep(config.poll_s)
+            pump(final=all(reader.tailer.eof for _, _, _, reader in opened))
+        for _, _, tracker, reader in opened:
+            counts.merge(reader.counts)
+            tracker.close()
+            if not tracker.alive:
+                raise RuntimeFailure(f"{reader.name}: {warnings[-1]}")
+    finally:
+        for _, _, _, reader in opened:
+            reader.close()
+    return {
+        "runs": {
+            name: {"tracker": config.tracker, "id": tracker.run_id, "points": points[name], "source": path}
+            for path, name, tracker, _ in opened
+        },
+        "lines": counts.as_dict(),
+        "counts": counts,
+    }
+
+
+def _log(tracker: Tracker, record: Record) -> int:
+    """Log one parsed record; the number of new points it gave the tracker run."""
+    shaped = as_record(record)
+    if record.kind == "event":
+        tracker.log(shaped, record.step)
+        return 0
+    before = {tag: tracker.last.get(tag, -1) for tag in tracker.last}
+    tracker.log(shaped, record.step)
+    return sum(1 for tag, step in tracker.last.items() if step != before.get(tag, -1))
