@@ -14,6 +14,7 @@ import traceback
 import typer
 
 from llmtools.errors import Interrupted, LlmtoolsError
+from llmtools.formats import jsonfile
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -126,9 +127,7 @@ def report(prog: str, result, as_json: bool, quiet: bool) -> None:
         summary = result.summary
         log(f"{prog}: {summary() if callable(summary) else summary}")
     if as_json:
-        import json
-
-        emit(json.dumps(result.to_dict()))
+        emit(jsonfile.dumps(result.to_dict()))
     else:
         for path in result.paths:
             emit(str(path))

@@ -23,7 +23,6 @@ provenance that ``llm-prep hf2bin`` reads back). The folder appears only when co
 from __future__ import annotations
 
 import hashlib
-import json
 import mmap
 import os
 import re
@@ -37,6 +36,7 @@ import numpy as np
 
 from llmtools.errors import InputError, UsageError
 from llmtools.export.hf_card import dataset_card
+from llmtools.formats import jsonfile
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
 from llmtools.formats.sidecar import read_sidecar
 from llmtools.fsutil import atomic_dir, check_writable
@@ -607,7 +607,7 @@ def _export_hf(config: ExportConfig) -> ExportResult:
         if config.format == "arrow":
             _write_save_to_disk_metadata(tmp, features, shards, fingerprint, config.split)
         manifest = _manifest(config, result, rows, provenance, features)
-        (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        (tmp / MANIFEST_NAME).write_text(jsonfile.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         (tmp / "README.md").write_text(dataset_card(manifest), encoding="utf-8")
         result.files += [MANIFEST_NAME, "README.md"]
     return result
@@ -630,7 +630,7 @@ def _estimated_bytes(rows, columns: dict) -> int:
 
 
 def _fingerprint(config: ExportConfig, provenance: dict) -> str:
-    text = json.dumps({"source": provenance.get("path"), "packed": config.packed, "seq": config.seq_length,
+    text = jsonfile.dumps({"source": provenance.get("path"), "packed": config.packed, "seq": config.seq_length,
                        "text": config.text, "split": config.split,
                        "sidecar": provenance.get("sidecar")}, sort_keys=True, default=str)  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -657,8 +657,8 @@ def _write_save_to_disk_metadata(
         "_output_all_columns": False,
         "_split": split,
     }
-    (folder / "dataset_info.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    (folder / "state.json").write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+    (folder / "dataset_info.json").write_text(jsonfile.dumps(info, indent=2) + "\n", encoding="utf-8")
+    (folder / "state.json").write_text(jsonfile.dumps(state, indent=2) + "\n", encoding="utf-8")
 
 
 def _manifest(config: ExportConfig, result: ExportResult, rows, provenance: dict, features) -> dict:

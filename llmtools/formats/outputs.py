@@ -32,6 +32,7 @@ import os
 import struct
 from pathlib import Path
 
+from llmtools.formats import jsonfile
 from llmtools.fsutil import write_text_atomic
 
 PRODUCER = "llmtools"
@@ -80,7 +81,7 @@ def write_marker(path: str | os.PathLike, kind: str, **info) -> Path:
         **info,
     }
     marker = marker_path(path)
-    write_text_atomic(marker, json.dumps(record, indent=2) + "\n")
+    write_text_atomic(marker, jsonfile.dumps(record, indent=2) + "\n")
     return marker
 
 

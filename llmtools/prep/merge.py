@@ -41,6 +41,7 @@ from llmtools.formats.indexed import (
 )
 from llmtools.formats.pathlists import expand_prefixes
 from llmtools.formats.sidecar import commit_with_sidecars, read_sidecar, sidecar_path
+from llmtools.prep.shards import MAX_SHARDS
 
 MEGATRON_EQUIVALENT = "Megatron-LM tools/merge_datasets.py (IndexedDatasetBuilder.add_index + finalize)"
 
@@ -241,7 +242,10 @@ def _shard_records(part: _Part) -> list[tuple[str, str, int, list[list[int]]]]:
     if isinstance(shard, dict):
         index, count, plan = shard.get("index"), shard.get("count"), shard.get("plan")
         if not (
-            isinstance(index, int) and isinstance(count, int) and isinstance(plan, str) and 0 <= index < count
+            isinstance(index, int)
+            and isinstance(count, int)
+            and isinstance(plan, str)
+            and 0 <= index < count <= MAX_SHARDS
         ):
             raise InputError(f"{sidecar_path(part.prefix)}[shard]: malformed shard record {shard!r}")
         return [(plan, key, count, [[index, index + 1]])]
@@ -253,6 +257,7 @@ def _shard_records(part: _Part) -> list[tuple[str, str, int, list[list[int]]]]:
         entry = entry if isinstance(entry, dict) else {}
         plan, count, ranges = entry.get("plan"), entry.get("count"), entry.get("ranges")
         ok = isinstance(plan, str) and isinstance(count, int) and isinstance(ranges, list)
+        ok = ok and 0 < count <= MAX_SHARDS
         ok = ok and all(
             isinstance(r, list)
             and len(r) == 2

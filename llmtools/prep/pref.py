@@ -37,7 +37,8 @@ Truncation (tokens; the prompt first, then the response):
 Bad records (kind = key in the sidecar's ``counts.skipped``): those of ``llm-prep sft``
 (``malformed_json``, ``invalid_utf8``, ``not_an_object``, ``missing_key``, ``not_a_string``,
 ``bad_messages``, ``unknown_role``, ``template_error``) and ``mixed_types`` (one answer a string, the other
-messages), ``empty_completion`` (no assistant turn with content after the prompt), ``prompt_mismatch``.
+messages), ``empty_completion`` (no assistant turn with content after the prompt), ``same_answers``
+(chosen and rejected are the same), ``prompt_mismatch``.
 The first stops the run with ``file:line: what is wrong`` (exit 2, no output); ``skip_bad`` counts them.
 """
 
@@ -261,6 +262,11 @@ def to_pair(obj, config: PrefConfig) -> Pair:
                 "empty_completion",
                 f"[{key}]: no assistant turn with content after the prompt (nothing to compare)",
             )
+    if pair.chosen == pair.rejected:
+        raise BadSample(
+            "same_answers",
+            f"[{config.chosen_key}] and [{config.rejected_key}] are the same answer (a pair prefers one of two)",
+        )
     return pair
 
 
@@ -387,7 +393,9 @@ def _build_pref(config: PrefConfig) -> PrefResult:
             result.prompt_tokens += p
 
         def flush(pending: list) -> None:
-            encoded = encoder.encode_rendered([r for _, pair in pending for r in pair])
+            encoded = encoder.encode_rendered(
+                [r for _, pair in pending for r in pair], [place for place, _ in pending for _ in (0, 1)]
+            )
             for k, (place, _) in enumerate(pending):
                 add(place, encoded[2 * k], encoded[2 * k + 1])
 

@@ -12,6 +12,7 @@ import threading
 import numpy as np
 
 from llmtools.tokenize.base import Tokenizer, as_str_list, flatten
+from llmtools.tokenize.checks import check_vocabulary
 
 # Checked before trusting gigatoken: whitespace runs, unicode, digits, contractions, specials, empties.
 PROBES = [
@@ -75,6 +76,9 @@ class HFTokenizer(Tokenizer):
         self.tok = tok
         self.kind, self.source, self.name, self.hash = kind, source, name, hash
         self.vocab_size, self.eod_id, self.bos_id = int(vocab_size), eod_id, bos_id
+        self.checked = check_vocabulary(
+            tok.get_vocab(with_added_tokens=True), self.vocab_size, eod_id, bos_id, source
+        )
         self.policy = policy
         self.requested_backend = backend
         added = tok.get_added_tokens_decoder()

@@ -7,12 +7,13 @@ The JSONL file is flushed after every record so ``tail -f`` and ``llm-log`` see 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from llmtools.formats import jsonfile
 
 
 def _clean(value: Any) -> Any:
@@ -41,7 +42,7 @@ class JsonlLogger:
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def log(self, record: dict, step: int) -> None:
-        self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self._file.write(jsonfile.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
         self._file.flush()
 
     def close(self) -> None:
