@@ -41,7 +41,7 @@ def list_(
 
     rows = list_run(run_dir, checksums=not quick)
     if as_json:
-        emit(jsonfile.dumps(rows))
+        emit(jsonfile.dumps(jsonfile.nulls(rows)))
     elif rows:
         emit(format_table(rows))
     else:
@@ -129,7 +129,7 @@ def inspect_(
     from llmtools.ckpt.inspect import format_inspect, inspect_checkpoint
 
     info = inspect_checkpoint(path)
-    emit(jsonfile.dumps(info, default=str) if as_json else format_inspect(info))
+    emit(jsonfile.dumps(jsonfile.nulls(info), default=str) if as_json else format_inspect(info))
 
 
 def _data_ledger(path: Path, as_json: bool) -> str:
@@ -145,7 +145,7 @@ def _data_ledger(path: Path, as_json: bool) -> str:
     run_dir = checkpoint.parent.parent
     records = read_records(quarantine_path(run_dir), run, whose=f"the checkpoint {checkpoint.name}")
     report = ledger_report(meta, str(checkpoint), records)
-    return jsonfile.dumps(report) if as_json else format_ledger(report)
+    return jsonfile.dumps(jsonfile.nulls(report)) if as_json else format_ledger(report)
 
 
 PRUNE_HELP = """Remove old checkpoints, keeping the newest K (and every N-th step with --keep-every).

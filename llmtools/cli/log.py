@@ -216,7 +216,7 @@ def summary(
         for problem in s.counts.first_problems:
             log(f"llm-log: warning: {problem}")
     dicts = [s.as_dict() for s in summaries]
-    emit(jsonfile.dumps(dicts, indent=1) if as_json else format_table(dicts))
+    emit(jsonfile.dumps(jsonfile.nulls(dicts), indent=1) if as_json else format_table(dicts))
 
 
 def main() -> None:

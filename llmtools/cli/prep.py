@@ -281,7 +281,7 @@ def inspect_cmd(
     from llmtools.prep.inspect import format_report, inspect_prefix
 
     report = inspect_prefix(prefix, validate=not no_validate)
-    emit(jsonfile.dumps(report) if as_json else format_report(report))
+    emit(jsonfile.dumps(jsonfile.nulls(report)) if as_json else format_report(report))
 
 
 CAT_HELP = """Print documents of a .bin/.idx: detokenized with --tokenizer, else as token ids.

@@ -204,14 +204,16 @@ def train(
     if json_out:
         emit(
             jsonfile.dumps(
-                {
-                    "run_dir": str(result.run_dir),
-                    "steps": result.steps,
-                    "first_loss": result.first_loss,
-                    "final_loss": result.final_loss,
-                    "eval_loss": result.eval_loss,
-                    "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-                }
+                jsonfile.nulls(
+                    {
+                        "run_dir": str(result.run_dir),
+                        "steps": result.steps,
+                        "first_loss": result.first_loss,
+                        "final_loss": result.final_loss,
+                        "eval_loss": result.eval_loss,
+                        "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+                    }
+                )
             )
         )
     else:

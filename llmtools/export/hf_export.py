@@ -273,6 +273,11 @@ class PrefixBlocks:
         self.out_dtype = out_dtype
         self.seq_length = seq_length
         self.num_rows = reader.num_tokens // seq_length
+        if self.num_rows == 0:  # an empty export that exits 0 would look like a result
+            raise InputError(
+                f"{reader.bin_file}: --seq-length {seq_length} is longer than all of its {reader.num_tokens} "
+                "tokens: no block could be written"
+            )
         self.total_tokens = self.num_rows * seq_length
         self.dropped_tokens = reader.num_tokens - self.total_tokens
         self.rows_per_batch = max(1, min(batch_rows, BATCH_TOKENS // seq_length))

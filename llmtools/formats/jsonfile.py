@@ -5,6 +5,7 @@ we write (files, ``--json`` output) goes through :func:`dumps`, which never writ
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -67,6 +68,18 @@ def dumps(obj, what: str = "JSON output", **kwargs) -> str:
         raise RuntimeFailure(
             f"{what}: refusing to write a non-finite number (NaN or Infinity) as JSON ({error})"
         ) from None
+
+
+def nulls(obj):
+    """``obj`` with every non-finite float replaced by None, for values where NaN is a fact to report (a
+    diverged loss) rather than a bug: JSON's null, with the count or steps reported beside it."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: nulls(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [nulls(v) for v in obj]
+    return obj
 
 
 def dump(obj, handle, what: str = "JSON output", **kwargs) -> None:

@@ -349,8 +349,9 @@ class Hf2BinConfig:
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        if not self.output_prefix:
-            raise UsageError("--output: an output prefix is required")
+        from llmtools.formats.outputs import check_output_prefix
+
+        check_output_prefix(self.output_prefix, "--output")
         if self.json_keys is not None:
             self.json_keys = tuple(self.json_keys)
             if not self.json_keys or any(not k for k in self.json_keys):

@@ -112,8 +112,9 @@ class Json2BinConfig:
                 "--special-tokens with --tokenizer-type: Megatron's flags decide what special-token strings "
                 "become (--legacy-tokenizer for the legacy system's behaviour)"
             )
-        if not self.output_prefix:
-            raise UsageError("--output: an output prefix is required")
+        from llmtools.formats.outputs import check_output_prefix
+
+        check_output_prefix(self.output_prefix, "--output")
         if not self.json_keys or any(not k for k in self.json_keys):
             raise UsageError("--json-keys: give at least one non-empty key")
         if len(set(self.json_keys)) != len(self.json_keys):

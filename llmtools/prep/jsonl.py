@@ -27,7 +27,6 @@ import glob
 import hashlib
 import json
 import os
-import sys
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from pathlib import Path
 from llmtools.errors import InputError
 from llmtools.formats import jsonfile
 from llmtools.formats.pathlists import expand_lists
+from llmtools.fsutil import stdin_binary
 from llmtools.prep.sources import BadRecord, DocBatch, FlatTexts
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -359,7 +359,7 @@ class JsonlSource:
     def _file_chunks(self, path: str) -> Iterator[JsonlChunk]:
         label = STDIN_LABEL if path == STDIN else path
         if path == STDIN:
-            stream, close = (self.stdin or sys.stdin.buffer), False
+            stream, close = (self.stdin or stdin_binary()), False
         else:
             stream, close = open(path, "rb"), True  # noqa: SIM115 - closed below, generator may stop early
         reader = _HashingReader(stream)

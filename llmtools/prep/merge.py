@@ -116,8 +116,9 @@ def merge(
     from llmtools.locks import lock_output
 
     output_prefix = strip_suffix(output_prefix)
-    if not output_prefix:
-        raise UsageError("-o/--output: an output prefix is required")
+    from llmtools.formats.outputs import check_output_prefix
+
+    check_output_prefix(output_prefix, "-o/--output")
     # One writer per output prefix, from before the existence check to the last rename.
     with lock_output(output_prefix):
         return _merge(inputs, output_prefix, force, partial, durable, progress)

@@ -127,8 +127,9 @@ class PrefConfig:
             )
         if len({self.prompt_key, self.chosen_key, self.rejected_key}) != 3:
             raise UsageError("--prompt-key, --chosen-key, --rejected-key: must be three different keys")
-        if not self.output_prefix:
-            raise UsageError("--output: give an output prefix")
+        from llmtools.formats.outputs import check_output_prefix
+
+        check_output_prefix(self.output_prefix, "--output")
 
     def prefix_for(self, key: str) -> str:
         return f"{self.output_prefix}_{key}_document"

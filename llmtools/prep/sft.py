@@ -92,8 +92,9 @@ class SftConfig:
             raise UsageError(f"--max-length: must be at least 1, got {self.max_length}")
         if self.pack and self.max_length is None:
             raise UsageError("--pack: needs --max-length (the length of a packed sequence)")
-        if not self.output_prefix:
-            raise UsageError("--output: give an output prefix")
+        from llmtools.formats.outputs import check_output_prefix
+
+        check_output_prefix(self.output_prefix, "--output")
 
     def prefix_for(self, key: str) -> str:
         return f"{self.output_prefix}_{key}_document"
