@@ -230,8 +230,13 @@ def _common_tokenizer(parts: list[_Part], notes: list[str]) -> dict | None:
                 f"{_describe(first.sidecar['tokenizer'])} (datasets of different tokenizers cannot be merged)"
             )
     if unknown and first is not None:
+        # The merged sidecar would name first's tokenizer for tokens it never saw: refused, not stamped.
         shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
-        notes.append(f"{len(unknown)} input(s) without a tokenizer in a sidecar, not checked: {shown}")
+        raise InputError(
+            f"{unknown[0]}: has no sidecar naming its tokenizer, but {first.prefix} was made with "
+            f"{_describe(first.sidecar['tokenizer'])}; the merged sidecar would vouch for tokens it never saw "
+            f"({len(unknown)} such input(s): {shown}); merge only inputs with sidecars, or only inputs without"
+        )
     return first.sidecar["tokenizer"] if first is not None else None
 
 

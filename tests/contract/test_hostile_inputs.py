@@ -181,6 +181,9 @@ ROWS = [
         setup=other_dataset("neg", np.int32, docs=((1, -1, 2),))),
     Row("inspect-float-dataset", ["llm-prep", "inspect", "flt"], 2, r"flt.idx: dtype float32 .* token ids are integers",
         setup=other_dataset("flt", np.float32, docs=((1.5, 2.0),))),
+    Row("merge-stamps-no-tokenizer", ["llm-prep", "merge", "{w.prefix}", "nos", "-o", "out/m"], 2,
+        r"nos: has no sidecar naming its tokenizer, but .*byte_text_document was made with",
+        setup=other_dataset("nos")),
     Row("prep-output-dot", ["llm-prep", "json2bin", "in.jsonl", "-t", "byte", "-o", "."], 2,
         r"--output \.: is a folder", files={"in.jsonl": lines({"text": "a"})}),
 ]  # fmt: skip
