@@ -27,6 +27,7 @@ import glob
 import hashlib
 import json
 import os
+import stat
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -336,6 +337,9 @@ class JsonlSource:
             return None
         total = 0
         for path in self.paths:
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                # a pipe or FIFO (`<(cat a.jsonl)`) can be read once only, by the reader: never peeked at
+                return None
             with open(path, "rb") as handle:
                 head = handle.read(4)
             if head.startswith(GZIP_MAGIC) or head.startswith(ZSTD_MAGIC):

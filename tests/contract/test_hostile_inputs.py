@@ -244,3 +244,18 @@ def test_a_400_digit_number_in_a_log_is_shown_not_fatal(tmp_path):
     proc = run_cli(["llm-log", "summary", log], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"NaN/inf losses\s+1 at 2", proc.stdout.decode()), proc.stdout.decode()
+
+
+def test_a_pipe_given_as_a_path_is_read_once_from_the_start(tmp_path):
+    """``json2bin <(cat a.jsonl)`` and a FIFO: every document, none lost to a peek at the first bytes."""
+    (tmp_path / "a.jsonl").write_bytes(lines(*({"text": f"doc {i}"} for i in range(50))))
+    os.mkfifo(tmp_path / "fifo")
+    writer = subprocess.Popen(["sh", "-c", "cat a.jsonl > fifo"], cwd=tmp_path)
+    for name, given in (("sub", "<(cat a.jsonl)"), ("fifo", "fifo")):
+        command = f"{script('llm-prep')} json2bin {given} -t byte -o out/{name} -q"
+        proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, env=contract_env(),
+                              timeout=120)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        sidecar = json.loads((tmp_path / "out" / f"{name}_text_document.json").read_text())
+        assert sidecar["counts"]["documents"] == 50
+    writer.wait(timeout=30)
