@@ -259,3 +259,32 @@ def test_a_pipe_given_as_a_path_is_read_once_from_the_start(tmp_path):
         sidecar = json.loads((tmp_path / "out" / f"{name}_text_document.json").read_text())
         assert sidecar["counts"]["documents"] == 50
     writer.wait(timeout=30)
+
+
+def test_paths_are_bytes(world, tmp_path):
+    """A folder whose name is not UTF-8: a tokenizer.json, a SentencePiece model and an export there work
+    (the libraries get the files' bytes, or a Python file, never the path as text)."""
+    from tests.conftest import shared
+
+    odd = os.path.join(os.fsencode(tmp_path), b"dir\xff")
+    os.mkdir(odd)
+    spm = shared("tokenizers/sentencepiece-test/test_model.model")
+    shutil.copy(world.gpt2, os.path.join(odd, b"tokenizer.json"))
+    shutil.copy(spm, os.path.join(odd, b"t.model"))
+    for tok, out in ((b"tokenizer.json", b"a"), (b"t.model", b"b")):
+        argv = [script("llm-prep"), "json2bin", str(world.corpus), "-t", os.path.join(odd, tok), "-o",
+                os.path.join(odd, out), "-q", "--backend", "tokenizers"]  # fmt: skip
+        proc = subprocess.run(argv, capture_output=True, env=contract_env(), timeout=120, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    for fmt in ("arrow", "parquet"):
+        argv = [
+            script("llm-export"),
+            "hf",
+            str(world.prefix),
+            "-o",
+            os.path.join(odd, fmt.encode()),
+            "--format",
+            fmt,
+        ]
+        proc = subprocess.run(argv, capture_output=True, env=contract_env(), timeout=120, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
