@@ -41,10 +41,7 @@ def _weight(text: str, what: str, where: str = "") -> float:
     """One weight: a finite number >= 0 (the blend checks that their sum is finite)."""
     if not _NUMBER.match(text):
         raise UsageError(f"{what} ({text!r}{where}) is not a number")
-    try:
-        return parse_float(text, f"{what}{where}", lo=0.0)
-    except InputError as error:
-        raise UsageError(str(error)) from None
+    return parse_float(text, f"{what}{where}", lo=0.0)
 
 
 def read_data_path(values: list[str], flag: str = "--data-path") -> Blend:

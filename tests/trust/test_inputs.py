@@ -70,7 +70,7 @@ def test_weights_are_checked_by_the_one_parser():
 
     with pytest.raises(InputError, match="sum to infinity"):
         check_weights(parse_weights("1e308,1e308"))
-    with pytest.raises(UsageError, match="weight 2 is inf"):
+    with pytest.raises(InputError, match="weight 2 is inf"):
         parse_stages(["end 1 1e999"])
     with pytest.raises(UsageError, match="400 digits"):
         parse_count("9" * 400, "--num-samples")
