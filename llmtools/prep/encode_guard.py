@@ -41,10 +41,15 @@ def _native_stderr_held() -> Iterator[list]:
     except (AttributeError, OSError, ValueError):  # no real stderr (embedded, captured): nothing to hold
         yield [True]
         return
+    try:
+        spool = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the with below
+    except OSError:  # no room for one (a full /tmp): encode without holding the native messages back
+        yield [True]
+        return
     sys.stderr.flush()
     saved = os.dup(fd)
     outcome = [False]
-    with tempfile.TemporaryFile() as spool:
+    with spool:
         os.dup2(spool.fileno(), fd)
         try:
             yield outcome
