@@ -450,3 +450,14 @@ def inside(folder: str | os.PathLike, name: object, source: str) -> Path:
     if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
         raise InputError(f"{source}: {name!r} is a symlink out of {folder} (to {real}); refused")
     return path
+
+
+def stdin_binary():
+    """Standard input as a binary stream; an :class:`InputError` when the process has none (started
+    with stdin closed, ``<&-``: Python then has ``sys.stdin = None``)."""
+    import sys
+
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:
+        raise InputError("-: standard input is closed (nothing to read); give a file, or pipe data in")
+    return stream

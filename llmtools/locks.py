@@ -43,6 +43,7 @@ from pathlib import Path
 
 from llmtools.dirfd import open_path, same_file
 from llmtools.errors import UsageError
+from llmtools.formats import jsonfile
 from llmtools.fsutil import make_parents
 
 LOCK_SUFFIX = ".lock"
@@ -232,7 +233,7 @@ def _acquire(lock_file: Path, target: str, me: Holder) -> int | None:
         if not same_file(fd, lock_file):
             os.close(fd)
             continue
-        record = json.dumps(me.__dict__).encode() + b"\n"
+        record = jsonfile.dumps(me.__dict__).encode() + b"\n"
         # Written, then cut to length (a stale record may be longer): truncating to 0 first would make
         # ext4 flush the file on close (its replace-by-truncate heuristic), ~5 ms per lock.
         os.pwrite(fd, record, 0)

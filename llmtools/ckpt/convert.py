@@ -9,7 +9,6 @@ files (:mod:`llmtools.ckpt.reader`) and written as they arrive (the model team's
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -21,6 +20,7 @@ from typing import Any
 
 from llmtools.ckpt import layout
 from llmtools.errors import InputError, UsageError
+from llmtools.formats import jsonfile
 from llmtools.fsutil import atomic_dir, atomic_path, check_writable
 
 TARGETS = ("hf", "safetensors", "universal")
@@ -262,7 +262,7 @@ def to_hf(
             extra["tokenizer_config.json"] = _tokenizer_config(extra["tokenizer.json"], tok, Path(scratch))
 
         marker = Path(scratch) / "llmtools.json"
-        marker.write_text(json.dumps(_marker(checkpoint, meta, "llmtools.hf-model"), indent=1) + "\n")
+        marker.write_text(jsonfile.dumps(_marker(checkpoint, meta, "llmtools.hf-model"), indent=1) + "\n")
         extra = {**(extra or {}), "llmtools.json": marker}
 
         def write(state: dict) -> None:
@@ -328,7 +328,7 @@ def _tokenizer_config(tokenizer_json: Path, identity: dict[str, Any], scratch: P
         if token_id is not None and tok.id_to_token(token_id) is not None:
             config[key] = tok.id_to_token(token_id)
     path = scratch / "tokenizer_config.json"
-    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    path.write_text(jsonfile.dumps(config, indent=2) + "\n", encoding="utf-8")
     return path
 
 
@@ -362,7 +362,7 @@ def to_universal_dir(checkpoint: str | Path, output: str | Path, force: bool = F
         inner.rmdir()
         (tmp / "latest_universal").unlink(missing_ok=True)
         marker = _marker(checkpoint, meta, "llmtools.universal-checkpoint")
-        (tmp / "llmtools.json").write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
+        (tmp / "llmtools.json").write_text(jsonfile.dumps(marker, indent=1) + "\n", encoding="utf-8")
     return output
 
 
@@ -446,6 +446,6 @@ def _import_hf(hf_dir: Path, output: Path, force: bool) -> Path:
             "files": files,
             "complete": True,
         }
-        (tmp / layout.META).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+        (tmp / layout.META).write_text(jsonfile.dumps(meta, indent=1) + "\n", encoding="utf-8")
     shutil.rmtree(output / "__pycache__", ignore_errors=True)
     return output

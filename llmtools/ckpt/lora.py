@@ -10,11 +10,11 @@ which ``peft.PeftModel`` loads. The maths (adapters, merging) is :mod:`llmtools.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from llmtools.errors import UsageError
+from llmtools.formats import jsonfile
 from llmtools.model.lora import LoraSection, is_adapter_name, merge_state
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -116,8 +116,8 @@ def write_adapter(checkpoint: Path, output: Path, force: bool = False, base_mode
     with atomic_dir(Path(output), force=force) as tmp:
         save_file(adapter, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         (tmp / ADAPTER_CONFIG).write_text(
-            json.dumps(peft_adapter_config(section, base_model), indent=2) + "\n", encoding="utf-8"
+            jsonfile.dumps(peft_adapter_config(section, base_model), indent=2) + "\n", encoding="utf-8"
         )
         marker = {"format": "llmtools.lora-adapter", "source": str(checkpoint)}  # what --force may replace
-        (tmp / "llmtools.json").write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
+        (tmp / "llmtools.json").write_text(jsonfile.dumps(marker, indent=1) + "\n", encoding="utf-8")
     return Path(output)

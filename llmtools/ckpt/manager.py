@@ -36,6 +36,7 @@ from llmtools.ckpt.verify import check, check_compatible, list_files, read_meta,
 from llmtools.ckpt.writer import RankWriter
 from llmtools.dirfd import refuse_link
 from llmtools.errors import InputError, RuntimeFailure, UsageError
+from llmtools.formats import jsonfile
 from llmtools.fsutil import (
     TMP_MARK,
     atomic_file,
@@ -291,7 +292,6 @@ class CheckpointManager:
 
     def _publish(self, pending: _Pending, files: dict[str, dict[str, Any]]) -> None:
         """Rank 0: meta.json (complete: true) last, then the rename, then ``latest``, then pruning."""
-        import json
 
         unlisted = [name for name in list_files(pending.tmp) if name not in files]
         for name in unlisted:  # anything DeepSpeed wrote around its checkpoint engine
@@ -307,7 +307,7 @@ class CheckpointManager:
             "complete": True,
         }
         with atomic_file(pending.tmp / layout.META, "w", encoding="utf-8") as handle:
-            json.dump(meta, handle, indent=1)
+            jsonfile.dump(meta, handle, indent=1)
             handle.write("\n")
         fsync_dir(pending.tmp)
         final = pending.final

@@ -14,6 +14,10 @@ import traceback
 import typer
 
 from llmtools.errors import Interrupted, LlmtoolsError
+from llmtools.formats import jsonfile
+
+BROKEN_PIPE_EXIT = 141
+"""Exit status when stdout's reader went away: 128 + SIGPIPE, as for a Unix tool."""
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -52,6 +56,8 @@ def run(app: typer.Typer, prog: str) -> None:
         code = result if isinstance(result, int) and not isinstance(result, bool) else 0
     except (Interrupted, KeyboardInterrupt) as stop:
         code = _interrupted(prog, stop)
+    except StdoutGone:
+        code = _other(prog, BrokenPipeError())
     except LlmtoolsError as error:
         if debug_enabled():
             traceback.print_exc()
@@ -92,10 +98,12 @@ def _interrupted(prog: str, stop: BaseException) -> int:
 
 def _other(prog: str, error: Exception) -> int:
     if isinstance(error, BrokenPipeError):
-        # The reader of our stdout went away (e.g. `| head`): not an error worth a traceback.
+        # The reader of our stdout went away (`| head`): end quietly with the status a Unix tool killed
+        # by SIGPIPE has (128 + 13, what the shell shows for `cat big | head`; `set -o pipefail` sees
+        # it), after pointing stdout at /dev/null so the interpreter's final flush cannot fail again.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 1
+        return BROKEN_PIPE_EXIT
     if debug_enabled():
         traceback.print_exception(error)
     if isinstance(error, OSError):
@@ -114,9 +122,16 @@ def _fail(prog: str, message: str, code: int) -> int:
     return code
 
 
+class StdoutGone(Exception):
+    """Our stdout's reader went away. Not an OSError: click turns an EPIPE into a silent exit 1."""
+
+
 def emit(line: str) -> None:
     """A result line on stdout (paths of written files, one per line)."""
-    print(line, flush=True)
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        raise StdoutGone() from None
 
 
 def report(prog: str, result, as_json: bool, quiet: bool) -> None:
@@ -126,9 +141,7 @@ def report(prog: str, result, as_json: bool, quiet: bool) -> None:
         summary = result.summary
         log(f"{prog}: {summary() if callable(summary) else summary}")
     if as_json:
-        import json
-
-        emit(json.dumps(result.to_dict()))
+        emit(jsonfile.dumps(result.to_dict()))
     else:
         for path in result.paths:
             emit(str(path))

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
 from llmtools.cli._common import emit, new_app, run
+from llmtools.formats import jsonfile
 
 app = new_app("llm-export", "Export tokenized data (.bin/.idx or mix.json) to other formats.")
 
@@ -84,7 +83,7 @@ def hf(
     inputs = [*input_files(config), *input_paths([tokenizer])]
     claim([config.output], inputs=inputs, force=force, kinds={"llmtools.hf-export"})
     result = export_hf(config)
-    emit(json.dumps(result.to_dict()) if as_json else str(result.output))
+    emit(jsonfile.dumps(result.to_dict()) if as_json else str(result.output))
 
 
 def main() -> None:

@@ -3,13 +3,13 @@ curves (``plot``) and tables (``summary``)."""
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 
 import typer
 
 from llmtools.cli._common import emit, log, new_app, run
+from llmtools.formats import jsonfile
 
 app = new_app("llm-log", "Training logs to TensorBoard event files, plots and summaries.")
 
@@ -147,7 +147,7 @@ def tb(
     result = convert(logs, config, should_stop=lambda: flag.stop, on_progress=None if quiet else log)
     _report_counts(result.counts, quiet)
     if as_json:
-        emit(json.dumps({"runs": result.runs, "lines": result.counts.as_dict()}))
+        emit(jsonfile.dumps({"runs": result.runs, "lines": result.counts.as_dict()}))
     else:
         for info in result.runs.values():
             emit(info["events_file"])
@@ -326,7 +326,7 @@ def summary(
         for problem in s.counts.first_problems:
             log(f"llm-log: warning: {problem}")
     dicts = [s.as_dict() for s in summaries]
-    emit(json.dumps(dicts, indent=1) if as_json else format_table(dicts))
+    emit(jsonfile.dumps(jsonfile.nulls(dicts), indent=1) if as_json else format_table(dicts))
 
 
 def main() -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import typer
 
 from llmtools.cli._common import emit, expand_multi_value_flags, log, new_app, run
+from llmtools.formats import jsonfile
 
 HELP = """Blend tokenized .bin/.idx sources into a sample plan, exactly as Megatron-LM would.
 
@@ -258,7 +258,7 @@ def mix(
         summary = lib.plan_to_json(plan)
         summary.pop("config", None)
         summary["written"] = [str(p) for p in written]
-        emit(json.dumps(summary))
+        emit(jsonfile.dumps(summary))
     elif explain:
         emit(mix_explain.explain(plan))
         if len(written) > mix_explain.GROUP_OVER:

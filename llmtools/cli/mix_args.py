@@ -9,6 +9,7 @@ import re
 from llmtools.data.mix import Blend
 from llmtools.data.stages import StageKey, StageSpec
 from llmtools.errors import InputError, UsageError
+from llmtools.numeric import MAX_COUNT, parse_float
 
 # -- Megatron's --data-path spelling ----------------------------------------------------------------
 _NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$|^[-+]?(nan|inf|infinity)$", re.IGNORECASE)
@@ -33,7 +34,14 @@ def parse_data_path(tokens: list[str], flag: str = "--data-path") -> Blend:
     if not all(numeric):
         bad = weights[numeric.index(False)]
         raise UsageError(f"{flag}: expected 'WEIGHT PREFIX' pairs, but {bad!r} is not a number")
-    return Blend(prefixes, [float(w) for w in weights], flag)
+    return Blend(prefixes, [_weight(w, f"{flag}: weight {i + 1}") for i, w in enumerate(weights)], flag)
+
+
+def _weight(text: str, what: str, where: str = "") -> float:
+    """One weight: a finite number >= 0 (the blend checks that their sum is finite)."""
+    if not _NUMBER.match(text):
+        raise UsageError(f"{what} ({text!r}{where}) is not a number")
+    return parse_float(text, f"{what}{where}", lo=0.0)
 
 
 def read_data_path(values: list[str], flag: str = "--data-path") -> Blend:
@@ -77,10 +85,16 @@ def parse_count(text: str | int | None, flag: str, allow_zero: bool = False) -> 
                 f"{flag}: {text!r} is not a {'non-negative' if allow_zero else 'positive'} integer"
             )
         number, suffix = match.groups()
+        if len(number) > 40:
+            raise UsageError(
+                f"{flag}: {text[:40]!r}...: {len(number)} digits; at most {MAX_COUNT} is allowed"
+            )
         scaled = float(number.replace("_", "")) * _SUFFIX[suffix.lower()]
         if scaled != int(scaled) or (not suffix and "." in number):
             raise UsageError(f"{flag}: {text!r} is not a whole number")
         value = int(scaled)
+    if value > MAX_COUNT:
+        raise UsageError(f"{flag}: {text!r} is beyond the largest count allowed ({MAX_COUNT})")
     if value < 0 or (value == 0 and not allow_zero):
         raise UsageError(
             f"{flag}: must be a {'non-negative' if allow_zero else 'positive'} integer, not {text!r}"
@@ -95,13 +109,7 @@ def parse_weights(text: str | None) -> list[float] | None:
     parts = [p.strip() for p in str(text).replace(" ", ",").split(",") if p.strip()]
     if not parts:
         raise UsageError("--weights: empty; give one number per PREFIX, like 0.7,0.3")
-    out = []
-    for i, part in enumerate(parts):
-        try:
-            out.append(float(part))
-        except ValueError:
-            raise UsageError(f"--weights: weight {i + 1} ({part!r}) is not a number") from None
-    return out
+    return [_weight(part, f"--weights: weight {i + 1}") for i, part in enumerate(parts)]
 
 
 # -- mixture stages ---------------------------------------------------------------------------------
@@ -165,12 +173,7 @@ def parse_stages(values: list[str] | None) -> list[StageSpec] | None:
         until = parse_stage_key(parts[0], flag)
         weights = []
         for part, where in _stage_weights(parts[1:]):
-            try:
-                weights.append(float(part))
-            except ValueError:
-                raise UsageError(
-                    f"{flag}: weight {len(weights) + 1} ({part!r}{where}) is not a number"
-                ) from None
+            weights.append(_weight(part, f"{flag}: weight {len(weights) + 1}", where))
         out.append(StageSpec(start, until, tuple(weights)))
         start = until
     return out

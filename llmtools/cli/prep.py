@@ -7,7 +7,6 @@ A thin typer adapter: every command builds a config and calls a library function
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import typer
 
 from llmtools.cli._common import emit, expand_multi_value_flags, log, new_app, report, run
 from llmtools.errors import InputError
+from llmtools.formats import jsonfile
 
 app = new_app(
     "llm-prep", "Prepare training data: tokenize JSONL into Megatron .bin/.idx, train tokenizers, inspect."
@@ -281,7 +281,7 @@ def inspect_cmd(
     from llmtools.prep.inspect import format_report, inspect_prefix
 
     report = inspect_prefix(prefix, validate=not no_validate)
-    emit(json.dumps(report) if as_json else format_report(report))
+    emit(jsonfile.dumps(jsonfile.nulls(report)) if as_json else format_report(report))
 
 
 CAT_HELP = """Print documents of a .bin/.idx: detokenized with --tokenizer, else as token ids.
@@ -340,9 +340,13 @@ def cat_cmd(
     for j, ids in iter_documents(prefix, docs):
         if tok is not None:
             text = tok.decode(ids)
-            emit(json.dumps({"doc": j, "text": text}, ensure_ascii=False) if as_json else text)
+            emit(jsonfile.dumps({"doc": j, "text": text}, ensure_ascii=False) if as_json else text)
         else:
-            emit(json.dumps({"doc": j, "ids": ids.tolist()}) if as_json else " ".join(map(str, ids.tolist())))
+            emit(
+                jsonfile.dumps({"doc": j, "ids": ids.tolist()})
+                if as_json
+                else " ".join(map(str, ids.tolist()))
+            )
 
 
 def _quarantine_run(path: Path) -> str | None:
@@ -392,7 +396,7 @@ def _cat_quarantine(path: Path, tok, as_json: bool) -> None:
         else:
             entry["ids"] = ids.tolist()
         if as_json:
-            emit(json.dumps(entry, ensure_ascii=False))
+            emit(jsonfile.dumps(entry, ensure_ascii=False))
         else:
             emit(header)
             emit(entry["text"] if tok is not None else " ".join(map(str, entry["ids"])))
@@ -450,7 +454,7 @@ def tokenizer_train_cmd(
     log(
         f"llm-prep tokenizer train: vocab {summary['vocab_size']}, EOD {summary['eod_token']!r} = {summary['eod_id']}"
     )
-    emit(json.dumps(summary) if as_json else summary["path"])
+    emit(jsonfile.dumps(summary) if as_json else summary["path"])
 
 
 SAMPLE_HELP = """Write the built-in sample corpus: generated text, deterministic from --seed, learnable by a tiny model.

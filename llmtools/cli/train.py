@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import typer
 
 from llmtools.cli._common import emit, new_app, run
+from llmtools.formats import jsonfile
 
 EXAMPLES = """
 Examples:
@@ -161,7 +161,7 @@ def train(
             cfg, ds_raw, world_size=int(os.environ.get("WORLD_SIZE", "1")), ds_source=str(deepspeed)
         )
         emit(
-            json.dumps(
+            jsonfile.dumps(
                 {
                     "steps": plan.steps,
                     "total_steps": plan.total_steps,
@@ -203,15 +203,17 @@ def train(
         return
     if json_out:
         emit(
-            json.dumps(
-                {
-                    "run_dir": str(result.run_dir),
-                    "steps": result.steps,
-                    "first_loss": result.first_loss,
-                    "final_loss": result.final_loss,
-                    "eval_loss": result.eval_loss,
-                    "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-                }
+            jsonfile.dumps(
+                jsonfile.nulls(
+                    {
+                        "run_dir": str(result.run_dir),
+                        "steps": result.steps,
+                        "first_loss": result.first_loss,
+                        "final_loss": result.final_loss,
+                        "eval_loss": result.eval_loss,
+                        "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+                    }
+                )
             )
         )
     else:

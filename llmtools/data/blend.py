@@ -19,6 +19,7 @@ import numpy as np
 
 from llmtools import _native
 from llmtools.errors import InputError
+from llmtools.numeric import finite_sum
 
 DEFAULT_SURPLUS = 0.005
 MAX_DATASETS = 32767  # dataset_index is int16
@@ -43,6 +44,7 @@ def check_weights(weights: Sequence[float], what: str = "--weights") -> list[flo
         raise InputError(f"{what}: all weights are zero; at least one must be positive")
     if len(out) > MAX_DATASETS:
         raise InputError(f"{what}: {len(out)} datasets; at most {MAX_DATASETS} can be blended")
+    finite_sum(out, what)  # 1e308 + 1e308 is infinite: every weight over it would be 0 or NaN
     return out
 
 

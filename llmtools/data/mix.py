@@ -450,6 +450,7 @@ def _plan_split(
 ) -> SplitPlan:
     positions = {s.prefix: i for i, s in reversed(list(enumerate(sources)))}  # first one wins
     ids = [_index_of(sources, p, positions) for p in blend.prefixes]
+    _refuse_the_same_content(sources, ids, name)
     weights = blend.weights
     components: list[Component] = []
     if weights is not None:
@@ -531,6 +532,40 @@ def _refuse_the_same_data_twice(sources: list[Source], used: list[int], keys: li
                 "schedule follows each source by its content, so it cannot be listed twice; give it one "
                 "weight (the sum) per stage"
             )
+
+
+def content_key(source: Source) -> tuple[str, str | None]:
+    """(the bytes: .idx digest, .bin size and sampled digest; what made them, from the sidecar: tokenizer
+    hash, the inputs' digests, key and options, or None without a sidecar)."""
+    data = {k: v for k, v in (source.files.get("bin") or {}).items() if k != "mtime_ns"}
+    data_key = json.dumps([source.idx_sha256, data], sort_keys=True)
+    if source.sidecar is None:
+        return data_key, None
+    side = source.sidecar
+    made_from = {
+        "tokenizer": (source.tokenizer or {}).get("hash"),
+        "inputs": [i.get("sha256") for i in side.get("inputs") or [] if isinstance(i, dict)],
+        **{k: side.get(k) for k in ("json_key", "append_eod", "special_tokens", "dtype", "shard")},
+    }
+    return data_key, json.dumps(made_from, sort_keys=True, default=str)
+
+
+def _refuse_the_same_content(sources: list[Source], ids: list[int], split: str) -> None:
+    """Two prefixes with the same content would be blended as two sources: samples repeat and the
+    ledger names one source under two names. Refused (a prefix copied under a second name is a mistake
+    in the list): list it once, with one weight, the sum. The same bytes are the same content unless
+    both sidecars say they were made from different inputs or with another tokenizer."""
+    seen: dict[str, list[tuple[int, str | None]]] = {}
+    for i in dict.fromkeys(ids):
+        data_key, made = content_key(sources[i])
+        for first, other in seen.get(data_key, []):
+            if made is None or other is None or made == other:
+                raise InputError(
+                    f"{sources[i].prefix}: the same data as {sources[first].prefix} in the {split} blend "
+                    "(identical .idx and .bin, from the same inputs and tokenizer); list it once, with one "
+                    "weight (the sum)"
+                )
+        seen.setdefault(data_key, []).append((i, made))
 
 
 def _plan_staged(

@@ -100,6 +100,8 @@ def check_arrays(mix: dict, path: Path, split: str, arrays: dict) -> None:
     comps = recorded["components"]
     files = (mix["cache"].get("files") or {}).get(split) or {}
     where_index = path.parent / files.get("dataset_index", f"{split} dataset_index")
+    if "dataset_index" not in arrays:  # mix.json's cache.files no longer names it
+        raise InputError(f"{where(path, key=f'cache.files.{split}')}: names no dataset_index array")
     index = np.asarray(arrays["dataset_index"])
     if int(index.shape[0]) != int(recorded["num_samples"]):
         raise InputError(

@@ -7,8 +7,9 @@ where the data came from.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from llmtools.formats import jsonfile
 
 
 def dataset_card(manifest: dict) -> str:
@@ -78,6 +79,6 @@ def dataset_card(manifest: dict) -> str:
         if key in sidecar:
             lines.append(f"- {key}: `{sidecar[key]}`")
     if sidecar.get("counts"):
-        lines.append(f"- counts: `{json.dumps(sidecar['counts'])}`")
+        lines.append(f"- counts: `{jsonfile.dumps(sidecar['counts'])}`")
     lines.append("")
     return "\n".join(lines)

@@ -1,12 +1,15 @@
-"""Reading a JSON object from a file with the one error model: a message naming the file."""
+"""JSON in and out with the one error model: reading a file reports a message naming it; every JSON text
+we write (files, ``--json`` output) goes through :func:`dumps`, which never writes ``NaN`` or
+``Infinity`` (Python's json does by default, and no other JSON reader accepts them)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
-from llmtools.errors import InputError
+from llmtools.errors import InputError, RuntimeFailure
 
 
 class _NonFinite(ValueError):
@@ -54,3 +57,31 @@ def read_json_object(path: str | os.PathLike, what: str = "JSON file") -> dict:
     if not isinstance(data, dict):
         raise InputError(f"{path}: a {what} must be a JSON object")
     return data
+
+
+def dumps(obj, what: str = "JSON output", **kwargs) -> str:
+    """``json.dumps(obj, **kwargs)`` with ``allow_nan=False``: a non-finite number that got this far is a
+    :class:`RuntimeFailure` naming ``what``, never a file of ours that strict readers refuse."""
+    try:
+        return json.dumps(obj, allow_nan=False, **kwargs)
+    except ValueError as error:
+        raise RuntimeFailure(
+            f"{what}: refusing to write a non-finite number (NaN or Infinity) as JSON ({error})"
+        ) from None
+
+
+def nulls(obj):
+    """``obj`` with every non-finite float replaced by None, for values where NaN is a fact to report (a
+    diverged loss) rather than a bug: JSON's null, with the count or steps reported beside it."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: nulls(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [nulls(v) for v in obj]
+    return obj
+
+
+def dump(obj, handle, what: str = "JSON output", **kwargs) -> None:
+    """:func:`dumps` into an open text file."""
+    handle.write(dumps(obj, what, **kwargs))

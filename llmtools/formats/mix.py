@@ -8,13 +8,13 @@ the planner. :mod:`llmtools.data.mix` gives the fields their meaning and rebuild
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 
 from llmtools.errors import InputError, where
+from llmtools.formats import jsonfile
 from llmtools.formats.fingerprint import sha256_file
 from llmtools.formats.jsonfile import read_json_object
 from llmtools.fsutil import atomic_file, inside, make_parents, sync_files, write_text_atomic
@@ -105,7 +105,7 @@ def _check_number(record: dict, key: str, kind, path: Path, dotted: str) -> None
 
 def mix_text(data: dict) -> str:
     """What :func:`write_mix` writes (known before writing, e.g. to record its checksum elsewhere)."""
-    return json.dumps(data, indent=2) + "\n"
+    return jsonfile.dumps(data, indent=2) + "\n"
 
 
 def write_mix(path: str | os.PathLike, data: dict | str) -> Path:

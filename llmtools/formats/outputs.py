@@ -32,6 +32,7 @@ import os
 import struct
 from pathlib import Path
 
+from llmtools.formats import jsonfile
 from llmtools.fsutil import write_text_atomic
 
 PRODUCER = "llmtools"
@@ -81,7 +82,7 @@ def write_marker(path: str | os.PathLike, kind: str, **info) -> Path:
         **info,
     }
     marker = marker_path(path)
-    write_text_atomic(marker, json.dumps(record, indent=2) + "\n")
+    write_text_atomic(marker, jsonfile.dumps(record, indent=2) + "\n")
     return marker
 
 
@@ -262,3 +263,17 @@ def not_ours(path: str | os.PathLike) -> str | None:
     if marker_path(path).is_file():
         return f"changed since llmtools wrote it (its {marker_path(path).name} no longer matches)"
     return "a file llmtools did not write"
+
+
+def check_output_prefix(prefix: str, flag: str = "--output") -> None:
+    """An output prefix names files (``PREFIX_text_document.bin``), never a folder: ``-o .``, ``-o ..`` or
+    ``-o data/`` would write hidden ``._text_document.*`` files or names that end in the folder's own."""
+    from llmtools.errors import UsageError
+
+    text = os.fsdecode(prefix)
+    if not text:
+        raise UsageError(f"{flag}: an output prefix is required")
+    if text.endswith(("/", os.sep)) or os.path.basename(text) in (".", ".."):
+        raise UsageError(
+            f"{flag} {text}: is a folder; give a prefix inside it (e.g. {os.path.join(text, 'name')})"
+        )

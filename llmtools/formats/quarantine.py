@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 from llmtools.errors import InputError
+from llmtools.formats import jsonfile
 from llmtools.fsutil import sha256_file
 
 FORMAT = "llmtools.quarantine"
@@ -48,7 +49,7 @@ def append_records(path: str | os.PathLike, records: list[dict]) -> None:
     """Append whole lines in one write, flushed to disk (a crash leaves at most a torn last line)."""
     if not records:
         return
-    text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+    text = "".join(jsonfile.dumps(r, separators=(",", ":")) + "\n" for r in records)
     from llmtools.dirfd import open_path
 
     fd = open_path(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # never through a planted link

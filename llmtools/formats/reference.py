@@ -17,7 +17,6 @@ and checked against its recorded checksum, shape, dtype and finiteness.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import numpy as np
 
 from llmtools import __version__
 from llmtools.errors import InputError
+from llmtools.formats import jsonfile
 from llmtools.formats.jsonfile import read_json_object
 from llmtools.fsutil import atomic_dir, sha256_file
 
@@ -59,7 +59,7 @@ def write_reference(folder: str | os.PathLike, logps: np.ndarray, identity: dict
                 "sha256": sha256_file(tmp / LOGPS_FILE),
             },
         }
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        (tmp / META_FILE).write_text(jsonfile.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return folder
 
 
@@ -151,4 +151,10 @@ def read_reference(folder: str | os.PathLike, identity: dict[str, Any]) -> np.nd
         raise InputError(f"{path}: expected float64 ({pairs}, 2), got {logps.dtype} {logps.shape}")
     if not np.isfinite(logps).all():
         raise InputError(f"{path}: holds non-finite log-probabilities")
+    if (logps > 0).any():
+        pair, side = (int(i) for i in np.argwhere(logps > 0)[0])
+        raise InputError(
+            f"{path}: pair {pair} ({('chosen', 'rejected')[side]}) has log-probability {logps[pair, side]:.6g} > 0 "
+            "(a log-probability is at most 0)"
+        )
     return logps

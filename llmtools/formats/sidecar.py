@@ -8,7 +8,6 @@ that as "unknown provenance", never as an error. Every writer of ours builds the
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from llmtools import __version__
+from llmtools.formats import jsonfile
 from llmtools.formats.indexed import strip_suffix
 from llmtools.formats.jsonfile import read_json_object
 from llmtools.fsutil import write_text_atomic
@@ -83,7 +83,7 @@ def read_sidecar(prefix: str | os.PathLike) -> dict | None:
 
 def write_sidecar(prefix: str | os.PathLike, data: dict) -> Path:
     path = sidecar_path(prefix)
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+    write_text_atomic(path, jsonfile.dumps(data, indent=2, sort_keys=False) + "\n")
     return path
 
 

@@ -196,6 +196,7 @@ class RunSummary:
             "mean_step_time_s": self.mean("step_time_s"),
             "spikes": len(self.spikes),
             "spike_steps": self.spikes[:20],
+            "nan_losses": len(self.nan_steps),
             "nan_steps": self.nan_steps[:20],
             # a logged resume event and the step going back describe the same resume: count once
             "resumes": max(sum(1 for g in gaps if g["kind"] == "resume"), len(self.resume_steps)),
@@ -265,6 +266,12 @@ def format_table(summaries: list[dict]) -> str:
                 "spikes",
                 f"{s['spikes']}"
                 + (f" at {', '.join(map(str, s['spike_steps'][:5]))}" if s["spikes"] else ""),
+            ),
+            (
+                "NaN/inf losses",
+                f"{s.get('nan_losses', len(s.get('nan_steps', [])))}"
+                + (f" at {', '.join(map(str, s['nan_steps'][:5]))}" if s.get("nan_steps") else "")
+                + (" (not in first/last/min)" if s.get("nan_steps") else ""),
             ),
             (
                 "resumes / gaps",

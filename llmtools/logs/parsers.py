@@ -114,7 +114,7 @@ class JsonlParser(Parser):
                 )
             ]
         wall = data.get("time")
-        if type(wall) not in _NUMBER_TYPES:
+        if type(wall) not in _NUMBER_TYPES or not math.isfinite(_held(wall)):
             wall = None
         if kind == "event":
             name = data.get("event")
@@ -123,7 +123,7 @@ class JsonlParser(Parser):
             message = data.get("message")
             return "event", [Record("event", step, wall, event=name, message=str(message or ""), line=number)]
         skip = self._skip
-        values = {k: v for k, v in data.items() if type(v) in _NUMBER_TYPES and k not in skip}
+        values = {k: _held(v) for k, v in data.items() if type(v) in _NUMBER_TYPES and k not in skip}
         if len(values) + len(data.keys() & skip) < len(data):
             # rare: some values are not plain numbers (a bool flag, a null, a string); look closer
             if kind == "train" and "loss" in data and data["loss"] is None:
@@ -134,9 +134,19 @@ class JsonlParser(Parser):
                 elif type(value) is dict:  # a group of scalars, e.g. source_tokens: {source: tokens}
                     for name, item in value.items():
                         if type(item) in _NUMBER_TYPES:
-                            values[f"{key}/{name}"] = item
+                            values[f"{key}/{name}"] = _held(item)
             values.update(_moe_layer_values(data.get("moe_layers")))
         return kind, [Record(kind, step, wall, values, line=number)]
+
+
+def _held(value) -> float:
+    """A JSON number, kept as it is, except an integer beyond float range (400 digits): an infinity, as a
+    float spelled that long is, never an OverflowError later."""
+    try:
+        float(value)
+        return value
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 _MOE_LAYER_KEYS = ("cv", "max_load", "dropped", "aux_loss", "z_loss")
@@ -152,7 +162,7 @@ def _moe_layer_values(layers) -> dict[str, float]:
             continue
         for key in _MOE_LAYER_KEYS:
             if type(entry.get(key)) in _NUMBER_TYPES:
-                values[f"moe_layer{entry['layer']}_{key}"] = entry[key]
+                values[f"moe_layer{entry['layer']}_{key}"] = _held(entry[key])
     return values
 
 

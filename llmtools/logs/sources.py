@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from llmtools.errors import InputError, where
+from llmtools.fsutil import stdin_binary
 
 CHUNK = 1 << 20
 FINGERPRINT_BYTES = 4096
@@ -58,7 +59,7 @@ def compression_of(path: str) -> str | None:
 def open_stream(path: str):
     """A binary stream of the (decompressed) log. Caller closes it (stdin is left open)."""
     if path == "-":
-        return sys.stdin.buffer
+        return stdin_binary()
     kind = compression_of(path)
     if kind == "gzip":
         return gzip.open(path, "rb")
@@ -303,7 +304,7 @@ class Tailer:
         return self._inode
 
     def close(self) -> None:
-        if self._stream is not sys.stdin.buffer:
+        if self._stream is not getattr(sys.stdin, "buffer", None):
             self._stream.close()
 
     def __enter__(self) -> Tailer:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import math
 import os
 import time
@@ -276,7 +275,7 @@ class RunWriter:
             fp = reader.tailer.fingerprint(reader.offset)
             if fp is not None:
                 entry.update(fp)
-        write_text_atomic(self.folder / STATE_NAME, json.dumps(self.state, indent=1) + "\n")
+        write_text_atomic(self.folder / STATE_NAME, jsonfile.dumps(self.state, indent=1) + "\n")
         self._committed = True
 
 

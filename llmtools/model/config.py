@@ -32,6 +32,27 @@ from llmtools.errors import InputError
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
+# What a config may ask for, checked before anything is built from it (a model config is untrusted
+# input: 10**5 layers would make import-hf, init_from or convert run for minutes while memory grows).
+# The largest open models have ~130 layers, widths of ~30k, vocabularies of ~260k and ~1T parameters.
+LIMITS = {
+    "num_hidden_layers": 1024,
+    "hidden_size": 1 << 17,
+    "intermediate_size": 1 << 19,
+    "moe_intermediate_size": 1 << 19,
+    "shared_expert_intermediate_size": 1 << 19,
+    "vocab_size": 1 << 24,
+    "num_attention_heads": 1 << 12,
+    "num_key_value_heads": 1 << 12,
+    "head_dim": 1 << 12,
+    "num_experts": 1 << 12,
+    "num_experts_per_tok": 1 << 12,
+    "decoder_sparse_step": 1024,
+    "max_position_embeddings": 1 << 24,
+}
+MAX_PARAMETERS = 2 * 10**12
+"""At most 2e12 parameters (8 TB in fp32): beyond that a config is a typo or an attack."""
+
 
 # The fields that decide the shape of every weight: two configs that agree on them can share weights.
 SHAPE_FIELDS = (
@@ -158,6 +179,12 @@ class ModelConfig:
                 raise InputError(f"model.{name}: expected true or false, got {getattr(self, name)!r}")
         self.rope_scaling = _check_rope_scaling(self.rope_scaling)
         self._check_moe()
+        total = self.num_parameters()
+        if total > MAX_PARAMETERS:
+            raise InputError(
+                f"model: {total:.3g} parameters ({total * 4 / 2**40:.3g} TiB in fp32) is beyond the "
+                f"{MAX_PARAMETERS:.0e} a config may ask for"
+            )
 
     def _check_moe(self) -> None:
         _check_int("num_experts", self.num_experts, minimum=0)
@@ -355,6 +382,9 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
         raise InputError(f"model.{name}: expected an integer, got {value!r}")
     if value < minimum:
         raise InputError(f"model.{name}: must be >= {minimum}, got {value}")
+    limit = LIMITS.get(name)
+    if limit is not None and value > limit:
+        raise InputError(f"model.{name}: {value} is beyond the {limit} a config may ask for")
 
 
 def _same_number(a: Any, b: Any) -> bool:

@@ -276,15 +276,15 @@ def save_hf_folder(
         if len(shards) > 1:
             index = {"metadata": {"total_size": sum(s[3] for s in specs)}, "weight_map": weight_map}
             (tmp / "model.safetensors.index.json").write_text(
-                json.dumps(index, indent=2) + "\n", encoding="utf-8"
+                jsonfile.dumps(index, indent=2) + "\n", encoding="utf-8"
             )
         hf_config = to_hf_config(
             config, dtype=config_dtype, bos_token_id=bos_token_id, eos_token_id=eos_token_id
         )
-        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+        (tmp / "config.json").write_text(jsonfile.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
         generation = {"_from_model_config": True, "bos_token_id": bos_token_id, "eos_token_id": eos_token_id}
         (tmp / "generation_config.json").write_text(
-            json.dumps({k: v for k, v in generation.items() if v is not None}, indent=2) + "\n",
+            jsonfile.dumps({k: v for k, v in generation.items() if v is not None}, indent=2) + "\n",
             encoding="utf-8",
         )
         for name, path in _extra_items(extra_files):
@@ -310,7 +310,7 @@ def write_safetensors(path: Path, shard: list[tuple]) -> None:
             "data_offsets": [offset, offset + nbytes],
         }
         offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw = jsonfile.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
     with open(path, "wb") as handle:
         handle.write(struct.pack("<Q", len(raw)))

@@ -202,12 +202,7 @@ def _import_token_ids(config: TokenImportConfig, table, kind) -> TokenImportResu
         with IndexedDatasetWriter(prefix, dtype) as writer:
             for batch in table.batches(columns):
                 values, lengths = _flat_ids(batch.column(config.column), table.name, config.column, row)
-                if values.size and vocab and (int(values.max()) >= vocab or int(values.min()) < 0):
-                    bad = int(np.argmax((values >= vocab) | (values < 0)))
-                    at = row + int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
-                    raise InputError(
-                        f"{table.name}: row {at}: token id {int(values[bad])} is outside the vocabulary (size {vocab})"
-                    )
+                _check_ids(values, lengths, vocab, dtype, table.name, row)
                 if config.append_eod:
                     values, lengths = _append_eod(values, lengths, eod)
                 if with_sentences:
@@ -249,6 +244,26 @@ def _import_token_ids(config: TokenImportConfig, table, kind) -> TokenImportResu
         for path in (bin_path(prefix), idx_path(prefix)):
             write_marker(path, "hf2bin", source=str(config.source), column=config.column)
     return result
+
+
+def _check_ids(
+    values: np.ndarray, lengths: np.ndarray, vocab: int | None, dtype, name: str, row: int
+) -> None:
+    """Every id an integer in ``[0, vocab)``, or without a vocabulary in the output dtype's range: a
+    negative id or one of 2**40 is refused at its row, never wrapped into a valid-looking id."""
+    if not values.size:
+        return
+    if values.dtype.kind not in "iu":
+        raise InputError(f"{name}: row {row}: token ids must be integers, the column holds {values.dtype}")
+    limit = vocab if vocab else int(np.iinfo(dtype).max) + 1
+    if int(values.max()) < limit and int(values.min()) >= 0:
+        return
+    bad = int(np.argmax((values >= limit) | (values < 0)))
+    at = row + int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
+    range_ = (
+        f"the vocabulary (size {vocab})" if vocab else f"what {np.dtype(dtype).name} holds (0..{limit - 1})"
+    )
+    raise InputError(f"{name}: row {at}: token id {int(values[bad])} is outside {range_}")
 
 
 def _output_dtype(vocab: int | None, table: ArrowSource, kind) -> np.dtype:
@@ -334,8 +349,9 @@ class Hf2BinConfig:
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        if not self.output_prefix:
-            raise UsageError("--output: an output prefix is required")
+        from llmtools.formats.outputs import check_output_prefix
+
+        check_output_prefix(self.output_prefix, "--output")
         if self.json_keys is not None:
             self.json_keys = tuple(self.json_keys)
             if not self.json_keys or any(not k for k in self.json_keys):

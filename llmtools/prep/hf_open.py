@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,15 +269,85 @@ def _open_saved_dataset(folder: Path, name: str, split: str | None) -> ArrowSour
     entries = state.get("_data_files")
     if state.get("_indices_data_files") or not isinstance(entries, list):
         return _load_saved(folder, name, split or own)
-    files = []
-    for entry in entries:
-        path = folder / str(entry.get("filename", "")) if isinstance(entry, dict) else folder
-        if not path.is_file():
-            raise InputError(f"{folder / 'state.json'}: lists {path.name}, which is missing")
-        files.append(path)
+    files = _listed_files(folder, entries)
     if not files:
         return _load_saved(folder, name, split or own)
-    return _open_files(name, files, split or own, manifest=_read_manifest(folder))
+    source = _open_files(name, files, split or own, manifest=_read_manifest(folder))
+    expected = _recorded_rows(source.manifest, folder)
+    if expected is not None:
+        source._iter = _counted(source._iter, expected, folder / MANIFEST_NAME)
+    return source
+
+
+def _listed_files(folder: Path, entries: list) -> list[Path]:
+    """The Arrow files ``state.json`` lists, verified against the folder: each a plain name of a file
+    inside it, listed once, and every Arrow file there listed (a dropped one would lose its rows
+    without a word, a repeated one double them, a path outside read someone else's file)."""
+    state = folder / "state.json"
+    files, seen = [], set()
+    for k, entry in enumerate(entries):
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name:
+            raise InputError(f'{state}[_data_files][{k}]: expected {{"filename": NAME}}, got {entry!r}')
+        if name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise InputError(f"{state}[_data_files][{k}]: {name!r} is not a file name inside {folder}")
+        if name in seen:
+            raise InputError(
+                f"{state}[_data_files][{k}]: {name!r} is listed twice (its rows would count twice)"
+            )
+        seen.add(name)
+        path = folder / name
+        if path.is_symlink() or not path.is_file():
+            raise InputError(
+                f"{state}[_data_files][{k}]: lists {name}, which is missing (or not a plain file)"
+            )
+        files.append(path)
+    counts = {int(m.group(2)) for m in map(_SHARD_NAME.search, seen) if m}
+    if counts and counts != {len(files)}:
+        raise InputError(
+            f"{state}[_data_files]: lists {len(files)} file(s), but their names say {min(counts)} "
+            "(data-I-of-N): a shard was dropped or added"
+        )
+    unlisted = sorted(p.name for p in folder.glob("*.arrow") if p.name not in seen)
+    if files and unlisted:
+        raise InputError(
+            f"{state}[_data_files]: does not list {unlisted[0]}"
+            f"{f' (and {len(unlisted) - 1} more)' if len(unlisted) > 1 else ''}, which is in the folder; "
+            "the listing and the files disagree"
+        )
+    return files
+
+
+def _recorded_rows(manifest: dict | None, folder: Path) -> int | None:
+    """The row count an ``llm-export hf`` manifest records, when there is one (``datasets``' own
+    ``dataset_info.json`` keeps the counts of the split it was loaded as, even after a ``select``)."""
+    rows = (manifest or {}).get("rows")
+    if rows is None:
+        return None
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise InputError(f"{folder / MANIFEST_NAME}[rows]: {rows!r} is not a row count")
+    return rows
+
+
+_SHARD_NAME = re.compile(r"-(\d{5,})-of-(\d{5,})\.arrow$")
+
+
+def _counted(iterate, expected: int, where: Path):
+    """``iterate``, refusing at the end when the rows read are not the rows recorded."""
+
+    def counted(columns: list[str], batch_rows: int):
+        rows = 0
+        for batch in iterate(columns, batch_rows):
+            rows += batch.num_rows
+            if rows > expected:
+                break
+            yield batch
+        if rows != expected:
+            raise InputError(
+                f"{where}: records {expected} rows, but the listed files hold {'more' if rows > expected else rows}"
+            )
+
+    return counted
 
 
 def _load_saved(folder: Path, name: str, split: str | None) -> ArrowSource:

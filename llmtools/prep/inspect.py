@@ -45,6 +45,16 @@ def inspect_prefix(prefix: str | os.PathLike, validate: bool = True) -> dict:
     ):  # O(tokens): part of the full check
         report["token_min"] = int(tokens.min())
         report["token_max"] = int(tokens.max())
+        if report["token_min"] < 0:
+            bad = int(np.argmax(tokens < 0))
+            raise InputError(
+                f"{reader.bin_file}@byte {bad * reader.dtype.itemsize}: token id {int(tokens[bad])} is negative"
+            )
+    if validate and tokens.size and not np.issubdtype(reader.dtype, np.integer):
+        raise InputError(
+            f"{reader.idx_file}: dtype {reader.dtype.name} (code {reader.dtype_code}): token ids are integers; "
+            "a float dataset is not token data"
+        )
     if sidecar is not None:
         tok = sidecar.get("tokenizer") or {}
         report["sidecar"] = {

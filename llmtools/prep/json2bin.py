@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure, UsageError
+from llmtools.prep.encode_guard import batch_places, encode_located
 from llmtools.prep.shards import ShardPlan, ShardSpec
 from llmtools.prep.sources import DocumentSource, join_texts
 from llmtools.tokenize.megatron import MegatronTokenizerArgs
@@ -111,8 +112,9 @@ class Json2BinConfig:
                 "--special-tokens with --tokenizer-type: Megatron's flags decide what special-token strings "
                 "become (--legacy-tokenizer for the legacy system's behaviour)"
             )
-        if not self.output_prefix:
-            raise UsageError("--output: an output prefix is required")
+        from llmtools.formats.outputs import check_output_prefix
+
+        check_output_prefix(self.output_prefix, "--output")
         if not self.json_keys or any(not k for k in self.json_keys):
             raise UsageError("--json-keys: give at least one non-empty key")
         if len(set(self.json_keys)) != len(self.json_keys):
@@ -249,7 +251,7 @@ def encode_item(
         return EncodedBatch({}, {}, 0, batch.bad[:1], batch.blank_lines, batch.nbytes)
     info = np.iinfo(dtype)
     for key in keys:
-        flat, lens = tokenizer.encode_flat(batch.texts[key], None)
+        flat, lens = encode_located(tokenizer, batch.texts[key], batch_places([batch]))
         tokens[key], lengths[key] = _finish(flat, lens, tokenizer, append_eod, dtype, info)
     return EncodedBatch(tokens, lengths, len(batch), batch.bad, batch.blank_lines, batch.nbytes)
 
@@ -355,7 +357,8 @@ def _encode_group(batches: list, tokenizer, keys: Sequence[str], append_eod: boo
     info = np.iinfo(dtype)
     tokens, lengths = {}, {}
     for key in keys:
-        flat, lens = tokenizer.encode_flat(join_texts([b.texts[key] for b in batches]), None)
+        texts = join_texts([b.texts[key] for b in batches])
+        flat, lens = encode_located(tokenizer, texts, batch_places(batches), hold_stderr=False)
         tokens[key], lengths[key] = _finish(flat, lens, tokenizer, append_eod, dtype, info)
     return EncodedBatch(
         tokens,

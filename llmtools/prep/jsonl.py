@@ -27,7 +27,7 @@ import glob
 import hashlib
 import json
 import os
-import sys
+import stat
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +36,7 @@ from pathlib import Path
 from llmtools.errors import InputError
 from llmtools.formats import jsonfile
 from llmtools.formats.pathlists import expand_lists
+from llmtools.fsutil import stdin_binary
 from llmtools.prep.sources import BadRecord, DocBatch, FlatTexts
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -336,6 +337,9 @@ class JsonlSource:
             return None
         total = 0
         for path in self.paths:
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                # a pipe or FIFO (`<(cat a.jsonl)`) can be read once only, by the reader: never peeked at
+                return None
             with open(path, "rb") as handle:
                 head = handle.read(4)
             if head.startswith(GZIP_MAGIC) or head.startswith(ZSTD_MAGIC):
@@ -359,7 +363,7 @@ class JsonlSource:
     def _file_chunks(self, path: str) -> Iterator[JsonlChunk]:
         label = STDIN_LABEL if path == STDIN else path
         if path == STDIN:
-            stream, close = (self.stdin or sys.stdin.buffer), False
+            stream, close = (self.stdin or stdin_binary()), False
         else:
             stream, close = open(path, "rb"), True  # noqa: SIM115 - closed below, generator may stop early
         reader = _HashingReader(stream)

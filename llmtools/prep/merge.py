@@ -41,6 +41,7 @@ from llmtools.formats.indexed import (
 )
 from llmtools.formats.pathlists import expand_prefixes
 from llmtools.formats.sidecar import commit_with_sidecars, read_sidecar, sidecar_path
+from llmtools.prep.shards import MAX_SHARDS
 
 MEGATRON_EQUIVALENT = "Megatron-LM tools/merge_datasets.py (IndexedDatasetBuilder.add_index + finalize)"
 
@@ -115,8 +116,9 @@ def merge(
     from llmtools.locks import lock_output
 
     output_prefix = strip_suffix(output_prefix)
-    if not output_prefix:
-        raise UsageError("-o/--output: an output prefix is required")
+    from llmtools.formats.outputs import check_output_prefix
+
+    check_output_prefix(output_prefix, "-o/--output")
     # One writer per output prefix, from before the existence check to the last rename.
     with lock_output(output_prefix):
         return _merge(inputs, output_prefix, force, partial, durable, progress)
@@ -228,8 +230,13 @@ def _common_tokenizer(parts: list[_Part], notes: list[str]) -> dict | None:
                 f"{_describe(first.sidecar['tokenizer'])} (datasets of different tokenizers cannot be merged)"
             )
     if unknown and first is not None:
+        # The merged sidecar would name first's tokenizer for tokens it never saw: refused, not stamped.
         shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
-        notes.append(f"{len(unknown)} input(s) without a tokenizer in a sidecar, not checked: {shown}")
+        raise InputError(
+            f"{unknown[0]}: has no sidecar naming its tokenizer, but {first.prefix} was made with "
+            f"{_describe(first.sidecar['tokenizer'])}; the merged sidecar would vouch for tokens it never saw "
+            f"({len(unknown)} such input(s): {shown}); merge only inputs with sidecars, or only inputs without"
+        )
     return first.sidecar["tokenizer"] if first is not None else None
 
 
@@ -241,7 +248,10 @@ def _shard_records(part: _Part) -> list[tuple[str, str, int, list[list[int]]]]:
     if isinstance(shard, dict):
         index, count, plan = shard.get("index"), shard.get("count"), shard.get("plan")
         if not (
-            isinstance(index, int) and isinstance(count, int) and isinstance(plan, str) and 0 <= index < count
+            isinstance(index, int)
+            and isinstance(count, int)
+            and isinstance(plan, str)
+            and 0 <= index < count <= MAX_SHARDS
         ):
             raise InputError(f"{sidecar_path(part.prefix)}[shard]: malformed shard record {shard!r}")
         return [(plan, key, count, [[index, index + 1]])]
@@ -253,6 +263,7 @@ def _shard_records(part: _Part) -> list[tuple[str, str, int, list[list[int]]]]:
         entry = entry if isinstance(entry, dict) else {}
         plan, count, ranges = entry.get("plan"), entry.get("count"), entry.get("ranges")
         ok = isinstance(plan, str) and isinstance(count, int) and isinstance(ranges, list)
+        ok = ok and 0 < count <= MAX_SHARDS
         ok = ok and all(
             isinstance(r, list)
             and len(r) == 2

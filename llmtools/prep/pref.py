@@ -37,7 +37,8 @@ Truncation (tokens; the prompt first, then the response):
 Bad records (kind = key in the sidecar's ``counts.skipped``): those of ``llm-prep sft``
 (``malformed_json``, ``invalid_utf8``, ``not_an_object``, ``missing_key``, ``not_a_string``,
 ``bad_messages``, ``unknown_role``, ``template_error``) and ``mixed_types`` (one answer a string, the other
-messages), ``empty_completion`` (no assistant turn with content after the prompt), ``prompt_mismatch``.
+messages), ``empty_completion`` (no assistant turn with content after the prompt), ``same_answers``
+(chosen and rejected are the same), ``prompt_mismatch``.
 The first stops the run with ``file:line: what is wrong`` (exit 2, no output); ``skip_bad`` counts them.
 """
 
@@ -126,8 +127,9 @@ class PrefConfig:
             )
         if len({self.prompt_key, self.chosen_key, self.rejected_key}) != 3:
             raise UsageError("--prompt-key, --chosen-key, --rejected-key: must be three different keys")
-        if not self.output_prefix:
-            raise UsageError("--output: give an output prefix")
+        from llmtools.formats.outputs import check_output_prefix
+
+        check_output_prefix(self.output_prefix, "--output")
 
     def prefix_for(self, key: str) -> str:
         return f"{self.output_prefix}_{key}_document"
@@ -261,6 +263,11 @@ def to_pair(obj, config: PrefConfig) -> Pair:
                 "empty_completion",
                 f"[{key}]: no assistant turn with content after the prompt (nothing to compare)",
             )
+    if pair.chosen == pair.rejected:
+        raise BadSample(
+            "same_answers",
+            f"[{config.chosen_key}] and [{config.rejected_key}] are the same answer (a pair prefers one of two)",
+        )
     return pair
 
 
@@ -387,7 +394,9 @@ def _build_pref(config: PrefConfig) -> PrefResult:
             result.prompt_tokens += p
 
         def flush(pending: list) -> None:
-            encoded = encoder.encode_rendered([r for _, pair in pending for r in pair])
+            encoded = encoder.encode_rendered(
+                [r for _, pair in pending for r in pair], [place for place, _ in pending for _ in (0, 1)]
+            )
             for k, (place, _) in enumerate(pending):
                 add(place, encoded[2 * k], encoded[2 * k + 1])
 

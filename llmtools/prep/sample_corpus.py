@@ -14,13 +14,13 @@ machine and Python version (no ``hash()``, only ``random.Random`` seeded from sh
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from llmtools.errors import UsageError
+from llmtools.formats import jsonfile
 
 STYLES = ("stories", "arith")
 
@@ -138,7 +138,7 @@ def write_sample_corpus(
             for style, path in zip(styles, paths, strict=True):
                 with open(group.path(path), "w", encoding="utf-8") as handle:
                     for text in generate(style, docs, seed):
-                        handle.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+                        handle.write(jsonfile.dumps({"text": text}, ensure_ascii=False) + "\n")
         for style, path in zip(styles, paths, strict=True):
             write_marker(path, "sample-corpus", style=style, docs=docs, seed=seed)
     return paths

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -92,8 +92,9 @@ class SftConfig:
             raise UsageError(f"--max-length: must be at least 1, got {self.max_length}")
         if self.pack and self.max_length is None:
             raise UsageError("--pack: needs --max-length (the length of a packed sequence)")
-        if not self.output_prefix:
-            raise UsageError("--output: give an output prefix")
+        from llmtools.formats.outputs import check_output_prefix
+
+        check_output_prefix(self.output_prefix, "--output")
 
     def prefix_for(self, key: str) -> str:
         return f"{self.output_prefix}_{key}_document"
@@ -277,8 +278,23 @@ class SampleEncoder:
     def encode(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
         return self.encode_rendered([self.render(messages)])[0]
 
-    def encode_rendered(self, rendered: list[tuple[str, list]]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Tokenize many renderings in one call (``tokenizers`` runs a batch on all cores)."""
+    def encode_rendered(
+        self, rendered: list[tuple[str, list]], places: Sequence[str] | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Tokenize many renderings in one call (``tokenizers`` runs a batch on all cores). ``places``
+        (``file:line`` of each rendering): a tokenizer failure is an :class:`InputError` naming it."""
+        if places is None:
+            return self._encode_rendered(rendered)
+        from llmtools.prep.encode_guard import guarded
+
+        return guarded(
+            lambda: self._encode_rendered(rendered),
+            len(rendered),
+            lambda i: self._encode_rendered(rendered[i : i + 1]),
+            lambda i: places[i],
+        )
+
+    def _encode_rendered(self, rendered: list[tuple[str, list]]) -> list[tuple[np.ndarray, np.ndarray]]:
         if self._fast is None:
             return [self._encode_pieces(text, spans) for text, spans in rendered]
         encodings = self._fast.encode_batch([text for text, _ in rendered], add_special_tokens=False)
@@ -530,21 +546,23 @@ def _build_sft(config: SftConfig, progress: bool | None) -> SftResult:
                 write(ids, mask)
 
         pending: list[tuple[str, list]] = []  # rendered, waiting to be tokenized as one batch
+        places: list[str] = []
         for place, record in iter_records(config, inputs, result.skipped):
             try:
                 if isinstance(record, BadSample):
                     raise record
                 pending.append(encoder.render(to_messages(record, config)))
+                places.append(place)
             except BadSample as bad:
                 if not config.skip_bad:
                     raise InputError(f"{place}: {bad}") from None
                 result.skipped[bad.kind] = result.skipped.get(bad.kind, 0) + 1
                 continue
             if len(pending) >= ENCODE_BATCH:
-                for ids, mask in encoder.encode_rendered(pending):
+                for ids, mask in encoder.encode_rendered(pending, places):
                     add(ids, mask)
-                pending = []
-        for ids, mask in encoder.encode_rendered(pending) if pending else []:
+                pending, places = [], []
+        for ids, mask in encoder.encode_rendered(pending, places) if pending else []:
             add(ids, mask)
         if packer is not None:
             packer.flush()

@@ -20,13 +20,17 @@ missing, repeated or foreign shard.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from llmtools.errors import InputError, UsageError
+from llmtools.formats import jsonfile
+
+MAX_SHARDS = 1_000_000
+"""More shards than this is a typo (a corpus is cut into thousands at most); every shard's sidecar and
+merge's bookkeeping grow with the count."""
 
 ASSIGNMENT = "contiguous runs of the inputs sorted by path, balanced by size"
 _SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -40,6 +44,8 @@ class ShardSpec:
     """Where it came from, for messages: '--shard' or the Slurm variables."""
 
     def __post_init__(self) -> None:
+        if self.count > MAX_SHARDS:
+            raise UsageError(f"{self.origin}: {self.count} shards; at most {MAX_SHARDS} are allowed")
         if self.count < 1:
             raise UsageError(f"{self.origin}: the shard count must be at least 1, got {self.count}")
         if not 0 <= self.index < self.count:
@@ -64,6 +70,8 @@ def parse_shard(text: str) -> ShardSpec | None:
     match = _SHARD.match(text)
     if not match:
         raise UsageError(f"--shard: expected I/N (e.g. 3/10, counting from 0) or 'none', got {text!r}")
+    if max(len(match.group(1)), len(match.group(2))) > 18:
+        raise UsageError(f"--shard: {text.strip()[:50]!r}: at most {MAX_SHARDS} shards are allowed")
     return ShardSpec(int(match.group(1)), int(match.group(2)))
 
 
@@ -80,6 +88,8 @@ def shard_from_environment(environ: Mapping[str, str]) -> ShardSpec | None:
         return None
     names = {k: environ.get(k) for k in ("SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_STEP")}
     try:
+        if any(len(str(v or "")) > 18 for v in (task, count, *names.values())):
+            raise ValueError("too long")
         task_id, total = int(task), int(count)
         low = int(names["SLURM_ARRAY_TASK_MIN"] or 0)
         step = int(names["SLURM_ARRAY_TASK_STEP"] or 1)
@@ -124,7 +134,7 @@ def assign(sizes: Sequence[int], count: int) -> list[int]:
 
 def plan_id(paths: Sequence[str], sizes: Sequence[int], count: int) -> str:
     """Names one assignment: every task of an array computes the same plan from the same inputs."""
-    text = json.dumps({"count": count, "inputs": [[p, s] for p, s in zip(paths, sizes, strict=True)]})
+    text = jsonfile.dumps({"count": count, "inputs": [[p, s] for p, s in zip(paths, sizes, strict=True)]})
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 

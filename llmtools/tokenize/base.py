@@ -71,6 +71,8 @@ class Tokenizer:
     policy: str = "auto"
     backend: str = ""
     special_tokens: dict[str, int]
+    checked: dict | None = None
+    """What :func:`llmtools.tokenize.checks.check_vocabulary` found on load (None: not a file we check)."""
     parallel_in_process: bool = False
     """True when ``encode_flat`` uses all cores by itself (threads, GIL released); see json2bin."""
 
@@ -84,7 +86,7 @@ class Tokenizer:
             "vocab_size": int(self.vocab_size),
             "eod_id": self.eod_id,
             "bos_id": self.bos_id,
-        }
+        } | ({"checked": self.checked} if self.checked is not None else {})
 
     rebuild: tuple | None = None
     """``(function, args)`` that makes this tokenizer again from its spec, set by the loader: worker

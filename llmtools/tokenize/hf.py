@@ -12,6 +12,7 @@ import threading
 import numpy as np
 
 from llmtools.tokenize.base import Tokenizer, as_str_list, flatten
+from llmtools.tokenize.checks import check_vocabulary
 
 # Checked before trusting gigatoken: whitespace runs, unicode, digits, contractions, specials, empties.
 PROBES = [
@@ -31,10 +32,31 @@ PROBES = [
 ]
 
 
-def _probe_texts(specials: dict[str, int]) -> list[str]:
+FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+"""Every flag an added token carries; the backends may treat each differently (gigatoken ignores
+``single_word``), so every flagged token is probed in contexts that tell each flag apart."""
+MAX_FLAGGED = 64
+"""Added tokens with flags probed one by one; beyond this the fast backend declines (probing them all
+would cost more than it saves)."""
+
+
+def _flagged(token) -> bool:
+    """A flag away from the default of its kind (a special token is not normalized; a plain one is)."""
+    return bool(token.single_word or token.lstrip or token.rstrip or token.normalized == token.special)
+
+
+def _contexts(name: str) -> list[str]:
+    return [name, f"text{name}more", f" {name} ", f"{name}{name}\n{name}", f"a {name}b", f"a{name} b",
+            f"{name}\u00e9{name}", f"\t {name}  \n", f"{name.upper()} {name.lower()}", f".{name}."]  # fmt: skip
+
+
+def _probe_texts(specials: dict[str, int], added=()) -> list[str]:
     texts = list(PROBES)
     for name in list(specials)[:8]:
-        texts += [name, f"text{name}more", f" {name} ", f"{name}{name}\n{name}"]
+        texts += _contexts(name)
+    for token in added:
+        if _flagged(token) and token.content not in specials:
+            texts += _contexts(token.content)
     return texts
 
 
@@ -75,6 +97,9 @@ class HFTokenizer(Tokenizer):
         self.tok = tok
         self.kind, self.source, self.name, self.hash = kind, source, name, hash
         self.vocab_size, self.eod_id, self.bos_id = int(vocab_size), eod_id, bos_id
+        self.checked = check_vocabulary(
+            tok.get_vocab(with_added_tokens=True), self.vocab_size, eod_id, bos_id, source
+        )
         self.policy = policy
         self.requested_backend = backend
         added = tok.get_added_tokens_decoder()
@@ -136,7 +161,11 @@ class HFTokenizer(Tokenizer):
 
     def _probe(self, fast) -> str | None:
         """None when gigatoken's ids equal tokenizers' on the probe texts, else why not."""
-        texts = _probe_texts(self.special_tokens)
+        added = list(self.tok.get_added_tokens_decoder().values())
+        flagged = sum(map(_flagged, added))
+        if flagged > MAX_FLAGGED:
+            return f"{flagged} added tokens carry flags ({', '.join(FLAGS)}); the probe checks at most {MAX_FLAGGED}"
+        texts = _probe_texts(self.special_tokens, added)
         got = fast.encode_batch_list(texts, parallel=False)
         want = [e.ids for e in self.tok.encode_batch(texts)]
         if got != want:

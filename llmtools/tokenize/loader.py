@@ -117,6 +117,20 @@ def _load_json_file(path: Path):
     return jsonfile.loads(data.decode("utf-8"))
 
 
+def _tokenizer_from_file(path: Path):
+    """``tokenizers.Tokenizer`` from the file's text, not its path: the library takes a path only as UTF-8
+    text, and a path is any bytes the filesystem allows."""
+    import tokenizers
+
+    with open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: not UTF-8 text ({error})") from None
+    return tokenizers.Tokenizer.from_str(text)
+
+
 def _special_id(tok, names) -> int | None:
     for name in names:
         token_id = tok.token_to_id(name)
@@ -126,12 +140,11 @@ def _special_id(tok, names) -> int | None:
 
 
 def _load_hf_json(path: Path, backend: str, policy: str, defer_probe: bool = False) -> Tokenizer:
-    import tokenizers
 
     from llmtools.tokenize.hf import HFTokenizer
 
     try:
-        tok = tokenizers.Tokenizer.from_file(str(path))
+        tok = _tokenizer_from_file(path)
     except Exception as error:  # noqa: BLE001 - tokenizers raises bare Exception on bad files
         raise InputError(f"{path}: cannot load as a Hugging Face tokenizer.json ({error})") from None
     return HFTokenizer(
@@ -186,9 +199,13 @@ def _load_hf_folder(
         tok = _adjust(hf.backend_tokenizer, add_special_tokens, extra_special)
         vocab = len(hf) + tok.get_vocab_size(with_added_tokens=True) - before  # len(): Megatron's vocab size
         return HFTokenizer(tok, vocab_size=vocab, eod_id=hf.eos_token_id, bos_id=hf.bos_token_id, **common)
-    import tokenizers
 
-    tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    try:
+        tok = _tokenizer_from_file(path / "tokenizer.json")
+    except Exception as error:  # noqa: BLE001 - tokenizers raises bare Exception on bad files
+        raise InputError(
+            f"{path / 'tokenizer.json'}: cannot load as a Hugging Face tokenizer.json ({error})"
+        ) from None
     eod, bos = _special_id(tok, EOD_NAMES), _special_id(tok, BOS_NAMES)
     for name in ("special_tokens_map.json", "tokenizer_config.json"):
         config = _read_json(path / name)

@@ -18,7 +18,10 @@ class SentencePieceTokenizer(Tokenizer):
         """``add_bos``: prepend BOS to every text, as Megatron's legacy ``Llama2Tokenizer`` does."""
         import sentencepiece
 
-        self.sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        # The model's bytes, not its path: the library takes a path only as UTF-8 text, and a path is
+        # any bytes the filesystem allows.
+        with open(path, "rb") as handle:
+            self.sp = sentencepiece.SentencePieceProcessor(model_proto=handle.read())
         self.source, self.hash, self.policy = source, hash, policy
         self.name = str(path).rsplit("/", 1)[-1]
         self.vocab_size = int(self.sp.get_piece_size())

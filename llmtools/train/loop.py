@@ -24,7 +24,6 @@ losses over all ranks, i.e. the loss of the global batch.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import statistics
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtools.errors import InputError, RuntimeFailure
+from llmtools.formats import jsonfile
 from llmtools.train.config import TrainConfig
 from llmtools.train.deepspeed_config import prefer_torch_adam
 from llmtools.train.distributed import all_mean, any_rank, log0
@@ -82,7 +82,7 @@ class RunResult:
 
 def _data_fingerprint(plan: TrainPlan) -> str:
     data = plan.config.data
-    return json.dumps(
+    return jsonfile.dumps(
         {
             "mix": data.mix,
             "prefixes": data.prefixes,

@@ -7,7 +7,6 @@ The JSONL file is flushed after every record so ``tail -f`` and ``llm-log`` see 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtools.dirfd import append_file
+from llmtools.formats import jsonfile
 
 
 def _clean(value: Any) -> Any:
@@ -43,7 +43,7 @@ class JsonlLogger:
         self._file = append_file(self.path, encoding="utf-8")  # never through a planted link
 
     def log(self, record: dict, step: int) -> None:
-        self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self._file.write(jsonfile.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
         self._file.flush()
 
     def close(self) -> None:

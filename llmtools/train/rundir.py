@@ -10,12 +10,12 @@ accepted (:mod:`llmtools.train.resume`); a previous version that differs is kept
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from llmtools.errors import UsageError
+from llmtools.formats import jsonfile
 from llmtools.formats.outputs import RUN_CONFIG_HEADER, run_folder_entries
 from llmtools.fsutil import write_text_atomic
 from llmtools.train.plan import TrainPlan
@@ -118,7 +118,7 @@ def write_resolved(plan: TrainPlan, run_dir: Path, resumed_step: int | None = No
     kept = []
     for name, text, strip in (
         ("config.yaml", header + body, True),
-        ("ds_config.json", json.dumps(plan.ds_config, indent=2) + "\n", False),
+        ("ds_config.json", jsonfile.dumps(plan.ds_config, indent=2) + "\n", False),
     ):
         path = run_dir / name
         if resumed_step is not None:

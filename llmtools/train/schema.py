@@ -11,11 +11,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-import json
 import types
 import typing
 from typing import Literal
 
+from llmtools.formats import jsonfile
 from llmtools.train import config as config_module
 
 
@@ -122,4 +122,4 @@ def train_config_schema() -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(train_config_schema(), indent=2))
+    print(jsonfile.dumps(train_config_schema(), indent=2))

@@ -1069,7 +1069,7 @@ ROWS: list[Row] = [
         "mix-absurd-tokens",
         ["llm-mix", "{w.prefix}", "--seq-length", "16", "--tokens", "1000000T", "-o", "m.json"],
         2,
-        r"--tokens: .* samples need at least",
+        r"--tokens: .*(samples need at least|beyond the largest count allowed)",
     ),
     Row(
         "mix-seq-length-zero",
