@@ -17,13 +17,13 @@ lm-eval task definitions that read them with ``dataset_path: json`` (nothing is 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from llmtools.errors import InputError
+from llmtools.formats import jsonfile
 from llmtools.formats.tasks import TaskFile, read_task_files
 
 
@@ -173,4 +173,4 @@ def results_path(checkpoint: Path) -> Path:
 
 
 def dumps(report: dict) -> str:
-    return json.dumps(report, indent=1, sort_keys=True) + "\n"
+    return jsonfile.dumps(report, indent=1, sort_keys=True) + "\n"

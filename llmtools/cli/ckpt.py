@@ -332,7 +332,7 @@ def eval_(
     where.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(where, harness.dumps(report))
     log(f"llm-ckpt: results in {where}")
-    emit(json.dumps(report))
+    emit(jsonfile.dumps(report))
 
 
 IMPORT_HELP = """Bring a Hugging Face Llama/Qwen3 model folder in as a step-0 checkpoint.

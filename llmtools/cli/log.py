@@ -208,7 +208,7 @@ def _upload(
     result = upload(logs, config, should_stop=lambda: flag.stop, on_progress=None if quiet else log)
     _report_counts(result.pop("counts"), quiet)
     if as_json:
-        emit(json.dumps(result))
+        emit(jsonfile.dumps(result))
     else:
         for name, info in result["runs"].items():
             emit(f"{name}\t{info['id']}\t{info['points']} new points")

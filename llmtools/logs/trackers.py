@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtools.errors import InputError
+from llmtools.formats import jsonfile
 
 TRACKERS = ("wandb", "mlflow")
 SKIP = {"kind", "step", "time", "event", "message", "skipped"}
@@ -76,7 +77,7 @@ def flatten(config: dict, prefix: str = "") -> dict[str, str]:
         if isinstance(value, dict) and value:
             out.update(flatten(value, name + "."))
         else:
-            out[name] = json.dumps(value) if not isinstance(value, str) else value
+            out[name] = jsonfile.dumps(value) if not isinstance(value, str) else value
     return out
 
 

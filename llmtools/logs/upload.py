@@ -15,7 +15,6 @@ as ``llm-log tb``) until Ctrl-C.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -128,7 +127,7 @@ def upload(
                 raise RuntimeFailure(f"{path}: {warnings[-1] if warnings else 'the tracker did not start'}")
             entry.update(ids.state_dict())
             # the id first, durably: a crash after this continues the same tracker run
-            write_text_atomic(state_path, json.dumps(state, indent=1) + "\n")
+            write_text_atomic(state_path, jsonfile.dumps(state, indent=1) + "\n")
             reader = LogReader(
                 path, config.fmt, config.pattern, live=config.follow, seq_length=config.seq_length
             )

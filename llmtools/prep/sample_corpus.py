@@ -181,6 +181,6 @@ def write_arith_task(
         with atomic_group() as group:
             with open(group.path(path), "w", encoding="utf-8") as handle:
                 for item in arith_sums_task(examples, seed):
-                    handle.write(json.dumps(item) + "\n")
+                    handle.write(jsonfile.dumps(item) + "\n")
         write_marker(path, "sample-task", task="arith-sums", examples=examples, seed=seed)
     return path
