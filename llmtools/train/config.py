@@ -192,6 +192,16 @@ class Fp16Section:
             )
 
 
+MAX_LR = 1.0
+"""No optimizer here trains at a learning rate above this (their usual ranges are far below)."""
+USUAL_LR = {
+    "adamw": "usually 1e-5 .. 1e-2",
+    "adafactor": "usually 1e-4 .. 1e-2",
+    "lion": "usually 1e-5 .. 1e-3, 3-10x below AdamW's",
+    "muon": "usually 1e-4 .. 1e-2 with muon_adjust_lr=match_rms_adamw, ~0.02 with original",
+}
+
+
 @dataclass
 class OptimizerSection:
     """The optimizer; weight decay applies to matrices only (never to norms, biases, or 1-D parameters)."""
@@ -228,6 +238,11 @@ class OptimizerSection:
             self.betas = list(DEFAULT_BETAS[self.name])
         if not self.lr > 0:
             raise _bad("optimizer.lr", f"must be > 0, got {self.lr}")
+        # Beyond it every update diverges; the divergence would be blamed on the data it met.
+        if self.lr > MAX_LR:
+            raise _bad(
+                "optimizer.lr", f"{self.lr:g} is out of range: at most {MAX_LR:g} ({USUAL_LR[self.name]})"
+            )
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise _bad("optimizer.betas", f"must be two numbers in [0, 1), got {self.betas}")
         if not self.eps > 0:
@@ -238,8 +253,10 @@ class OptimizerSection:
             raise _bad("optimizer.momentum", f"must be in [0, 1), got {self.momentum}")
         if not 1 <= self.ns_steps < 100:
             raise _bad("optimizer.ns_steps", f"must be in [1, 99], got {self.ns_steps}")
-        if self.muon_lr is not None and not self.muon_lr > 0:
-            raise _bad("optimizer.muon_lr", f"must be > 0, got {self.muon_lr}")
+        if self.muon_lr is not None and not 0 < self.muon_lr <= MAX_LR:
+            raise _bad(
+                "optimizer.muon_lr", f"must be in (0, {MAX_LR:g}], got {self.muon_lr:g} (usually ~0.02)"
+            )
         if self.muon_adjust_lr not in MUON_LR_ADJUSTMENTS:
             raise _bad(
                 "optimizer.muon_adjust_lr",
