@@ -396,6 +396,14 @@ class HealthSection:
     update_spike_action: Literal["warn", "stop"] = "warn"
     """On an update-ratio spike: warn, or stop with a checkpoint (the ratio is known only once the update
     is applied, so it cannot be skipped)."""
+    moe_collapse_action: Literal["warn", "stop", "off"] = "warn"
+    """MoE routing collapse in a logging window (a layer with at least moe_idle_fraction of its experts
+    idle, or at least moe_dropped_fraction of its token assignments dropped): warn, stop with a
+    checkpoint, or off."""
+    moe_idle_fraction: float = 0.5
+    """The share of a layer's experts that must be idle (under a tenth of an even share of the tokens)."""
+    moe_dropped_fraction: float = 0.5
+    """The share of a layer's token assignments that must be dropped (over the experts' capacity)."""
 
     def __post_init__(self) -> None:
         if self.nan_action not in HEALTH_ACTIONS:
@@ -412,6 +420,13 @@ class HealthSection:
             raise _bad("health.spike_window", f"must be >= 2, got {self.spike_window}")
         if self.max_skips < 1:
             raise _bad("health.max_skips", f"must be >= 1, got {self.max_skips}")
+        if self.moe_collapse_action not in ("warn", "stop", "off"):
+            raise _bad(
+                "health.moe_collapse_action", f"{self.moe_collapse_action!r} is not one of warn, stop, off"
+            )
+        for key in ("moe_idle_fraction", "moe_dropped_fraction"):
+            if not 0 < getattr(self, key) <= 1:
+                raise _bad(f"health.{key}", f"must be in (0, 1], got {getattr(self, key)}")
         if self.update_spike_factor < 0 or (0 < self.update_spike_factor <= 1):
             raise _bad(
                 "health.update_spike_factor", f"must be 0 (off) or > 1, got {self.update_spike_factor}"

@@ -141,6 +141,32 @@ class HealthGate:
             self.loss_history.append(self.loss)
 
 
+IDLE_SHARE = 0.1
+"""An expert is idle in a window when it gets under this share of an even split of the tokens."""
+
+
+def routing_collapse(layers: list[dict], health) -> str | None:
+    """MoE routing collapse in a logging window's router statistics (``moe_layers`` of a train record):
+    the first layer where most experts are idle or most token assignments are dropped, described; None
+    when no layer is (or the check is off)."""
+    if health.moe_collapse_action == "off":
+        return None
+    for layer in layers:
+        load = layer["load"]
+        idle = sum(1 for share in load if share * len(load) < IDLE_SHARE)
+        if idle >= health.moe_idle_fraction * len(load):
+            return (
+                f"MoE routing collapse in layer {layer['layer']}: {idle} of {len(load)} experts idle "
+                f"(>= health.moe_idle_fraction {health.moe_idle_fraction:g})"
+            )
+        if layer["dropped"] >= health.moe_dropped_fraction:
+            return (
+                f"MoE routing collapse in layer {layer['layer']}: {layer['dropped']:.0%} of token assignments "
+                f"dropped (>= health.moe_dropped_fraction {health.moe_dropped_fraction:g})"
+            )
+    return None
+
+
 def wrap_step(optimizer, gate: HealthGate, monitor=None) -> None:
     """Gate every step of the inner optimizer; ``monitor`` (a :class:`~llmtools.train.norms.NormMonitor`)
     sees the parameters before and after each applied one."""

@@ -39,7 +39,7 @@ from llmtools.errors import InputError, RuntimeFailure
 from llmtools.train.config import TrainConfig
 from llmtools.train.deepspeed_config import prefer_torch_adam
 from llmtools.train.distributed import all_mean, any_rank, log0
-from llmtools.train.health import HealthGate, wrap_step
+from llmtools.train.health import HealthGate, routing_collapse, wrap_step
 from llmtools.train.plan import TrainPlan, check_data_length, make_plan
 from llmtools.train.rundir import (
     clear_run_dir,
@@ -773,8 +773,10 @@ class _Trainer:
             peak_tflops=self.peak,
             world=self.world,
         )
+        collapse = None
         if self.router is not None:
             record.update(self.router.meter.record(self.device))  # every rank: one all-reduce
+            collapse = routing_collapse(record["moe_layers"], self.cfg.health)
         record.update(self.step_norms)  # params_norm, update_norm, update_ratio (measured steps)
         if self.fp16:
             record["loss_scale"] = self.loss_scale()
@@ -784,6 +786,26 @@ class _Trainer:
         self.metrics.log(record, step)
         self.log(step_line(record, plan.steps))
         self.window = StepWindow()
+        if collapse is not None:
+            self._report_collapse(collapse)
+
+    def _report_collapse(self, collapse: str) -> None:
+        """A ``moe_collapse`` event and a stderr line; with ``health.moe_collapse_action: stop``, a
+        checkpoint of this state (the routing, not a single update, is what went wrong) and a stop."""
+        step = self.progress.step
+        stop = self.cfg.health.moe_collapse_action == "stop"
+        _event(self.metrics, step, "moe_collapse", f"{collapse}; {'stopping' if stop else 'continuing'}")
+        self.log(f"step {step}: {collapse}; {'stopping' if stop else 'continuing'}", always=True)
+        if not stop:
+            return
+        saved = self.save(blocking=True)
+        _event(self.metrics, step, "stop", f"stopped at step {step}: health.moe_collapse_action=stop")
+        self.metrics.close()
+        raise RuntimeFailure(
+            f"stopped at step {step}: health.moe_collapse_action=stop ({collapse}); the state is saved in "
+            f"{saved}; raise model.router_aux_loss_coef or model.moe_capacity_factor, then resume with "
+            f"--resume {saved}"
+        )
 
     def _other_data_loss(self) -> float:
         """The loss the current weights give on other data: the last healthy step's first micro-batch of
