@@ -15,7 +15,7 @@ A task whose data keeps a ledger (pretraining: one cursor per source, :mod:`llmt
 it recorded in every checkpoint and its tokens per source in every train record; on resume the task
 picks its data up from the checkpoint's ledger (continuing a changed mix, or refusing one it cannot
 continue, before any compute); and when the health gate trips, the offending samples are appended to
-``RUN/quarantine.jsonl``, so that the resumed run passes over their documents.
+``RUN/quarantine.jsonl``, and the run passes over their documents from there on (as a resume would).
 
 Only rank 0 writes the run folder's logs. The loss reported for a step is the mean of the micro-batch
 losses over all ranks, i.e. the loss of the global batch.
@@ -392,8 +392,6 @@ class _Trainer:
         self.step_losses: list = []
         # This run's quarantine records (those of the checkpoint resumed from, and every one since).
         self.quarantine_records: list[dict] = []
-        # The micro-batches of the last healthy step: data the weights are checked on when a step is not.
-        self.good_batches: list[list[int]] = []
 
     def log(self, message: str, always: bool = False) -> None:
         log0(message, self.rank, False if always else self.options.quiet)
@@ -619,8 +617,6 @@ class _Trainer:
                 if self.gate.reason not in (None, "overflow"):
                     self._stop_unless_the_data_is_the_cause()
                     self._quarantine()
-                elif self.gate.reason is None:
-                    self.good_batches = self.step_batches
                 self._log_window(grad_norm)
                 self._stop_if_unhealthy()
                 if (
@@ -807,20 +803,20 @@ class _Trainer:
             f"--resume {saved}"
         )
 
-    def _other_data_loss(self) -> float:
-        """The loss the current weights give on other data: the last healthy step's first micro-batch of
-        this rank (else the next step's samples), without gradients, in eval mode (no dropout: nothing
-        drawn from the RNG, so a run continues as it would have). The mean over ranks (collective)."""
+    def _other_data_loss(self) -> float | None:
+        """The loss the current weights give on other data: the next step's first micro-batch of this rank
+        (a function of the position alone, so a resumed run decides as the uninterrupted one), without
+        gradients, in eval mode (no dropout: nothing drawn from the RNG). The mean over ranks
+        (collective); None at the data's last step."""
         import torch
 
         from llmtools.train.distributed import mean_over_ranks
 
         micro = self.cfg.training.micro_batch_size
-        if self.good_batches:
-            positions = self.good_batches[0]
-        else:
-            first = self.progress.consumed_samples + self.rank * micro
-            positions = list(range(first, first + micro))
+        first = self.progress.consumed_samples + self.rank * micro
+        if self.progress.consumed_samples + self.world * micro > len(self.plan.train_data):
+            return None  # the data's last step: no other data to try
+        positions = list(range(first, first + micro))
         model = self.engine if self.router is None else self.router
         self.engine.eval()
         try:
@@ -855,8 +851,13 @@ class _Trainer:
         if gate.reason == "nan" and self._finite_sample_in_step():
             return
         loss = self._other_data_loss()
-        if gate.reason == "loss_spike" and gate.loss_limit is not None:
-            healthy = math.isfinite(loss) and loss <= gate.loss_limit
+        if loss is None:
+            return
+        if gate.reason == "loss_spike" and gate.loss_limit is not None and gate.loss is not None:
+            # the weights are to blame when other data is about as bad as the spiking batch (within the
+            # spike factor of its loss), not merely over the limit: one micro-batch's loss is noisy
+            bad = loss > gate.loss_limit and loss * self.cfg.health.loss_spike_factor >= gate.loss
+            healthy = math.isfinite(loss) and not bad
         else:
             healthy = math.isfinite(loss)
         if healthy:
@@ -933,16 +934,18 @@ class _Trainer:
         where = quarantine_path(self.run_dir)
         if self.rank == 0:
             append_records(where, records)
+            self._announce_quarantine(where, records)
         self._pass_over(records)
-        if self.rank != 0:
-            return
+
+    def _announce_quarantine(self, where, records: list[dict]) -> None:
+        step = self.progress.step
         named = [s for r in records for s in r["samples"]]
         documents = sorted({(s["source"], d["document"]) for s in named for d in s["documents"]})
         shown = ", ".join(f"{src} doc {doc}" for src, doc in documents[:6])
         more = f" and {len(documents) - 6} more" if len(documents) > 6 else ""
         message = (
-            f"{len(named)} sample(s) quarantined in {where} ({shown}{more}); a resumed run passes over "
-            "their documents"
+            f"{len(named)} sample(s) quarantined in {where} ({shown}{more}); the run passes over their "
+            "documents from here on"
         )
         _event(self.metrics, step, "quarantine", message, samples=len(named), documents=len(documents))
         self.log(f"step {step}: {message}", always=True)
@@ -973,6 +976,10 @@ class _Trainer:
                 f"{exhausted} (stopped at step {step}; the last good state is {saved})"
             ) from None
         self.plan.train_data = decided.data
+        for line in decided.lines:
+            self.log(line, always=decided.event is not None)
+        if decided.event is not None:
+            _event(self.metrics, step, "data", "; ".join(decided.lines), **decided.event)
 
     def _stop_if_unhealthy(self) -> None:
         """Save the last good state and raise when health says stop, or after too many skipped updates."""
