@@ -34,7 +34,7 @@ import numpy as np
 from llmtools.data.gpt_index import GPTIndices
 from llmtools.data.stages import Built, Skip, Stage
 from llmtools.data.stages import build as build_stages
-from llmtools.data.streams import SourceStream, StreamSpec, display_name
+from llmtools.data.streams import MAX_EPOCHS, SourceStream, StreamSpec, display_name
 from llmtools.errors import InputError
 
 FORMAT = "llmtools.data-ledger"
@@ -284,7 +284,26 @@ class SourceRecord:
             isinstance(v, int) and not isinstance(v, bool) for v in passed
         ):
             raise InputError(f"{where}.passed_over: expected a list of stream positions")
-        return cls(spec, skips=skips, passed_over=passed[:MAX_PASSED_OVER], **values)
+        record = cls(spec, skips=skips, passed_over=passed[:MAX_PASSED_OVER], **values)
+        record.check(where)
+        return record
+
+    def check(self, where: str) -> None:
+        """The record's numbers agree with each other (a cursor edited by hand does not)."""
+        if self.position > self.drawn + self.skipped:
+            raise InputError(
+                f"{where}.position: {self.position} is past the {self.drawn} samples drawn and {self.skipped} "
+                "passed over: a cursor no run reached"
+            )
+        if self.skipped and not self.skips:
+            raise InputError(f"{where}.skipped: {self.skipped} samples passed over, but no quarantine skips")
+        if len(self.passed_over) != min(self.skipped, MAX_PASSED_OVER):
+            raise InputError(
+                f"{where}.passed_over: {len(self.passed_over)} positions listed for {self.skipped} passed over"
+            )
+        for j, skip in enumerate(self.skips):
+            if skip.start > self.position:
+                raise InputError(f"{where}.skips[{j}].from: {skip.start} is past the cursor {self.position}")
 
 
 @dataclass
@@ -340,8 +359,18 @@ class Ledger:
                 raise InputError(f"{where}.stages[{k}].start: overlaps stage {k - 1}")
         tok = data.get("tokenizer_hash")
         resets = data.get("resets") or []
-        if not isinstance(resets, list):
-            raise InputError(f"{where}.resets: expected a list")
+        if not isinstance(resets, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("position"), int) and r["position"] >= 0 for r in resets
+        ):
+            raise InputError(f"{where}.resets: expected a list of {{position, plan}}")
+        # every sample the run trained on was drawn from one source: before and after each --reset-data
+        total = position + sum(r["position"] for r in resets)
+        for i, record in enumerate(sources.values()):
+            if record.drawn > total:
+                raise InputError(
+                    f"{where}.sources[{i}].drawn: {record.drawn} samples drawn from {record.spec.name}, but "
+                    f"the run trained on {total}"
+                )
         return cls(run, position, seq, tok if isinstance(tok, str) else None, plan, sources, stages, resets)
 
 
@@ -633,6 +662,12 @@ def open_run_data(
     quarantine = quarantine or []
     if saved is not None:
         _check_compatible(saved, plan, where)
+        if not reset and saved.position != consumed:
+            raise InputError(
+                f"{where}.position: the ledger is at sample {saved.position}, the checkpoint at {consumed}: "
+                "not this checkpoint's ledger"
+            )
+        _check_sources(saved, plan, where)
     if saved is None:
         return _fresh(plan, consumed, quarantine, where)
     if reset:
@@ -640,6 +675,29 @@ def open_run_data(
     if saved.plan["identity"] == plan.identity:
         return _same(plan, saved, consumed, quarantine, where)
     return _continued(plan, saved, consumed, quarantine, where)
+
+
+def _check_sources(saved: Ledger, plan: DataPlan, where: str) -> None:
+    """The ledger against the sources on disk: a quarantined document the source does not have, or a
+    cursor further in than any run reads, is refused."""
+    for i, (key, rec) in enumerate(saved.sources.items()):
+        at = f"{where}.sources[{i}]"
+        stream_end = MAX_EPOCHS * max(1, (rec.spec.tokens_per_epoch - 1) // rec.spec.seq_length)
+        if rec.position > stream_end:
+            raise InputError(
+                f"{at}.position: {rec.position} is more than {MAX_EPOCHS} epochs into the source"
+            )
+        reader = plan.readers.get(key)
+        if reader is None:
+            continue
+        documents = reader.document_indices.shape[0] - 1
+        for j, skip in enumerate(rec.skips):
+            beyond = [d for d in skip.documents if d >= documents]
+            if beyond:
+                raise InputError(
+                    f"{at}.skips[{j}].documents: document {beyond[0]} does not exist in {rec.spec.prefix} "
+                    f"({documents} documents)"
+                )
 
 
 def _plan_sources(plan: DataPlan) -> dict[str, SourceRecord]:

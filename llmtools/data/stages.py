@@ -257,12 +257,29 @@ class Built:
         return stage.offsets[key] + drawn
 
 
+class ExhaustedSource(InputError):
+    """Every sample a source has left reads a quarantined document."""
+
+    def __init__(self, stream: SourceStream) -> None:
+        super().__init__(
+            f"{stream.spec.prefix}: source {stream.spec.name} is exhausted: every sample of its train split "
+            "reads a quarantined document (the run's quarantine.jsonl); nothing is left to draw from it: take "
+            "it out of the mix (llm-mix) and resume with the new mix"
+        )
+
+
 def take_positions(stream: SourceStream, start: int, count: int, skips: Sequence[Skip]) -> np.ndarray | None:
     """The stream positions of ``count`` draws from position ``start`` on, passing over quarantined
     samples; None when none is passed over (the positions are ``start .. start + count - 1``)."""
     if count == 0 or not skips:
         return None
+    quarantined = np.unique(np.concatenate([np.asarray(s.documents, dtype=np.int64) for s in skips]))
+    if np.isin(stream.split_documents(), quarantined).all():
+        raise ExhaustedSource(stream)
     hi = start + count
+    # Every epoch reads every document of the split: two epochs' positions with no sample left to draw
+    # mean none will ever be (the bound that keeps the search finite whatever the quarantine holds).
+    limit = 2 * stream.epoch_samples + count
     while True:
         bad = [stream.bad_positions(s.documents, max(start, s.start), hi) for s in skips if s.start < hi]
         bad = np.unique(np.concatenate(bad)) if bad else np.empty(0, np.int64)
@@ -271,6 +288,8 @@ def take_positions(stream: SourceStream, start: int, count: int, skips: Sequence
         good = np.setdiff1d(np.arange(start, hi, dtype=np.int64), bad, assume_unique=True)
         if good.size >= count:
             return good[:count]
+        if good.size == 0 and hi - start >= limit:
+            raise ExhaustedSource(stream)
         hi += count - good.size
 
 

@@ -35,6 +35,10 @@ SEGMENT_SEED_STEP = 0x9E3779B1
 segments of a stream, and no segment and a plan's usual seeds (1234, 42, ...), share a shuffle."""
 
 
+MAX_EPOCHS = 100_000
+"""No run reads a source this many times over: a cursor further in comes from an edited file."""
+
+
 def segment_seed(seed: int, segment: int) -> int:
     """The shuffle seed of a stream's segment (segment 0 keeps the plan's seed)."""
     return (int(seed) + int(segment) * SEGMENT_SEED_STEP) % 2**32
@@ -163,8 +167,31 @@ class SourceStream:
             self.segment(len(self._segments))
         return self._starts[e]
 
+    @property
+    def epoch_samples(self) -> int:
+        """Samples in one epoch of the source's split (one-epoch segments hold about this many)."""
+        return max(1, (self.spec.tokens_per_epoch - 1) // self.spec.seq_length)
+
+    def split_documents(self) -> np.ndarray:
+        """The ids of the documents the source's train split reads (a sequence range within them)."""
+        beg, end = self.spec.sequence_range
+        bounds = self.reader.document_indices
+        first = int(np.searchsorted(bounds, beg, side="right")) - 1
+        last = int(np.searchsorted(bounds, end - 1, side="right")) - 1
+        return np.arange(max(first, 0), last + 1, dtype=np.int64)
+
+    def check_position(self, position: int, where: str) -> None:
+        """A cursor no run could have reached (more than :data:`MAX_EPOCHS` epochs in) is refused before
+        a segment is built for it: each epoch costs an index in memory."""
+        if position > MAX_EPOCHS * self.epoch_samples:
+            raise InputError(
+                f"{where}: source {self.spec.name}: position {position} is {position // self.epoch_samples} "
+                f"epochs into the source (at most {MAX_EPOCHS}): not a position this run reached"
+            )
+
     def ensure(self, positions: int) -> int:
         """Build segments until positions ``[0, positions)`` exist; the number of segments."""
+        self.check_position(positions - 1, "the data")
         e = 0
         while True:
             self.segment(e)

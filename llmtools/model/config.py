@@ -87,6 +87,14 @@ MOE_DEFAULTS: dict[str, Any] = {
 }
 
 
+SANE_RANGES = {
+    # (lowest, highest, usual): outside, a model diverges or learns nothing from its first step
+    "rope_theta": (1.0, 1e12, "usually 1e4 .. 1e7"),
+    "rms_norm_eps": (1e-12, 1e-1, "usually 1e-6 .. 1e-5"),
+    "initializer_range": (1e-5, 1.0, "usually 0.006 .. 0.05"),
+}
+
+
 @dataclass
 class ModelConfig:
     """A LLaMA-family decoder: RMSNorm, RoPE, SwiGLU, grouped-query attention, optional QK-norm (Qwen3)."""
@@ -173,6 +181,9 @@ class ModelConfig:
                 raise InputError(f"model.{name}: expected a number, got {value!r}")
             if value <= 0:
                 raise InputError(f"model.{name}: must be > 0, got {value}")
+            low, high, usual = SANE_RANGES[name]
+            if not low <= value <= high:
+                raise InputError(f"model.{name}: {value:g} is out of range: {low:g} .. {high:g} ({usual})")
             setattr(self, name, float(value))
         for name in ("tie_word_embeddings", "qk_norm"):
             if not isinstance(getattr(self, name), bool):

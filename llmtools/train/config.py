@@ -228,6 +228,16 @@ class Fp16Section:
             )
 
 
+MAX_LR = 1.0
+"""No optimizer here trains at a learning rate above this (their usual ranges are far below)."""
+USUAL_LR = {
+    "adamw": "usually 1e-5 .. 1e-2",
+    "adafactor": "usually 1e-4 .. 1e-2",
+    "lion": "usually 1e-5 .. 1e-3, 3-10x below AdamW's",
+    "muon": "usually 1e-4 .. 1e-2 with muon_adjust_lr=match_rms_adamw, ~0.02 with original",
+}
+
+
 @dataclass
 class OptimizerSection:
     """The optimizer; weight decay applies to matrices only (never to norms, biases, or 1-D parameters)."""
@@ -264,6 +274,11 @@ class OptimizerSection:
             self.betas = list(DEFAULT_BETAS[self.name])
         if not self.lr > 0:
             raise _bad("optimizer.lr", f"must be > 0, got {self.lr}")
+        # Beyond it every update diverges; the divergence would be blamed on the data it met.
+        if self.lr > MAX_LR:
+            raise _bad(
+                "optimizer.lr", f"{self.lr:g} is out of range: at most {MAX_LR:g} ({USUAL_LR[self.name]})"
+            )
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise _bad("optimizer.betas", f"must be two numbers in [0, 1), got {self.betas}")
         if not self.eps > 0:
@@ -274,8 +289,10 @@ class OptimizerSection:
             raise _bad("optimizer.momentum", f"must be in [0, 1), got {self.momentum}")
         if not 1 <= self.ns_steps < 100:
             raise _bad("optimizer.ns_steps", f"must be in [1, 99], got {self.ns_steps}")
-        if self.muon_lr is not None and not self.muon_lr > 0:
-            raise _bad("optimizer.muon_lr", f"must be > 0, got {self.muon_lr}")
+        if self.muon_lr is not None and not 0 < self.muon_lr <= MAX_LR:
+            raise _bad(
+                "optimizer.muon_lr", f"must be in (0, {MAX_LR:g}], got {self.muon_lr:g} (usually ~0.02)"
+            )
         if self.muon_adjust_lr not in MUON_LR_ADJUSTMENTS:
             raise _bad(
                 "optimizer.muon_adjust_lr",
@@ -441,6 +458,14 @@ class HealthSection:
     update_spike_action: Literal["warn", "stop"] = "warn"
     """On an update-ratio spike: warn, or stop with a checkpoint (the ratio is known only once the update
     is applied, so it cannot be skipped)."""
+    moe_collapse_action: Literal["warn", "stop", "off"] = "warn"
+    """MoE routing collapse in a logging window (a layer with at least moe_idle_fraction of its experts
+    idle, or at least moe_dropped_fraction of its token assignments dropped): warn, stop with a
+    checkpoint, or off."""
+    moe_idle_fraction: float = 0.5
+    """The share of a layer's experts that must be idle (under a tenth of an even share of the tokens)."""
+    moe_dropped_fraction: float = 0.5
+    """The share of a layer's token assignments that must be dropped (over the experts' capacity)."""
 
     def __post_init__(self) -> None:
         if self.nan_action not in HEALTH_ACTIONS:
@@ -457,6 +482,13 @@ class HealthSection:
             raise _bad("health.spike_window", f"must be >= 2, got {self.spike_window}")
         if self.max_skips < 1:
             raise _bad("health.max_skips", f"must be >= 1, got {self.max_skips}")
+        if self.moe_collapse_action not in ("warn", "stop", "off"):
+            raise _bad(
+                "health.moe_collapse_action", f"{self.moe_collapse_action!r} is not one of warn, stop, off"
+            )
+        for key in ("moe_idle_fraction", "moe_dropped_fraction"):
+            if not 0 < getattr(self, key) <= 1:
+                raise _bad(f"health.{key}", f"must be in (0, 1], got {getattr(self, key)}")
         if self.update_spike_factor < 0 or (0 < self.update_spike_factor <= 1):
             raise _bad(
                 "health.update_spike_factor", f"must be 0 (off) or > 1, got {self.update_spike_factor}"

@@ -45,6 +45,39 @@ class HealthGate:
         self.precomputed_norm: float | None = None
         self.update_spike: str | None = None  # a message when the applied update's size spiked
 
+    # -- what decides the next steps, kept in every checkpoint ------------------------------------------
+    def state_dict(self) -> dict:
+        """The recent healthy grad norms, losses and update ratios (the medians spikes are measured
+        against) and the count of consecutive skips: a resumed run decides its next updates as the
+        uninterrupted one would."""
+        return {
+            "history": list(self.history),
+            "loss_history": list(self.loss_history),
+            "update_history": list(self.update_history),
+            "consecutive_skips": self.consecutive_skips,
+        }
+
+    def load_state_dict(self, state: dict, where: str = "health_state") -> None:
+        """Take back :meth:`state_dict`; a window longer than ``health.spike_window`` keeps its newest
+        values (the deques' own rule), a shorter one fills up again as a fresh run's does."""
+        from llmtools.errors import InputError
+
+        if not isinstance(state, dict):
+            raise InputError(f"{where}: expected an object")
+        for key in ("history", "loss_history", "update_history"):
+            values = state.get(key, [])
+            if not isinstance(values, list) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
+            ):
+                raise InputError(f"{where}.{key}: expected a list of finite numbers")
+            window: deque[float] = getattr(self, key)
+            window.clear()
+            window.extend(float(v) for v in values)
+        skips = state.get("consecutive_skips", 0)
+        if not isinstance(skips, int) or isinstance(skips, bool) or skips < 0:
+            raise InputError(f"{where}.consecutive_skips: expected an integer >= 0")
+        self.consecutive_skips = skips
+
     def allow(self) -> bool:
         if not self.decided:
             self._decide()
@@ -106,6 +139,32 @@ class HealthGate:
             self.history.append(self.norm)
         if self.loss is not None and math.isfinite(self.loss) and not self.skip:
             self.loss_history.append(self.loss)
+
+
+IDLE_SHARE = 0.1
+"""An expert is idle in a window when it gets under this share of an even split of the tokens."""
+
+
+def routing_collapse(layers: list[dict], health) -> str | None:
+    """MoE routing collapse in a logging window's router statistics (``moe_layers`` of a train record):
+    the first layer where most experts are idle or most token assignments are dropped, described; None
+    when no layer is (or the check is off)."""
+    if health.moe_collapse_action == "off":
+        return None
+    for layer in layers:
+        load = layer["load"]
+        idle = sum(1 for share in load if share * len(load) < IDLE_SHARE)
+        if idle >= health.moe_idle_fraction * len(load):
+            return (
+                f"MoE routing collapse in layer {layer['layer']}: {idle} of {len(load)} experts idle "
+                f"(>= health.moe_idle_fraction {health.moe_idle_fraction:g})"
+            )
+        if layer["dropped"] >= health.moe_dropped_fraction:
+            return (
+                f"MoE routing collapse in layer {layer['layer']}: {layer['dropped']:.0%} of token assignments "
+                f"dropped (>= health.moe_dropped_fraction {health.moe_dropped_fraction:g})"
+            )
+    return None
 
 
 def wrap_step(optimizer, gate: HealthGate, monitor=None) -> None:

@@ -15,7 +15,7 @@ A task whose data keeps a ledger (pretraining: one cursor per source, :mod:`llmt
 it recorded in every checkpoint and its tokens per source in every train record; on resume the task
 picks its data up from the checkpoint's ledger (continuing a changed mix, or refusing one it cannot
 continue, before any compute); and when the health gate trips, the offending samples are appended to
-``RUN/quarantine.jsonl``, so that the resumed run passes over their documents.
+``RUN/quarantine.jsonl``, and the run passes over their documents from there on (as a resume would).
 
 Only rank 0 writes the run folder's logs. The loss reported for a step is the mean of the micro-batch
 losses over all ranks, i.e. the loss of the global batch.
@@ -39,7 +39,7 @@ from llmtools.formats import jsonfile
 from llmtools.train.config import TrainConfig
 from llmtools.train.deepspeed_config import prefer_torch_adam
 from llmtools.train.distributed import all_mean, any_rank, log0
-from llmtools.train.health import HealthGate, wrap_step
+from llmtools.train.health import HealthGate, routing_collapse, wrap_step
 from llmtools.train.plan import TrainPlan, check_data_length, make_plan
 from llmtools.train.rundir import (
     clear_run_dir,
@@ -142,6 +142,14 @@ def _resume_data(plan: TrainPlan, options: RunOptions, path: Path, meta: dict):
     )
 
 
+def _steps_done(options: RunOptions, meta: dict) -> int | None:
+    """With --reset-data, the steps the checkpoint trained (the data restarts for the steps left)."""
+    step = meta.get("step")
+    if not options.reset_data or not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return None
+    return step
+
+
 def precheck_data(plan: TrainPlan, options: RunOptions) -> None:
     """Before torch: how a resumed run's data continues (a mix it cannot continue, a quarantine file of
     another run, data too short for the steps: exit 2 in about a second), and the data's length."""
@@ -171,7 +179,7 @@ def precheck_data(plan: TrainPlan, options: RunOptions) -> None:
         decided = _resume_data(plan, options, path, meta)
         plan.data_resume = (Path(path), decided)
         plan.train_data = decided.data
-    check_data_length(plan.config, plan.train_data, plan.steps)
+    check_data_length(plan.config, plan.train_data, plan.steps, done=_steps_done(options, meta))
 
 
 def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
@@ -390,6 +398,8 @@ class _Trainer:
         # This rank's micro-batches of the last step (sample positions) and their losses.
         self.step_batches: list[list[int]] = []
         self.step_losses: list = []
+        # This run's quarantine records (those of the checkpoint resumed from, and every one since).
+        self.quarantine_records: list[dict] = []
 
     def log(self, message: str, always: bool = False) -> None:
         log0(message, self.rank, False if always else self.options.quiet)
@@ -465,14 +475,18 @@ class _Trainer:
             int(client_state.get("consumed_tokens", 0)),
         )
         plan.task.load_state_dict(client_state.get("task_state") or {})
+        # a checkpoint saved before the gate's state was kept: its windows fill up again
+        self.gate.load_state_dict(client_state.get("health_state") or {}, f"{accepted.path}[health_state]")
+        consumed = self.progress.consumed_samples
         if options.reset_data:
+            # from here on the position in the new data (the sampler's and the ledger's), from 0
             self.progress.consumed_samples = 0
             self.log(
                 f"--reset-data: step {self.progress.step} and the schedule continue; "
                 "the data starts from its beginning"
             )
         path, step = accepted.path, self.progress.step
-        self.log(f"resumed from {path} at step {step} ({self.progress.consumed_samples} samples)")
+        self.log(f"resumed from {path} at step {step} ({consumed} samples consumed)")
         if step >= plan.steps:  # a requeue after the end (a changed train_steps is refused before this)
             self.log(
                 f"nothing to train: step {step} is the last of this config's {plan.steps} steps", always=True
@@ -550,15 +564,18 @@ class _Trainer:
         """The task's data from the checkpoint's ledger (decided before compute when it is the checkpoint
         the precheck read), announced on stderr and as a ``data`` event."""
         from llmtools.ckpt.verify import read_meta
+        from llmtools.formats.quarantine import quarantine_path, read_records
 
         plan = self.plan
         if plan.data_resume is not None and plan.data_resume[0] == path:
             decided = plan.data_resume[1]
         else:
-            decided = _resume_data(plan, self.options, path, read_meta(path))
-            check_data_length(self.cfg, decided.data, plan.steps)
+            meta = read_meta(path)
+            decided = _resume_data(plan, self.options, path, meta)
+            check_data_length(self.cfg, decided.data, plan.steps, done=_steps_done(self.options, meta))
         plan.train_data = decided.data
         self._name_run(decided.data)
+        self.quarantine_records = read_records(quarantine_path(self.run_dir), decided.data.run)
         for line in decided.lines:
             self.log(line, always=decided.event is not None)
         if decided.event is not None:
@@ -579,6 +596,8 @@ class _Trainer:
             "lora": cfg.lora.to_dict() if cfg.lora is not None else None,
             "task_state": plan.task.state_dict(),
             "trackers": self.trackers.state_dict(),  # the W&B / MLflow runs a resume continues
+            # the spike medians and the skip count decide the next updates (and what is quarantined)
+            "health_state": self.gate.state_dict(),
             # the checkpoint holds DeepSpeed's expert-parallel layout (resume and llm-ckpt read it)
             "expert_parallel": cfg.model.expert_parallel,
             **self._ledger_state(),
@@ -664,6 +683,7 @@ class _Trainer:
                 self._report_health(grad_norm)
                 # An fp16 overflow is the loss scaler's routine, not the data's fault: nothing to quarantine.
                 if self.gate.reason not in (None, "overflow"):
+                    self._stop_unless_the_data_is_the_cause()
                     self._quarantine()
                 self._log_window(grad_norm)
                 self._stop_if_unhealthy()
@@ -830,8 +850,10 @@ class _Trainer:
             peak_tflops=self.peak,
             world=self.world,
         )
+        collapse = None
         if self.router is not None:
             record.update(self.router.meter.record(self.device))  # every rank: one all-reduce
+            collapse = routing_collapse(record["moe_layers"], self.cfg.health)
         record.update(self.step_norms)  # params_norm, update_norm, update_ratio (measured steps)
         if self.fp16:
             record["loss_scale"] = self.loss_scale()
@@ -841,6 +863,105 @@ class _Trainer:
         self.metrics.log(record, step)
         self.log(step_line(record, plan.steps))
         self.window = StepWindow()
+        if collapse is not None:
+            self._report_collapse(collapse)
+
+    def _report_collapse(self, collapse: str) -> None:
+        """A ``moe_collapse`` event and a stderr line; with ``health.moe_collapse_action: stop``, a
+        checkpoint of this state (the routing, not a single update, is what went wrong) and a stop."""
+        step = self.progress.step
+        stop = self.cfg.health.moe_collapse_action == "stop"
+        _event(self.metrics, step, "moe_collapse", f"{collapse}; {'stopping' if stop else 'continuing'}")
+        self.log(f"step {step}: {collapse}; {'stopping' if stop else 'continuing'}", always=True)
+        if not stop:
+            return
+        saved = self.save(blocking=True)
+        _event(self.metrics, step, "stop", f"stopped at step {step}: health.moe_collapse_action=stop")
+        self.metrics.close()
+        raise RuntimeFailure(
+            f"stopped at step {step}: health.moe_collapse_action=stop ({collapse}); the state is saved in "
+            f"{saved}; raise model.router_aux_loss_coef or model.moe_capacity_factor, then resume with "
+            f"--resume {saved}"
+        )
+
+    def _other_data_loss(self) -> float | None:
+        """The loss the current weights give on other data: the next step's first micro-batch of this rank
+        (a function of the position alone, so a resumed run decides as the uninterrupted one), without
+        gradients, in eval mode (no dropout: nothing drawn from the RNG). The mean over ranks
+        (collective); None at the data's last step."""
+        import torch
+
+        from llmtools.train.distributed import mean_over_ranks
+
+        micro = self.cfg.training.micro_batch_size
+        first = self.progress.consumed_samples + self.rank * micro
+        if self.progress.consumed_samples + self.world * micro > len(self.plan.train_data):
+            return None  # the data's last step: no other data to try
+        positions = list(range(first, first + micro))
+        model = self.engine if self.router is None else self.router
+        self.engine.eval()
+        try:
+            with torch.no_grad():
+                out = self.plan.task.loss(model, self.plan.train_data.batch(positions), self.device)
+                if self.router is not None:
+                    self.router.take_aux()
+        finally:
+            self.engine.train()
+        local = float(out.loss.detach().float())
+        bad = any_rank(not math.isfinite(local), self.device)
+        return float("nan") if bad else mean_over_ranks(local, self.device)
+
+    def _finite_sample_in_step(self) -> bool:
+        """Whether some sample of this step has a finite loss of its own with the same weights (every rank
+        scores all its micro-batches: ZeRO-3 needs the same forwards on every rank). Collective."""
+        import torch
+
+        task, found = self.plan.task, False
+        with torch.no_grad():
+            for micro in self.step_batches:
+                per_sample = task.sample_losses(self.engine, self.plan.train_data.batch(micro), self.device)
+                found = found or any(math.isfinite(v) for v in per_sample or [])
+        return any_rank(found, self.device)
+
+    def _stop_unless_the_data_is_the_cause(self) -> None:
+        """A NaN/inf or a spike is the data's fault only when the same weights do well on other data. When
+        they do not, the weights themselves (the config: learning rate, init range, rope theta, a loss
+        setting; or an update applied before) are the cause: nothing is quarantined, and the run stops
+        without saving this state, which is not a good one. Collective."""
+        gate = self.gate
+        if gate.reason == "nan" and self._finite_sample_in_step():
+            return
+        loss = self._other_data_loss()
+        if loss is None:
+            return
+        if gate.reason == "loss_spike" and gate.loss_limit is not None and gate.loss is not None:
+            # the weights are to blame when other data is about as bad as the spiking batch (within the
+            # spike factor of its loss), not merely over the limit: one micro-batch's loss is noisy
+            bad = loss > gate.loss_limit and loss * self.cfg.health.loss_spike_factor >= gate.loss
+            healthy = math.isfinite(loss) and not bad
+        else:
+            healthy = math.isfinite(loss)
+        if healthy:
+            return
+        step, before = self.progress.step, self.last_saved
+        what = {"nan": "a NaN/inf loss or grad norm", "loss_spike": "a loss spike"}.get(
+            gate.reason, "a grad-norm spike"
+        )
+        message = (
+            f"stopped at step {step}: {what}, and the same weights give a loss of {loss:.4g} on other data: the "
+            "cause is the config or the state (optimizer.lr, model.initializer_range, model.rope_theta, the "
+            "task's settings), not the data; nothing was quarantined and this state was not saved"
+        )
+        _event(self.metrics, step, "stop", message, cause="config")
+        self.metrics.close()
+        self.finish_background_save()
+        advice = (
+            f"; the newest checkpoint, {before}, may already hold the update that diverged: fix the config, "
+            "then resume from a checkpoint before it (--resume STEP --rollback) or start over (--force)"
+            if before is not None
+            else "; fix the config and start over (--force)"
+        )
+        raise RuntimeFailure(message + advice)
 
     def _quarantine(self) -> None:
         """The health gate tripped: append the offending samples of this step to RUN/quarantine.jsonl.
@@ -885,8 +1006,6 @@ class _Trainer:
         for sample in samples:
             sample["loss"] = losses[sample["position"]]
         gathered = gather_objects(samples)
-        if self.rank != 0:
-            return
         step = self.progress.step
         records = [
             make_record(ledger.run, step, rank, gate.reason, found, note)
@@ -894,17 +1013,54 @@ class _Trainer:
             if found
         ]
         where = quarantine_path(self.run_dir)
-        append_records(where, records)
+        if self.rank == 0:
+            append_records(where, records)
+            self._announce_quarantine(where, records)
+        self._pass_over(records)
+
+    def _announce_quarantine(self, where, records: list[dict]) -> None:
+        step = self.progress.step
         named = [s for r in records for s in r["samples"]]
         documents = sorted({(s["source"], d["document"]) for s in named for d in s["documents"]})
         shown = ", ".join(f"{src} doc {doc}" for src, doc in documents[:6])
         more = f" and {len(documents) - 6} more" if len(documents) > 6 else ""
         message = (
-            f"{len(named)} sample(s) quarantined in {where} ({shown}{more}); a resumed run passes over "
-            "their documents"
+            f"{len(named)} sample(s) quarantined in {where} ({shown}{more}); the run passes over their "
+            "documents from here on"
         )
         _event(self.metrics, step, "quarantine", message, samples=len(named), documents=len(documents))
         self.log(f"step {step}: {message}", always=True)
+
+    def _pass_over(self, records: list[dict]) -> None:
+        """The quarantine takes effect at once, on every rank, exactly as a resume from this step would
+        apply it (the same ledger, the same records): an interrupted run and an uninterrupted one read
+        the same samples."""
+        from llmtools.data.stages import ExhaustedSource
+        from llmtools.formats.quarantine import quarantine_path
+
+        self.quarantine_records.extend(records)
+        ledger, step, position = self.plan.task.ledger(), self.progress.step, self.progress.consumed_samples
+        try:
+            decided = self.plan.task.resume_data(
+                ledger.state(position, step),
+                position,
+                reset=False,
+                quarantine=self.quarantine_records,
+                where=f"{quarantine_path(self.run_dir)} (step {step})",
+            )
+        except ExhaustedSource as exhausted:
+            # nothing left to train on from that source: stop with this state (its update was skipped)
+            saved = self.save(blocking=True)
+            _event(self.metrics, step, "stop", f"stopped at step {step}: {exhausted}; checkpoint {saved}")
+            self.metrics.close()
+            raise InputError(
+                f"{exhausted} (stopped at step {step}; the last good state is {saved})"
+            ) from None
+        self.plan.train_data = decided.data
+        for line in decided.lines:
+            self.log(line, always=decided.event is not None)
+        if decided.event is not None:
+            _event(self.metrics, step, "data", "; ".join(decided.lines), **decided.event)
 
     def _stop_if_unhealthy(self) -> None:
         """Save the last good state and raise when health says stop, or after too many skipped updates."""

@@ -280,14 +280,28 @@ def _load_eval_tasks(config: TrainConfig, train, model_config, warnings: list[st
     return load_tasks(config.eval.tasks, tokenizer, base, model_config.max_position_embeddings - 1)
 
 
-def check_data_length(config: TrainConfig, train: TaskData, steps: int) -> None:
-    """InputError when the train data ends before ``steps`` global batches (one line, naming both)."""
+def check_data_length(config: TrainConfig, train: TaskData, steps: int, done: int | None = None) -> None:
+    """InputError when the train data ends before ``steps`` global batches (one line, naming both).
+
+    ``done``: the steps a --reset-data resume has trained already; the data, read from its first sample
+    again, must hold only the steps left."""
     t = config.training
-    needed = steps * t.global_batch_size
+    source = config.data.mix or ", ".join(config.data.prefixes)
     available = len(train)
+    if done is not None:
+        needed = max(steps - done, 0) * t.global_batch_size
+        if available >= needed:
+            return
+        longer = f"a mix of {needed} samples or more (llm-mix --num-samples {needed})"
+        fits = available // t.global_batch_size
+        fewer = f"--set training.train_steps={done + fits}, or " if fits else ""
+        raise InputError(
+            f"{source}: --reset-data: the data holds {available} samples, but the {steps - done} steps left "
+            f"(step {done} to training.train_steps={steps}) need {needed}; {fewer}{longer}"
+        )
+    needed = steps * t.global_batch_size
     if available >= needed:
         return
-    source = config.data.mix or ", ".join(config.data.prefixes)
     seq_length = train.seq_length
     plan = getattr(train, "plan", None)  # a data ledger's plan (pretraining), else none
     resumed_at = getattr(train, "plan_base", 0)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmtools.errors import InputError
+from llmtools.errors import InputError, RuntimeFailure
 
 APPLY, RESET_DATA, RESHARD, NEVER, DERIVED = "apply", "reset-data", "reshard", "never", "derived"
 
@@ -285,6 +285,14 @@ def review(
     step = int(meta.get("step") or 0)
     for change in changes:
         _check_applicable(change, where, step, own_scheduler)
+        if change.key == "model.init_from" and now.get("task") == "dpo":
+            # DPO measures its rewards against a reference computed from the starting weights: refused
+            # here, before that reference is computed or config.yaml rewritten
+            raise InputError(
+                f"{where}[{change.key}]: checkpoint has {_show(change.old)}, the config has {_show(change.new)}; "
+                "a DPO run's reference was computed from the weights it started from: resume with "
+                f"model.init_from {_show(change.old)}, or {OTHER_RUN} with the new starting weights"
+            )
         _check_reshardable(change, where, now.get("optimizer.name"))
     return changes
 
@@ -364,6 +372,32 @@ def _check_applicable(change: Change, where: Path, step: int, own_scheduler: boo
 
 
 # ------------------------------------------------------------------------------------------ apply
+def decayed_groups(engine, config, groups: list[dict]) -> list[dict]:
+    """The optimizer groups a fresh run of ``config`` decays, whatever the checkpoint's decay was (0
+    included): the groups are laid out as a fresh run lays them out (same builder, same order; under ZeRO
+    a group holds flat partitions, so its parameters' shapes no longer tell); DeepSpeed's MoE support
+    splits named groups, whose names keep ``no_decay``."""
+    if groups and all(isinstance(g.get("name"), str) for g in groups):
+        return [g for g in groups if "no_decay" not in g["name"]]
+    from llmtools.train.engine import param_groups
+
+    module = getattr(engine, "module", None)
+    if module is None:
+        return [g for g in groups if g.get("weight_decay", 0.0) != 0.0]
+    if config.optimizer.name == "muon":
+        from llmtools.train.optim import muon_param_groups
+
+        fresh = muon_param_groups(module, 1.0)
+    else:
+        fresh = param_groups(module, 1.0)
+    if len(fresh) != len(groups):
+        raise RuntimeFailure(
+            f"optimizer.weight_decay: the checkpoint's optimizer has {len(groups)} parameter groups, a fresh "
+            f"run {len(fresh)}: cannot tell which to decay"
+        )
+    return [group for group, new in zip(groups, fresh, strict=True) if new["weight_decay"] != 0.0]
+
+
 def apply(engine, changes: list[Change], config) -> list[str]:
     """Put the changed optimizer and schedule values into the loaded engine; notes on what moved.
 
@@ -375,7 +409,7 @@ def apply(engine, changes: list[Change], config) -> list[str]:
     optimizer = engine.optimizer
     groups = optimizer.param_groups
     if keys & {"optimizer.betas", "optimizer.eps", "optimizer.weight_decay"}:
-        decayed = [g for g in groups if g.get("weight_decay", 0.0) != 0.0] or groups[:1]
+        decayed = decayed_groups(engine, config, groups)
         for group in groups:
             if "optimizer.betas" in keys and "betas" in group:
                 group["betas"] = tuple(config.optimizer.betas)

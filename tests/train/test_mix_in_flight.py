@@ -441,9 +441,10 @@ def test_a_poisoned_document_is_quarantined_and_never_seen_again(poisoned, runs,
         refused.returncode == 2 and "written by run" in refused.stderr and "\n" not in refused.stderr.strip()
     )
 
+    # the quarantine took effect at once (the saved state passes over the document, as a resume would)
+    assert "poisoned: 1 quarantined document(s) are passed over from here on" in stopped.stderr
     resumed = _llm_train(config, run, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "poisoned: 1 quarantined document(s) are passed over from here on" in resumed.stderr
     train = _records(run, "train")
     after = [r for r in train if r["step"] > poisoned["first_step"]]
     assert [r["step"] for r in after] == list(range(poisoned["first_step"] + 1, poisoned["steps"] + 1))
@@ -528,6 +529,8 @@ def test_a_grad_norm_spike_quarantines_the_whole_batch_and_the_resumed_run_passe
     end = DataPlan.from_mix(byte_data["mix"]).size
     drawn = data.describe(range(8 * GBS, end))  # the rest of the plan, not only the steps trained
     assert not named & {(d["source"], x["document"]) for d in drawn for x in d["documents"]}
-    unquarantined, _ = open_run_data(DataPlan.from_mix(byte_data["mix"]), saved, 8 * GBS)
+    # the quarantine took effect before the stop's checkpoint: its ledger passes over them already
+    assert {(r.spec.name, d) for r in saved.sources.values() for k in r.skips for d in k.documents} == named
+    unquarantined, _ = open_run_data(DataPlan.from_mix(byte_data["mix"]), None, 0)
     drawn = unquarantined.describe(range(8 * GBS, end))
     assert named & {(d["source"], x["document"]) for d in drawn for x in d["documents"]}  # they would be

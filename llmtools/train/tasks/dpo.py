@@ -51,6 +51,9 @@ METRICS = (
 )
 
 
+MAX_BETA = 100.0
+
+
 @dataclass
 class DpoSection:
     """``dpo:`` in the train config (only with ``task: dpo``): the preference loss and its reference."""
@@ -70,6 +73,11 @@ class DpoSection:
             raise InputError(f"dpo.loss: {self.loss!r} is not one of {', '.join(LOSSES)}")
         if not (math.isfinite(self.beta) and self.beta > 0):
             raise InputError(f"dpo.beta: must be a finite number > 0, got {self.beta}")
+        if self.beta > MAX_BETA:
+            # beta scales the log-ratio inside a sigmoid: far above this every loss is 0 or inf
+            raise InputError(
+                f"dpo.beta: {self.beta:g} is out of range: at most {MAX_BETA:g} (usually 0.01 .. 0.5)"
+            )
         if not (0.0 <= self.label_smoothing < 0.5):
             raise InputError(f"dpo.label_smoothing: must be in [0, 0.5), got {self.label_smoothing}")
         if self.label_smoothing and self.loss != "sigmoid":
