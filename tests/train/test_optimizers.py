@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from llmtools.errors import InputError
+from tests.numerics import bf16_update_loss_atol, movement
 from tests.train.conftest import tiny_config, write_byte_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -300,7 +301,9 @@ def test_two_ranks_equal_one_with_twice_the_accumulation(byte_data, tmp_path, cl
         records = (tmp_path / "two" / name / "metrics.jsonl").read_text().splitlines()
         two = [r["loss"] for r in map(json.loads, records) if r["kind"] == "train"]
         assert len(two) == len(one.losses) == WORKER_STEPS
-        assert max(abs(a - b) for a, b in zip(one.losses, two, strict=True)) < 1e-5, name
+        # bf16 Newton-Schulz on gradients reduced in another order: its rounding, not fp32's, bounds this.
+        tol = bf16_update_loss_atol(movement(one.losses), starts[-1], cfg.optimizer.ns_steps)
+        assert max(abs(a - b) for a, b in zip(one.losses, two, strict=True)) < tol, name
         assert math.isfinite(two[-1]) and two[-1] < two[0]
 
 
