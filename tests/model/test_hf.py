@@ -74,6 +74,7 @@ def test_transformers_folder_loads_into_ours(tmp_path, config, shard):
     model = load_hf_model(tmp_path / "hf")
     assert model.config == config
     with torch.no_grad():
+        # fp32 decoder, same maths in another op order: ~8 reductions/layer of <=256 terms, each ~4 sqrt(256) 2^-24 ~ 4e-6 relative; logits O(1): 1e-5
         torch.testing.assert_close(model(ids()), hf(input_ids=ids()).logits, atol=1e-5, rtol=0)
     if config.tie_word_embeddings:
         assert model.lm_head.weight is model.model.embed_tokens.weight
@@ -101,6 +102,7 @@ def test_our_folder_loads_in_transformers(tmp_path, config, shard_size):
     hf = hf_from_pretrained(out)
     assert type(hf).__name__ == ("Qwen3ForCausalLM" if config.qk_norm else "LlamaForCausalLM")
     with torch.no_grad():
+        # fp32 decoder, same maths in another op order: ~8 reductions/layer of <=256 terms, each ~4 sqrt(256) 2^-24 ~ 4e-6 relative; logits O(1): 1e-5
         torch.testing.assert_close(hf(input_ids=ids()).logits, model(ids()), atol=1e-5, rtol=0)
     assert hf.generation_config.eos_token_id == 2
     generated = hf.generate(ids(5), max_new_tokens=4, do_sample=False, pad_token_id=0)
@@ -169,6 +171,7 @@ def test_init_from_continues_from_the_same_loss(tmp_path):
     model = ours(GQA, seed=99)
     load_hf_weights(model, tmp_path / "hf")
     our_loss = model.loss(batch[:, :-1], batch[:, 1:])
+    # fp32 mean cross-entropy of the logits above: their errors are independent per token and average out, ~1e-7 of a loss ~5; 1e-6 holds it
     torch.testing.assert_close(our_loss, hf_loss, atol=1e-6, rtol=0)
 
 

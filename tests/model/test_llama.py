@@ -81,6 +81,7 @@ def test_logits_equal_transformers(shape):
         expected = hf(input_ids=ids).logits
         got = ours(ids)
     assert got.shape == (2, 80, VOCAB)
+    # fp32 decoder, same maths in another op order: ~8 reductions/layer of <=256 terms, each ~4 sqrt(256) 2^-24 ~ 4e-6 relative; logits O(1): 1e-5
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
@@ -92,11 +93,13 @@ def test_loss_and_gradients_equal_transformers(shape):
     labels = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], dim=1)
     hf_loss = hf(input_ids=ids, labels=ids).loss
     our_loss = ours.loss(ids, labels)
+    # fp32 mean cross-entropy of the logits above: their errors are independent per token and average out, ~1e-7 of a loss ~5; 1e-6 holds it
     torch.testing.assert_close(our_loss, hf_loss, atol=1e-6, rtol=0)
     hf_loss.backward()
     our_loss.backward()
     theirs = dict(hf.named_parameters())
     for name, param in ours.named_parameters():
+        # fp32 gradients through the same decoder: the forward's ~4e-6 relative per layer, back again: rtol 1e-4 covers it, atol for entries near 0
         torch.testing.assert_close(param.grad, theirs[name].grad, atol=1e-6, rtol=1e-4, msg=name)
 
 
@@ -136,7 +139,9 @@ def test_loss_mask_weights_positions():
         logits = model(ids).float()
         ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
         expected = (ce * mask.flatten()).sum() / mask.sum()
+        # the same fp32 cross-entropy summed by another reduction (masked sum / count vs mean): default fp32 tolerance (rtol 1.3e-6, ~11 ulps)
         torch.testing.assert_close(model.loss(ids, labels, mask), expected)
+        # the same fp32 cross-entropy, mean vs masked sum / count: default fp32 tolerance
         torch.testing.assert_close(model.loss(ids, labels), ce.mean())
 
 
@@ -146,6 +151,7 @@ def test_explicit_positions_equal_default():
     ids = torch.randint(0, 4096, (2, 24))
     positions = torch.arange(24).expand(2, 24)
     with torch.no_grad():
+        # fp32: explicit positions take another gather/cast path to the same RoPE angles: a few ulps of O(1) activations, 1e-6
         torch.testing.assert_close(model(ids, positions), model(ids), atol=1e-6, rtol=0)
 
 
@@ -157,7 +163,9 @@ def test_causal_future_tokens_do_not_change_the_past():
     changed[0, 20:] = (changed[0, 20:] + 7) % 4096
     with torch.no_grad():
         a, b = model(ids), model(changed)
+    # fp32: the same causal attention over a longer context; the masked keys add exact zeros, so only summation order moves: 1e-6
     torch.testing.assert_close(a[:, :20], b[:, :20], atol=1e-6, rtol=0)
+    # the opposite claim: a changed future token moves these logits by far more than allclose's defaults
     assert not torch.allclose(a[:, 20:], b[:, 20:])
 
 
@@ -171,6 +179,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     model.gradient_checkpointing = True
     model.loss(ids, ids).backward()
     for name, param in model.named_parameters():
+        # fp32: recomputed activations are the same kernels on the same inputs; gradients accumulate in another order: 1e-7 on entries ~1e-2
         torch.testing.assert_close(param.grad, plain[name], atol=1e-7, rtol=0, msg=name)
 
 
@@ -185,7 +194,9 @@ def test_init_is_seeded_normal_and_norms_are_one():
         if "norm" in name:
             assert torch.all(pa == 1), name
         else:
+            # a sample of >=12k N(0, 0.02) draws (k/v_proj 64x192): mean within 4 std errors (4 x 0.02/sqrt(12k) ~ 7e-4) < 2e-3
             assert abs(pa.mean().item()) < 2e-3, name
+            # the sample std of the same draws: 4 std errors are 4/sqrt(2n) ~ 2.6% of it at n >= 12k, < 5%
             assert pa.std().item() == pytest.approx(config.initializer_range, rel=0.05), name
 
 
@@ -198,6 +209,7 @@ def test_bf16_forward_is_close_to_fp32_and_rope_stays_fp32():
         model.to(torch.bfloat16)
         half = model(ids)
     assert half.dtype == torch.bfloat16
+    # bf16 weights and activations: u = 2^-8 per rounding, through 4 layers of O(1) logits: a few 1e-2 at most
     assert (half.float() - full).abs().max().item() < 0.05
     # The frequencies are not a buffer, so casting the model cannot round them.
     assert not list(model.buffers())
@@ -222,6 +234,7 @@ def test_llama3_rope_scaling_matches_transformers():
         rope_scaling=LLAMA3_SCALING,
         max_position_embeddings=1024,
     )
+    # bitwise: both compute the frequencies with the same float64/fp32 formula and cast once
     torch.testing.assert_close(rope_inv_freq(ours), expected.float(), atol=0, rtol=0)
 
 
@@ -241,4 +254,5 @@ def test_bf16_logits_track_transformers_bf16(shape):
     ids = torch.randint(0, VOCAB, (2, 64), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         got, expected = ours(ids).float(), hf(input_ids=ids).logits.float()
+    # bf16 in both implementations, rounded in other places: a few bf16 ulps (2^-7 ~ 8e-3) of O(1) logits
     assert (got - expected).abs().max().item() < 0.02

@@ -111,20 +111,25 @@ def test_logits_loss_and_gradients_equal_transformers(config):
     # router_aux_loss_coef * load balancing over every position.
     theirs = hf(input_ids=batch, labels=batch, output_router_logits=True)
     out = model(batch, output_router=True)
+    # fp32 decoder, same maths in another op order: ~8 reductions/layer of <=256 terms, each ~4 sqrt(256) 2^-24 ~ 4e-6 relative; logits O(1): 1e-5
     torch.testing.assert_close(out.logits, theirs.logits, atol=1e-5, rtol=0)
+    # fp32 router softmax means: aux loss ~1, coefficient 1e-2; rtol 1e-6 is ~8 fp32 ulps
     torch.testing.assert_close(
         out.aux_loss, config.router_aux_loss_coef * theirs.aux_loss, atol=1e-8, rtol=1e-6
     )
     ce = F.cross_entropy(out.logits[:, :-1].float().flatten(0, 1), batch[:, 1:].flatten())
     loss = ce + out.aux_loss
+    # fp32 mean cross-entropy of the logits above: their errors are independent per token and average out, ~1e-7 of a loss ~5; 1e-6 holds it
     torch.testing.assert_close(loss, theirs.loss, atol=1e-6, rtol=0)
     loss.backward()
     theirs.loss.backward()
     hf_params = dict(hf.named_parameters())
     for name, param in model.named_parameters():
+        # fp32 gradients through the same decoder: the forward's ~4e-6 relative per layer, back again: rtol 1e-4 covers it, atol for entries near 0
         torch.testing.assert_close(param.grad, hf_params[name].grad, atol=1e-5, rtol=1e-4, msg=name)
     # Without the router output the model returns plain logits.
     with torch.no_grad():
+        # fp32 decoder, same maths in another op order: ~8 reductions/layer of <=256 terms, each ~4 sqrt(256) 2^-24 ~ 4e-6 relative; logits O(1): 1e-5
         torch.testing.assert_close(model(batch), theirs.logits, atol=1e-5, rtol=0)
 
 
@@ -147,6 +152,7 @@ def test_save_pretrained_folder_loads_into_ours_and_ours_loads_in_transformers(t
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval()
     assert type(loaded).__name__ == HF_CLASS[config.model_type]
     with torch.no_grad():
+        # fp32 decoder, same maths in another op order: ~8 reductions/layer of <=256 terms, each ~4 sqrt(256) 2^-24 ~ 4e-6 relative; logits O(1): 1e-5
         torch.testing.assert_close(loaded(input_ids=ids()).logits, model(ids()), atol=1e-5, rtol=0)
     generated = loaded.generate(ids(5), max_new_tokens=4, do_sample=False, pad_token_id=0)
     assert generated.shape == (2, 9)
@@ -195,6 +201,7 @@ def test_init_from_a_mixtral_folder_gives_transformers_loss(tmp_path):
     batch = ids(17)
     model = ours(MIXTRAL, seed=99)
     load_hf_weights(model, tmp_path / "hf")
+    # fp32 mean cross-entropy of the logits above: their errors are independent per token and average out, ~1e-7 of a loss ~5; 1e-6 holds it
     torch.testing.assert_close(
         model.loss(batch[:, :-1], batch[:, 1:]), hf(input_ids=batch, labels=batch).loss, atol=1e-6, rtol=0
     )
@@ -243,6 +250,7 @@ def test_dropped_tokens_keep_only_the_residual_and_are_counted():
     big = ours(dropless).model.layers[0].mlp
     big.load_state_dict(ours(MIXTRAL).model.layers[0].mlp.state_dict())
     reference = ours(MIXTRAL).model.layers[0].mlp
+    # bitwise: a capacity no expert reaches drops nothing, so the same rows meet the same weights in the same kernels
     torch.testing.assert_close(big(x)[0], reference(x)[0], atol=0, rtol=0)
 
 
@@ -256,6 +264,7 @@ def test_padding_is_left_out_of_the_router_losses():
     assert masked.router.counts.sum(-1).tolist() == [48.0, 48.0]  # 16 tokens x top-3
     # the same tokens alone (without the padding) give the same load-balancing loss
     alone = model(batch[:, :8], output_router=True)
+    # fp32 means over the same tokens, padding excluded by a mask: a few ulps of an O(1) loss
     torch.testing.assert_close(masked.aux_loss, alone.aux_loss, atol=1e-7, rtol=1e-6)
 
 
@@ -267,6 +276,7 @@ def test_z_loss_and_per_layer_statistics():
     assert stats.counts.shape == (2, 6)  # two MoE layers (layer 1 is dense), six experts
     assert torch.equal(stats.counts.sum(-1), torch.tensor([96.0, 96.0]))  # 48 tokens x top-2
     assert stats.dropped.tolist() == [0.0, 0.0]
+    # the same fp32 z-loss mean computed twice: default fp32 tolerance (~11 ulps)
     torch.testing.assert_close(out.aux_loss, 0.5 * stats.z_loss.mean())
     assert torch.all(stats.balance >= 1.0)  # E * sum(f * P) >= 1 for top-2 (k at perfect balance)
 
@@ -289,6 +299,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
     plain = grads()
     model.gradient_checkpointing = True
     for a, b in zip(plain, grads(), strict=True):
+        # fp32: recomputed activations are the same kernels on the same inputs; gradients accumulate in another order: 1e-7 on entries ~1e-2
         torch.testing.assert_close(a, b, atol=1e-7, rtol=0)
 
 
@@ -343,7 +354,9 @@ def test_moe_presets_match_published_totals_and_active_counts(name):
         model = LlamaForCausalLM(config)
     assert model.num_parameters() == config.num_parameters() == EXACT[name][0]
     assert config.num_active_parameters() == EXACT[name][1]
+    # published parameter counts are rounded figures: the preset's own stated tolerance
     assert config.num_parameters() == pytest.approx(published["parameters"], rel=published["tolerance"])
+    # published parameter counts are rounded figures: the preset's own stated tolerance
     assert config.num_active_parameters() == pytest.approx(
         published["active_parameters"], rel=published.get("active_tolerance", published["tolerance"])
     )

@@ -46,9 +46,13 @@ def test_norms_equal_the_checkpointed_weights(byte_data, tmp_path, stage):
     params = math.sqrt(sum(float(w.pow(2).sum()) for w in after.values()))
     update = math.sqrt(sum(float((after[k] - before[k]).pow(2).sum()) for k in after))
     last = train[-1]
+    # fp32 sum of squares over all parameters vs a float64 recomputation: ~sqrt(#partials) ulps, rel 1e-6
     assert last["params_norm"] == pytest.approx(params, rel=1e-6)
+    # an update norm is a difference of nearly equal fp32 weights (cancellation): rel 1e-4
     assert last["update_norm"] == pytest.approx(update, rel=1e-4)
+    # the logged ratio is this very float64 division: 1e-12
     assert last["update_ratio"] == pytest.approx(last["update_norm"] / last["params_norm"], rel=1e-12)
+    # a range, not a tolerance: the update/weight ratio of a sane step
     assert 1e-5 < last["update_ratio"] < 1e-1
 
 
