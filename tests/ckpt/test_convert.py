@@ -98,6 +98,7 @@ def _our_model(weights, model):
     return net
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize(
     "which, model",
     [

@@ -94,6 +94,7 @@ def test_two_ranks_resume_exactly(w2_results, zero):
     assert result == {"losses_equal": True, "weights_equal": True}
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("zero", [2, 3])
 def test_world_size_1_to_2(w1_runs, w2_results, zero):
     one_rank = w1_runs[1][zero][0]
@@ -107,6 +108,7 @@ def test_world_size_1_to_2(w1_runs, w2_results, zero):
         assert loss == pytest.approx(two_rank[step], abs=1e-5)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("zero", [2, 3])
 def test_world_size_2_to_1(w2_results, tmp_path, zero):
     root, results = w2_results

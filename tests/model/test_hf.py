@@ -60,6 +60,7 @@ def hf_from_pretrained(folder, **kwargs):
     return transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs).eval()
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize(
     ("config", "shard"),
     [(GQA, "5GB"), (QWEN, "5GB"), (GQA, "60KB")],
@@ -80,6 +81,7 @@ def test_transformers_folder_loads_into_ours(tmp_path, config, shard):
         assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("config", [GQA, QWEN], ids=["llama-gqa", "qwen3-tied"])
 @pytest.mark.parametrize("shard_size", ["5GB", 40_000], ids=["single", "sharded"])
 def test_our_folder_loads_in_transformers(tmp_path, config, shard_size):
@@ -161,6 +163,7 @@ def test_streaming_sources_are_loaded_one_at_a_time(tmp_path):
     assert all(torch.equal(back[n], state[n].to(torch.bfloat16)) for n in state)
 
 
+@pytest.mark.numerics
 def test_init_from_continues_from_the_same_loss(tmp_path):
     """--init-from: a folder written by transformers gives our model the very same loss."""
     torch.manual_seed(3)

@@ -73,6 +73,7 @@ def make_pair(shape: str, seed: int = 0):
     return ours, hf
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_logits_equal_transformers(shape):
     ours, hf = make_pair(shape)
@@ -85,6 +86,7 @@ def test_logits_equal_transformers(shape):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("shape", ["gqa", "qwen3"])
 def test_loss_and_gradients_equal_transformers(shape):
     ours, hf = make_pair(shape)
@@ -127,6 +129,7 @@ def test_tied_embeddings_share_one_tensor():
     assert model.num_parameters() == model.config.num_parameters()
 
 
+@pytest.mark.numerics
 def test_loss_mask_weights_positions():
     torch.manual_seed(0)
     model = LlamaForCausalLM(load_model_config("tiny"))
@@ -145,6 +148,7 @@ def test_loss_mask_weights_positions():
         torch.testing.assert_close(model.loss(ids, labels), ce.mean())
 
 
+@pytest.mark.numerics
 def test_explicit_positions_equal_default():
     torch.manual_seed(0)
     model = LlamaForCausalLM(load_model_config("tiny")).eval()
@@ -155,6 +159,7 @@ def test_explicit_positions_equal_default():
         torch.testing.assert_close(model(ids, positions), model(ids), atol=1e-6, rtol=0)
 
 
+@pytest.mark.numerics
 def test_causal_future_tokens_do_not_change_the_past():
     torch.manual_seed(0)
     model = LlamaForCausalLM(load_model_config("tiny")).eval()
@@ -169,6 +174,7 @@ def test_causal_future_tokens_do_not_change_the_past():
     assert not torch.allclose(a[:, 20:], b[:, 20:])
 
 
+@pytest.mark.numerics
 def test_gradient_checkpointing_gives_the_same_gradients():
     torch.manual_seed(0)
     model = LlamaForCausalLM(load_model_config("tiny"))
@@ -200,6 +206,7 @@ def test_init_is_seeded_normal_and_norms_are_one():
             assert pa.std().item() == pytest.approx(config.initializer_range, rel=0.05), name
 
 
+@pytest.mark.numerics
 def test_bf16_forward_is_close_to_fp32_and_rope_stays_fp32():
     torch.manual_seed(0)
     model = LlamaForCausalLM(load_model_config("tiny")).eval()
@@ -216,6 +223,7 @@ def test_bf16_forward_is_close_to_fp32_and_rope_stays_fp32():
     assert rope_inv_freq(model.config).dtype == torch.float32
 
 
+@pytest.mark.numerics
 def test_llama3_rope_scaling_matches_transformers():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -245,6 +253,7 @@ def test_meta_device_build_allocates_nothing():
     assert model.num_parameters() == 8_030_261_248
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("shape", ["gqa", "qwen3"])
 def test_bf16_logits_track_transformers_bf16(shape):
     """In bf16 both cast at the same places (RMSNorm in fp32, RoPE tables in fp32): a few bf16 ulps."""

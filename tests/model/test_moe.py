@@ -100,6 +100,7 @@ def hf_twin(model: LlamaForCausalLM):
     return hf
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("config", FAMILIES.values(), ids=FAMILIES.keys())
 def test_logits_loss_and_gradients_equal_transformers(config):
     model = ours(config)
@@ -133,6 +134,7 @@ def test_logits_loss_and_gradients_equal_transformers(config):
         torch.testing.assert_close(model(batch), theirs.logits, atol=1e-5, rtol=0)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("config", [QWEN3_MOE, MIXTRAL, QWEN2_MOE], ids=["qwen3_moe", "mixtral", "qwen2_moe"])
 def test_save_pretrained_folder_loads_into_ours_and_ours_loads_in_transformers(tmp_path, config):
     model = ours(config, seed=1).eval()
@@ -194,6 +196,7 @@ def test_streamed_expert_slices_load_each_fused_tensor_once(tmp_path):
     assert torch.equal(w1, model.model.layers[1].mlp.experts.gate_up_proj[3, :48].to(torch.bfloat16))
 
 
+@pytest.mark.numerics
 def test_init_from_a_mixtral_folder_gives_transformers_loss(tmp_path):
     torch.manual_seed(3)
     hf = transformers.MixtralForCausalLM(transformers.MixtralConfig(**to_hf_config(MIXTRAL))).eval()
@@ -232,6 +235,7 @@ def test_capacity_drops_the_least_probable_assignments():
     assert sorted(padded.token.tolist()) == [1, 3]
 
 
+@pytest.mark.numerics
 def test_dropped_tokens_keep_only_the_residual_and_are_counted():
     config = ModelConfig(**{**MIXTRAL.to_dict(), "moe_capacity_factor": 0.25})
     model = ours(config)
@@ -254,6 +258,7 @@ def test_dropped_tokens_keep_only_the_residual_and_are_counted():
     torch.testing.assert_close(big(x)[0], reference(x)[0], atol=0, rtol=0)
 
 
+@pytest.mark.numerics
 def test_padding_is_left_out_of_the_router_losses():
     model = ours(QWEN3_MOE_TIED)
     batch = ids(12)
@@ -268,6 +273,7 @@ def test_padding_is_left_out_of_the_router_losses():
     torch.testing.assert_close(masked.aux_loss, alone.aux_loss, atol=1e-7, rtol=1e-6)
 
 
+@pytest.mark.numerics
 def test_z_loss_and_per_layer_statistics():
     config = ModelConfig(**{**QWEN3_MOE.to_dict(), "router_z_loss_coef": 0.5, "router_aux_loss_coef": 0.0})
     model = ours(config)
@@ -286,6 +292,7 @@ def test_dense_model_has_no_router_output():
     assert out.aux_loss is None and out.router is None and out.logits.shape == (2, 24, 300)
 
 
+@pytest.mark.numerics
 def test_activation_checkpointing_gives_the_same_gradients():
     model = ours(QWEN3_MOE)
     batch = ids()

@@ -12,6 +12,7 @@ from tests.train.conftest import tiny_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.numerics
 def test_init_from_hf_folder_starts_at_the_same_loss(byte_data, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

@@ -77,6 +77,7 @@ def test_loss_falls(runs, name):
     assert first > 5.0 and last5 < 3.5, (first, last5)
 
 
+@pytest.mark.numerics
 def test_fp32_stages_agree(runs):
     """ZeRO partitions the same maths: fp32 losses of every stage match stage 0 closely."""
     base = runs["zero0"][0].losses
@@ -86,6 +87,7 @@ def test_fp32_stages_agree(runs):
         assert max(abs(a - b) for a, b in zip(base, other, strict=True)) < 1e-4, name
 
 
+@pytest.mark.numerics
 def test_bf16_tracks_fp32(runs):
     fp32, bf16 = runs["zero2"][0].losses, runs["zero2-bf16"][0].losses
     # bf16 vs fp32 training: not equality, the same learning within 0.3 nats over the last 5 steps
@@ -183,6 +185,7 @@ def test_param_groups_no_decay_on_norms():
     assert isinstance(decay["params"][0], torch.nn.Parameter)
 
 
+@pytest.mark.numerics
 def test_optimizer_from_the_deepspeed_config_trains_the_same(byte_data, tmp_path):
     """An HF-style DeepSpeed config whose optimizer section is "auto" gives the same run as llm-train's own
     AdamW (DeepSpeed builds torch's AdamW from it; norms and biases stay without decay)."""
@@ -202,6 +205,7 @@ def test_optimizer_from_the_deepspeed_config_trains_the_same(byte_data, tmp_path
     )
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("stage", [1, 2])
 def test_one_reduction_per_step_on_one_rank_changes_nothing(byte_data, tmp_path, monkeypatch, stage):
     """On one rank the micro-batches run inside DeepSpeed's coalesce_grad_reduction (one gradient

@@ -66,6 +66,7 @@ def _checkpoint_state(path: Path):
     return found
 
 
+@pytest.mark.numerics
 def test_adapter_parameter_count_and_names():
     torch = pytest.importorskip("torch")
     from llmtools.model import LlamaForCausalLM, load_model_config
@@ -158,6 +159,7 @@ def _convert(python, cli_env, *args):
     )  # fmt: skip
 
 
+@pytest.mark.numerics
 def test_merged_export_gives_the_same_logits_in_transformers(lora_run, python, cli_env, tmp_path):
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -176,6 +178,7 @@ def test_merged_export_gives_the_same_logits_in_transformers(lora_run, python, c
     torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=0)
 
 
+@pytest.mark.numerics
 def test_adapter_only_export_loads_in_peft(lora_run, python, cli_env, tmp_path):
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -233,6 +236,7 @@ def test_bad_lora_config_names_the_key(lora, message):
     assert str(info.value).startswith("lora.yaml: ")
 
 
+@pytest.mark.numerics
 def test_zero3_packed_lora_resumes_exactly_and_exports(lora_run, tmp_path):
     """ZeRO-3 partitions the frozen base too: training, exact resume, and the merged export still hold."""
     torch = pytest.importorskip("torch")
@@ -270,6 +274,7 @@ def test_zero3_packed_lora_resumes_exactly_and_exports(lora_run, tmp_path):
         torch.testing.assert_close(hf.eval()(input_ids=ids).logits, ours, atol=1e-5, rtol=0)
 
 
+@pytest.mark.numerics
 def test_init_from_one_of_our_checkpoints_merges_the_adapters(lora_run):
     """model.init_from: a run folder (its newest checkpoint) works like a Hugging Face folder; LoRA merged."""
     torch = pytest.importorskip("torch")

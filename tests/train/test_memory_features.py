@@ -22,6 +22,7 @@ def _train(mix: str, run_dir: Path, stage: int, **overrides):
     return train(cfg, ds, RunOptions(run_dir=run_dir, quiet=True))
 
 
+@pytest.mark.numerics
 def test_activation_checkpointing_gives_the_same_losses(byte_data, tmp_path):
     plain = _train(byte_data["mix"], tmp_path / "plain", 0, training__train_steps=6)
     ckpt = _train(byte_data["mix"], tmp_path / "ckpt", 0, training__train_steps=6,

@@ -100,6 +100,7 @@ def test_loss_falls_on_one_rank(one_rank, run):
     assert got[12] < got[1] - 1.0, got
 
 
+@pytest.mark.numerics
 def test_zero_stages_agree_on_one_rank(one_rank):
     reference = losses(one_rank / "zero2")
     # fp32 MoE trainings, ZeRO stages/ranks reducing in another order: last-bit gradient differences; a router can flip a near-tie, which 1e-5 of a loss ~5 still holds over these steps
@@ -108,6 +109,7 @@ def test_zero_stages_agree_on_one_rank(one_rank):
     assert max_diff(losses(one_rank / "zero3"), reference) < 1e-5
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("run", ["zero2", "ep2-zero1", "ep2-zero2", "ep2-zero3"])
 def test_two_ranks_match_one_rank(one_rank, two_ranks, run):
     """2 ranks x 1 micro-batch (with and without expert parallelism 2, ZeRO-1/2/3) = 1 rank x 2."""
@@ -160,6 +162,7 @@ def _assert_same(x, y, where: str) -> None:
             _assert_same(u, v, f"{where}[{i}]")
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize(("run", "ep"), [("zero2", None), ("ep2-zero2", 1)])
 def test_world_size_change_continues_the_run(two_ranks, one_rank, tmp_path, run, ep):
     """A 2-rank checkpoint (with and without expert parallelism) resumed by 1 rank: the same curve."""
@@ -176,6 +179,7 @@ def _mix_of(run_dir: Path) -> str:
     return yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["mix"]
 
 
+@pytest.mark.numerics
 def test_expert_parallel_checkpoint_exports_to_transformers(two_ranks, one_rank, tmp_path):
     """An expert-parallel checkpoint (DeepSpeed's names, experts spread over files) converts to a folder in
     transformers' layout: equal to the 1-rank run's weights, and it generates."""

@@ -116,6 +116,7 @@ def bare_losses(cfg) -> list[float]:
 
 
 # -- the maths ----------------------------------------------------------------------------------------
+@pytest.mark.numerics
 def test_lion_is_the_papers_update():
     """Chen et al. 2023, Algorithm 2, written out: c = b1 m + (1-b1) g; p -= lr (sign(c) + wd p);
     m = b2 m + (1-b2) g."""
@@ -141,6 +142,7 @@ def test_lion_is_the_papers_update():
     assert torch.allclose(opt.state[ours]["exp_avg"], m, atol=1e-7)
 
 
+@pytest.mark.numerics
 def test_muon_is_torch_muon_on_matrices_and_adamw_elsewhere():
     """Bitwise torch.optim.Muon + torch.optim.AdamW; a stack of matrices (MoE experts) is one matrix each."""
     import torch
@@ -204,6 +206,7 @@ def bare(corpus_mix):
 
 
 # Lion is elementwise, so ZeRO-3 (each parameter partitioned on its own) runs it too; Muon is refused there.
+@pytest.mark.numerics
 @pytest.mark.parametrize(
     "optimizer, stage", [(name, stage) for name in ("lion", "muon") for stage in (0, 1, 2)] + [("lion", 3)]
 )
@@ -219,6 +222,7 @@ def test_losses_equal_a_bare_loop_and_fall(corpus_mix, bare, tmp_path, optimizer
     assert first > 5.0 and last5 < first - 1.5, (first, last5)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("optimizer, stage", [("lion", 1), ("lion", 3), ("muon", 2)])
 def test_resume_is_bitwise_exact(corpus_mix, tmp_path, optimizer, stage):
     import torch
@@ -277,6 +281,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.numerics
 def test_two_ranks_equal_one_with_twice_the_accumulation(byte_data, tmp_path, cli_env):
     """ZeRO partitions cut a matrix between the ranks (3 layers): Muon gathers it whole. Two ranks give the
     one-rank losses (same global batch: one micro-batch per rank instead of two on one rank)."""

@@ -276,6 +276,7 @@ def test_a_checkpoint_from_other_starting_weights_is_refused():
         task.load_state_dict({"reference_weights": "b" * 64})
 
 
+@pytest.mark.numerics
 def test_with_lora_the_reference_is_the_base_with_adapters_off(pref):
     torch = pytest.importorskip("torch")
     from llmtools.model import LlamaForCausalLM
@@ -309,6 +310,7 @@ def test_with_lora_the_reference_is_the_base_with_adapters_off(pref):
     assert all(m.adapter_enabled for m in model.modules() if hasattr(m, "adapter_enabled"))
 
 
+@pytest.mark.numerics
 def test_a_dpo_trained_checkpoint_exports_to_transformers(learned, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -362,6 +364,7 @@ def test_llm_train_runs_the_dpo_config_and_a_resume_reuses_its_reference(
     assert all(r["rewards/accuracies"] is not None for r in records(run_dir))
 
 
+@pytest.mark.numerics
 def test_two_ranks_share_one_reference_pass(pref, learned, cli_env, python, tmp_path):
     """ZeRO-3 over 2 processes: each rank computes half the pairs, every rank gets them all, in pair order."""
     import socket

@@ -191,6 +191,7 @@ def test_max_length_truncates_and_drops_as_trl_does(world):
             assert side[j]["loss_mask"].tolist() == collated["completion_mask"][row, :length].tolist()
 
 
+@pytest.mark.numerics
 def test_the_reference_pass_gives_trls_precomputed_log_probs(world):
     rows = world["trainer"].train_dataset
     trl = np.stack([np.asarray(rows["ref_chosen_logps"]), np.asarray(rows["ref_rejected_logps"])], axis=1)
@@ -212,6 +213,7 @@ def _dpo_task(prefix: str, **dpo):
     return make_task(from_dict(raw, "test-dpo.yaml"))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("loss,beta", [("sigmoid", 0.1), ("sigmoid", 0.5), ("ipo", 0.1), ("hinge", 0.3)])
 def test_loss_gradients_and_metrics_equal_trls(world, loss, beta):
     trainer, ours, hf = world["trainer"], world["ours"], world["hf"]
@@ -306,6 +308,7 @@ def test_losses_by_hand():
         _losses("ipo", beta, logps, ref)
 
 
+@pytest.mark.numerics
 def test_at_the_start_the_policy_is_its_reference():
     """With reference = policy, every reward is 0 and the DPO loss is log 2 (the first step's loss)."""
     from llmtools.train.tasks.dpo import preference_losses, preference_metrics

@@ -135,6 +135,7 @@ def _per_sample_losses(model, data, indices, packed: bool, seq: int) -> dict[tup
     return out
 
 
+@pytest.mark.numerics
 def test_packed_and_unpacked_per_sample_losses_are_equal(sft_data):
     torch = pytest.importorskip("torch")
     from llmtools.data.sft_dataset import SftDataset
@@ -185,6 +186,7 @@ def test_prompt_targets_do_not_move_the_loss(sft_data):
     assert torch.all(grad_rows[b["loss_mask"] == 0] == 0) and torch.all(grad_rows[b["loss_mask"] == 1] > 0)
 
 
+@pytest.mark.numerics
 def test_segment_mask_model_path_matches_plain_causal_for_one_segment():
     torch = pytest.importorskip("torch")
     from llmtools.model import LlamaForCausalLM, load_model_config
