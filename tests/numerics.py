@@ -32,10 +32,13 @@ def unit_roundoff(dtype="float32") -> float:
     return _EPS[name] / 2
 
 
-def sum_rel(n: int, dtype="float32") -> float:
-    """Relative error (of the sum of magnitudes) between two orders of summing ``n`` terms: each order
-    carries ~ sqrt(n) u of independent rounding, and two of them differ by at most their sum."""
-    return 2 * LAMBDA * math.sqrt(max(n, 1)) * unit_roundoff(dtype)
+def sum_rel(n: int, dtype="float32", pairwise: bool = False) -> float:
+    """Relative error (of the sum of magnitudes) between two orders of summing ``n`` terms. A term passes
+    through ~n additions in a running sum (a matmul's inner loop: ``sqrt(n) u`` of independent rounding)
+    or ~log2(n) in a cascade (ATen's sum, mean and loss reductions, ``pairwise=True``); two orders
+    differ by at most twice that."""
+    steps = math.log2(max(n, 2)) if pairwise else max(n, 1)
+    return 2 * LAMBDA * math.sqrt(steps) * unit_roundoff(dtype)
 
 
 def chain_rel(depth: int, width: int, dtype="float32") -> float:
@@ -51,10 +54,24 @@ def fp32_forward_atol(scale: float, depth: int, width: int) -> float:
     return scale * chain_rel(depth, width, "float32")
 
 
-def fp32_sum_atol(n: int, scale: float) -> float:
-    """Absolute tolerance on a sum of ``n`` fp32 terms whose magnitudes add up to ``scale`` (a gradient
-    reduced over ranks vs accumulated on one, a loss averaged over tokens), summed in two orders."""
-    return scale * sum_rel(n, "float32")
+def logits_atol(expected, config) -> float:
+    """fp32 logits of one decoder computed twice in another op order (ours against transformers', a
+    merged adapter against an unmerged one, a model before and after a checkpoint conversion): each
+    layer is ~8 dependent reductions (norm, q/k/v, scores, softmax, the attention sum, o_proj, the MLP's
+    two products), plus the final norm and the head, each over at most the widest of hidden size,
+    MLP width and sequence; relative to the largest logit. ``config`` is ours or transformers'."""
+    widths = [
+        getattr(config, k, 0) or 0 for k in ("hidden_size", "intermediate_size", "moe_intermediate_size")
+    ]
+    width = max(*widths, expected.shape[-2])
+    return fp32_forward_atol(float(expected.abs().max()), 8 * config.num_hidden_layers + 2, width)
+
+
+def mean_loss_atol(loss, tokens: int) -> float:
+    """A token-mean cross-entropy (terms of one sign) from two implementations: their logits' last-bit
+    differences are independent per token and average out; the mean itself, a cascade sum in ATen's
+    loss kernels, in another order carries ``sum_rel(tokens, pairwise=True)`` of the loss."""
+    return abs(float(loss)) * sum_rel(tokens, pairwise=True)
 
 
 def bf16_update_loss_atol(movement: float, matrix_elements: int, ns_steps: int) -> float:
