@@ -213,8 +213,8 @@ def test_init_from_a_mixtral_folder_gives_transformers_loss(tmp_path):
     model = ours(MIXTRAL, seed=99)
     load_hf_weights(model, tmp_path / "hf")
     hf_loss = hf(input_ids=batch, labels=batch).loss
-    # fp32 token-mean loss from two implementations: mean_loss_atol (tests/numerics.py)
     tol = mean_loss_atol(hf_loss, batch[:, 1:].numel())
+    # fp32 token-mean loss from two implementations: mean_loss_atol (tests/numerics.py)
     torch.testing.assert_close(model.loss(batch[:, :-1], batch[:, 1:]), hf_loss, atol=tol, rtol=0)
 
 
