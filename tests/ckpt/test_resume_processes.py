@@ -204,6 +204,7 @@ def test_kill9_at_any_point_then_resume_auto_is_bitwise_exact(tmp_path, ds_world
     recorded = _losses(run / "losses.txt") + sorted(final_losses.items())
     assert {step for step, _ in recorded} == set(range(1, steps + 1))
     for step, loss in recorded:
+        # bitwise: a restarted process repeats the killed one's steps on the same machine and kernels
         assert loss == reference_losses[step], f"step {step} (seed {seed})"
     assert all(torch.equal(final_weights[k], reference_weights[k]) for k in reference_weights)
 

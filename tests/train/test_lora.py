@@ -130,6 +130,7 @@ def test_resume_is_exact(lora_run, tmp_path):
         RunOptions(run_dir=run, resume="auto", quiet=True),
     )
     straight = lora_run["result"]
+    # bitwise: a resume repeats the interrupted run's steps on the same machine, kernels and batches
     assert resumed.losses == straight.losses[2:]
     _, a = _checkpoint_state(resumed.checkpoint)
     _, b = _checkpoint_state(straight.checkpoint)
@@ -263,6 +264,7 @@ def test_zero3_packed_lora_resumes_exactly_and_exports(lora_run, tmp_path):
         ds("zero3"),
         RunOptions(run_dir=tmp_path / "b", resume="auto", quiet=True),
     )
+    # bitwise: a resume repeats the interrupted run's steps on the same machine, kernels and batches
     assert resumed.losses == straight.losses[2:]
     section, state = _checkpoint_state(resumed.checkpoint)
     for name, tensor in load_hf_state_dict(base).items():

@@ -182,6 +182,7 @@ def test_muon_is_torch_muon_on_matrices_and_adamw_elsewhere():
                 opt.step()
                 opt.zero_grad()
     for a, b in zip(ours_model.parameters(), ref_model.parameters(), strict=True):
+        # bitwise: the same torch kernels on the same tensors in one process (our wrapper only calls them)
         assert torch.equal(a, b)
 
     stack = torch.nn.Parameter(torch.randn(3, 8, 5))
@@ -194,6 +195,7 @@ def test_muon_is_torch_muon_on_matrices_and_adamw_elsewhere():
         p.grad = grad[k].clone()
     ours.step()
     ref.step()
+    # bitwise: one matrix of the stack goes through the same kernels as the matrix alone
     assert all(torch.equal(stack.detach()[k], slices[k].detach()) for k in range(3))
 
 
@@ -236,6 +238,7 @@ def test_resume_is_bitwise_exact(corpus_mix, tmp_path, optimizer, stage):
     (run / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "full/checkpoints/step_00000004", run / "checkpoints/step_00000004")
     resumed = run_llm_train(cfg, stage, run, resume="auto")
+    # bitwise: a resume repeats the interrupted run's steps on the same machine, kernels and batches
     assert resumed.losses == full.losses[4:]
 
     def state(folder: Path):
