@@ -34,10 +34,10 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
-# Then the floating-point equivalences once more on scalar kernels: every x86-64 CPU's native ones differ.
+# Then the quick floating-point equivalences again on scalar kernels, which differ from every CPU's native ones.
 test: setup
 	$(PY) -m pytest tests
-	tests/kernel_levels.sh default -- tests -m "numerics and not slow"
+	tests/kernel_levels.sh --quick default
 
 test-kernels: setup
 	tests/kernel_levels.sh $(LEVELS)

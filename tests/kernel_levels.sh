@@ -4,6 +4,7 @@
 #
 #   tests/kernel_levels.sh                         # every level, the whole suite
 #   tests/kernel_levels.sh avx2 default -- -m numerics   # the named levels, the marked tests
+#   tests/kernel_levels.sh --quick default         # the quick equivalences only (what `make test` adds)
 #   tests/kernel_levels.sh --list                  # the levels and their settings
 #
 # A level caps the three libraries that choose kernels at run time: ATen's own vectorized kernels
@@ -23,14 +24,23 @@ ORDER=(native avx512 avx2 default)
 # What torch.backends.cpu.get_cpu_capability() reports when the level is in force.
 declare -A REPORTS=([avx512]=AVX512 [avx2]=AVX2 [default]=DEFAULT)
 
+# The marked tests that run in a few seconds each: logits, losses and gradients against transformers,
+# DPO against TRL, conversions, the optimizers' maths, and Muon's bf16 Newton-Schulz across two ranks.
+QUICK=(-m numerics tests/model tests/ckpt/test_convert.py tests/train/tasks/test_dpo_loss.py
+  tests/train/tasks/test_sft.py tests/train/test_optimizers.py::test_lion_is_the_papers_update
+  tests/train/test_optimizers.py::test_muon_is_torch_muon_on_matrices_and_adamw_elsewhere
+  tests/train/test_optimizers.py::test_two_ranks_equal_one_with_twice_the_accumulation)
+
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 
 levels=()
+quick=0
 while (($#)); do
   case $1 in
+    --quick) quick=1; shift ;;
     --list) for l in "${ORDER[@]}"; do printf '%-8s %s\n' "$l" "${LEVEL[$l]:-(nothing capped)}"; done; exit 0 ;;
     --) shift; break ;;
     *) [[ -v LEVEL[$1] ]] || { echo "kernel_levels.sh: unknown level '$1' (one of: ${ORDER[*]})" >&2; exit 2; }
@@ -39,6 +49,7 @@ while (($#)); do
 done
 ((${#levels[@]})) || levels=("${ORDER[@]}")
 args=("$@")
+((quick)) && args=("${QUICK[@]}" "${args[@]}")
 ((${#args[@]})) || args=(tests -p no:cacheprovider)
 
 status=0
