@@ -12,6 +12,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 CALLS = {"approx", "allclose", "assert_close", "isclose", "assert_allclose"}
+KEYWORDS = {"atol", "rtol", "abs_tol", "rel_tol", "tol", "tolerance"}
 # Statements that hold other statements: each inner one is checked on its own.
 BLOCKS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.While, ast.With, ast.Try)
 
@@ -42,7 +43,10 @@ def _is_tolerance(node: ast.AST) -> bool:
     if isinstance(node, ast.Call):
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-        return name in CALLS
+        return name in CALLS or any(k.arg in KEYWORDS and _small_number(k.value) for k in node.keywords)
+    if isinstance(node, ast.Assign):  # a bound kept in a variable: TOL = 1e-5
+        named = any("tol" in t.id.lower() for t in node.targets if isinstance(t, ast.Name))
+        return named and _small_number(node.value)
     if isinstance(node, ast.Compare):
         return any(isinstance(op, (ast.Lt, ast.LtE)) for op in node.ops) and any(
             _small_number(c) for c in node.comparators
@@ -81,5 +85,7 @@ def test_the_scan_sees_a_bare_tolerance(tmp_path):
     assert unexplained(bare, tmp_path) == ["bare.py:2", "bare.py:3"]
     bare.write_text("def f(a, b):\n    # fp32 sum of 4 terms in two orders\n    assert abs(a - b) < 1e-5\n")
     assert unexplained(bare, tmp_path) == []
+    bare.write_text("TOL = 1e-5\ndef f(a, b):\n    check(a, b, atol=1e-6)\n")
+    assert unexplained(bare, tmp_path) == ["bare.py:1", "bare.py:3"]
     bare.write_text("from tests.numerics import sum_rel\ndef f(a, b):\n    assert abs(a - b) < sum_rel(4)\n")
     assert unexplained(bare, tmp_path) == []
