@@ -7,8 +7,8 @@ Terms: ``u`` is the unit roundoff of a dtype (half its machine epsilon: 2^-24 fo
 Two correct implementations of one computation differ by rounding errors that behave as independent
 zero-mean draws (Higham & Mary, "A New Approach to Probabilistic Rounding Error Analysis", 2019): a sum
 or dot product of ``n`` terms carries ``lambda * sqrt(n) * u`` of the sum of the terms' magnitudes, with
-``lambda`` a confidence multiple (``LAMBDA`` = 4: a miss has probability ~ 1e-4 per compared value).
-The worst case, ``n * u``, is kept for the few places that need a guarantee rather than a likely bound.
+``lambda`` a confidence multiple (``LAMBDA`` = 4: a miss has probability < 7e-4 per compared value).
+The worst-case bound, ``n * u``, is not used: at these sizes it allows differences a real bug makes.
 
 A bitwise comparison (``atol=0``) belongs only where the code promises the same bits on every CPU: the
 same process repeating the same kernels (exact resume on one machine), a pure permutation or copy of
