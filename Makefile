@@ -14,12 +14,13 @@ export DS_ACCELERATOR ?= cpu
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test test-fast bench lint pretrain clean help
+.PHONY: setup test test-fast test-kernels bench lint pretrain clean help
 
 help:
 	@echo "make setup     create .venv and install llmtools with its test extras"
 	@echo "make pretrain  built-in corpus -> tokenizer -> json2bin -> mix -> train -> checkpoint -> logs (out/pretrain/)"
 	@echo "make test      run the test suite"
+	@echo "make test-kernels  run the suite once per CPU kernel level (docs/cpu-kernels.md; slow)"
 	@echo "make lint      ruff check and format check (installs ruff into .venv on first use)"
 	@echo "make bench     run the benchmarks in benchmarks/ (slow; quiet machine please)"
 
@@ -33,8 +34,13 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
+# Then the quick floating-point equivalences again on scalar kernels, which differ from every CPU's native ones.
 test: setup
 	$(PY) -m pytest tests
+	tests/kernel_levels.sh --quick default
+
+test-kernels: setup
+	tests/kernel_levels.sh $(LEVELS)
 
 bench: setup
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -89,6 +89,7 @@ def test_trainer_resume_auto_is_exact(byte_mix, uninterrupted, tmp_path):
     full_run, full = uninterrupted
     run = _resume_from_step6(uninterrupted, tmp_path)
     resumed = _train(byte_mix["mix"], run, resume="auto")
+    # bitwise: a resume repeats the interrupted run's steps on the same machine, kernels and batches
     assert resumed.losses == full.losses[6:]
     assert [r["consumed_samples"] for r in _records(run)] == [
         r["consumed_samples"] for r in _records(full_run)
@@ -124,6 +125,7 @@ def test_a_changed_data_section_naming_the_same_plan_continues_and_says_so(byte_
     full_run, full = uninterrupted
     run = _resume_from_step6(uninterrupted, tmp_path)
     resumed = _train(byte_mix["mix"], run, resume="auto", data__seed=99)
+    # bitwise: a resume repeats the interrupted run's steps on the same machine, kernels and batches
     assert resumed.losses == full.losses[6:]
     (event,) = [e for e in _records(run, "event") if e["event"] == "config_change"]
     assert (event["key"], event["old"], event["new"]) == ("data.seed", 1234, 99)
@@ -173,6 +175,7 @@ def test_sigterm_in_the_trainer_saves_and_resumes_exactly(byte_mix, uninterrupte
     assert _records(run, "event")[-1]["event"] == "stop"
     assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
     resumed = _train(byte_mix["mix"], run, resume="auto", checkpoint__save_every=0)
+    # bitwise: a resume repeats the interrupted run's steps on the same machine, kernels and batches
     assert stopped.losses + resumed.losses == full.losses
 
 
@@ -206,6 +209,7 @@ def test_trainer_exact_resume_other_stages(byte_mix, tmp_path, stage, precision)
         tmp_path / "full" / "checkpoints" / "step_00000003", run / "checkpoints" / "step_00000003"
     )
     resumed = _train(byte_mix["mix"], run, stage=stage, resume="auto", **steps)
+    # bitwise: a resume repeats the interrupted run's steps on the same machine, kernels and batches
     assert resumed.losses == full.losses[3:]
     a = _weights(tmp_path / "full" / "checkpoints" / "step_00000006")
     b = _weights(run / "checkpoints" / "step_00000006")
@@ -220,6 +224,7 @@ def test_background_saves_in_the_trainer_resume_exactly(byte_mix, uninterrupted,
     full_run, full = uninterrupted
     run = tmp_path / "run"
     result = _train(byte_mix["mix"], run, checkpoint__save_every=3, **{"checkpoint__async": True})
+    # bitwise: the background save only reads the weights; the same kernels run the same steps
     assert result.losses == full.losses  # saving in the background changes nothing in training
     events = [r for r in _records(run, "event") if r["event"] == "checkpoint"]
     assert [e["step"] for e in events] == [3, 6, 9, 12]
@@ -231,6 +236,7 @@ def test_background_saves_in_the_trainer_resume_exactly(byte_mix, uninterrupted,
     (resumed_run / "checkpoints").mkdir(parents=True)
     shutil.copytree(run / "checkpoints" / "step_00000006", resumed_run / "checkpoints" / "step_00000006")
     resumed = _train(byte_mix["mix"], resumed_run, resume="auto")
+    # bitwise: a resume repeats the interrupted run's steps on the same machine, kernels and batches
     assert resumed.losses == full.losses[6:]
     a, b = (
         _weights(full_run / "checkpoints" / "step_00000012"),

@@ -233,6 +233,7 @@ def test_mix_json_contents(sources, tmp_path):
         "realized_share",
     ):
         assert key in src
+    # shares computed in float64 from integer counts: default rel=1e-6 is far above their ulps
     assert src["normalized_weight"] == pytest.approx(0.7) and src["realized_share"] == pytest.approx(
         0.7, abs=1 / 500
     )

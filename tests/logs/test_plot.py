@@ -18,6 +18,7 @@ def panel_ink(png, rows: int = 2) -> list[float]:
 
     image = mpimg.imread(png)[..., :3]
     height, width = image.shape[:2]
+    # 0.9: an ink threshold on pixel values in [0, 1], not a tolerance
     ink = (image < 0.9).any(axis=2)
     shares = []
     for row in range(2):
@@ -71,6 +72,7 @@ def test_resume_supersedes_and_ema_starts_at_first_value():
     for step, loss in [(1, 5.0), (2, 4.0), (3, 3.0), (2, 3.5), (3, 3.2)]:
         curves.add(Record("train", step, None, {"loss": loss}), "steps", [None])
     assert list(curves.series["loss"][0]) == [1, 2, 3] and list(curves.series["loss"][1]) == [5.0, 3.5, 3.2]
+    # float64 arithmetic on both sides in another order: pytest's default rel=1e-6 is ~2^30 of its ulps
     assert ema([2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0])
 
 

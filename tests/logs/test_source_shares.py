@@ -58,8 +58,11 @@ def test_the_share_of_each_source_is_plotted_per_window(tmp_path):
     (run,) = runs
     assert run.sources() == ["wiki", "code", "stories"]
     shares = run.shares()
+    # shares are float64 ratios of sample counts: default rel=1e-6 is far above their ulps
     assert shares["wiki"][1][:3] == pytest.approx([0.7, 0.7, 0.7])
+    # shares are float64 ratios of sample counts: default rel=1e-6 is far above their ulps
     assert shares["code"][1][19] == pytest.approx(0.3) and shares["code"][1][20] == pytest.approx(0.0)
+    # shares are float64 ratios of sample counts: default rel=1e-6 is far above their ulps
     assert shares["stories"][1][-1] == pytest.approx(0.5) and shares["stories"][1][:20] == [0.0] * 20
     assert counts[0].by_kind["invalid"] == 0
     out = tmp_path / "curves.png"
@@ -107,4 +110,5 @@ def test_a_blend_of_many_shards_draws_the_largest_and_one_band_for_the_rest(tmp_
     other = runs[0].series["source_tokens/11 other sources"][1]
     assert list(other) == [sum((k + 1) * 10 * step for k in range(11)) for step in range(1, 11)]
     shares = runs[0].shares()
+    # shares are float64 ratios of sample counts: default rel=1e-6 is far above their ulps
     assert all(sum(s[1][i] for s in shares.values()) == pytest.approx(1.0) for i in range(10))

@@ -25,7 +25,9 @@ def test_metrics_summary():
     )
     assert d["tokens"] == 60 * 8 * 256
     assert d["spikes"] == 1 and d["spike_steps"] == [37]
+    # float64 arithmetic on both sides in another order: pytest's default rel=1e-6 is ~2^30 of its ulps
     assert d["eval_ppl"] == pytest.approx(math.exp(d["eval_loss"])) and d["eval_step"] == 60
+    # means of a few float64 values: default rel=1e-6 is ~2^30 of their ulps
     assert d["mean_mfu"] == pytest.approx(0.31) and d["mean_tokens_per_s"] == pytest.approx(4096 + 30.5)
     assert d["min_loss"] <= d["last_loss"] < d["first_loss"]
     assert d["gaps"] == [] and d["resumes"] == 0

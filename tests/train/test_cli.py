@@ -168,6 +168,7 @@ def test_two_processes_equal_one_with_twice_the_accumulation(byte_data, tmp_path
     assert resolved["world_size"] == 2 and resolved["grad_accumulation"] == 1
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(a) == len(b) == 6
+    # fp32 AdamW trainings, gradients reduced in another order: last-bit (2^-24) update differences, summed over a few steps on a loss ~5: ~1e-6; 1e-5 leaves 10x
     assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
     assert two.stdout.count("metrics.jsonl") == 1  # only rank 0 prints and writes
 

@@ -59,6 +59,7 @@ def test_set_overrides(cfg_file):
             "logging.tensorboard=true",
         ],
     )
+    # a YAML number parsed to float64: the default tolerance only allows its decimal rounding
     assert cfg.optimizer.lr == pytest.approx(1e-3)
     assert cfg.training.train_steps == 7
     assert cfg.model.overrides == {"hidden_size": 64}

@@ -95,6 +95,7 @@ def test_bits_per_byte_and_accuracy_equal_the_hand_computation(byte_data):
     # fp32 logits from batches of 2 windows here, 1 there: equal to fp32 rounding.
     assert record["eval_bpb"] == pytest.approx(nats / math.log(2) / text_bytes, rel=1e-6)
     assert record["eval_accuracy"] == hits / tokens
+    # an fp32 token mean vs a float64 sum: rel 1e-6 is ~8 fp32 ulps
     assert loss == pytest.approx(nats / tokens, rel=1e-6)
 
 
@@ -166,6 +167,7 @@ def test_a_run_records_accuracy_and_bits_per_byte(byte_data, tmp_path):
         assert r["eval_tokens"] == 2 * 4 * 64 and 0 < r["eval_bytes"] <= r["eval_tokens"]
         assert 0 <= r["eval_accuracy"] <= 1
         expected = r["eval_loss"] / math.log(2) * r["eval_tokens"] / r["eval_bytes"]
+        # both float64 from the same logged values: rel 1e-9 is far above float64's ulps, below any real change
         assert r["eval_bpb"] == pytest.approx(expected, rel=1e-9)
     from tests.train.test_fp16 import validate_against_schema
 

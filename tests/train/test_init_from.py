@@ -12,6 +12,7 @@ from tests.train.conftest import tiny_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.numerics
 def test_init_from_hf_folder_starts_at_the_same_loss(byte_data, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -41,6 +42,7 @@ def test_init_from_hf_folder_starts_at_the_same_loss(byte_data, tmp_path):
         load_ds_config(ROOT / "configs/deepspeed/zero1.json"),
         RunOptions(run_dir=tmp_path / "run", quiet=True),
     )
+    # the first fp32 loss of the same weights computed by another run's kernels and order: ~1e-6 of ~5; 1e-5 holds it
     assert result.losses[0] == pytest.approx(expected, abs=1e-5)
     # A fresh model would start near ln(320) = 5.77 from a different draw; this one starts where HF's is.
     assert result.losses[1] < result.losses[0]

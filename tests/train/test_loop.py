@@ -77,16 +77,20 @@ def test_loss_falls(runs, name):
     assert first > 5.0 and last5 < 3.5, (first, last5)
 
 
+@pytest.mark.numerics
 def test_fp32_stages_agree(runs):
     """ZeRO partitions the same maths: fp32 losses of every stage match stage 0 closely."""
     base = runs["zero0"][0].losses
     for name in ("zero1", "zero2", "zero3"):
         other = runs[name][0].losses
+        # fp32 trainings under ZeRO stages/bf16 master copies that reduce in another order; 50 steps on a loss ~5: 1e-4
         assert max(abs(a - b) for a, b in zip(base, other, strict=True)) < 1e-4, name
 
 
+@pytest.mark.numerics
 def test_bf16_tracks_fp32(runs):
     fp32, bf16 = runs["zero2"][0].losses, runs["zero2-bf16"][0].losses
+    # bf16 vs fp32 training: not equality, the same learning within 0.3 nats over the last 5 steps
     assert abs(sum(fp32[-5:]) - sum(bf16[-5:])) / 5 < 0.3
 
 
@@ -98,12 +102,15 @@ def test_metrics_records_follow_the_contract(runs):
         assert TRAIN_KEYS <= set(r)
         assert r["consumed_samples"] == 8 * r["step"] and r["consumed_tokens"] == 8 * 64 * r["step"]
         assert r["tokens_per_s"] > 0 and r["step_time_s"] > 0 and r["grad_norm"] > 0
+    # the metrics file's loss is the same float, through JSON: default rel=1e-6
     assert [r["loss"] for r in train] == pytest.approx(result.losses)
     # Linear warmup over 5 steps: the first update uses lr/5.
     assert train[0]["lr"] == pytest.approx(3e-3 / 5)
+    # a float logged from fp32 (or float64) maths recomputed here in float64: default rel=1e-6 is ~8 fp32 ulps
     assert train[4]["lr"] == pytest.approx(3e-3)
     evals = records(run_dir, "eval")
     assert [r["step"] for r in evals] == [25, 50]
+    # a float logged from fp32 (or float64) maths recomputed here in float64: default rel=1e-6 is ~8 fp32 ulps
     assert all(r["eval_ppl"] == pytest.approx(math.exp(r["eval_loss"])) for r in evals)
     assert evals[1]["eval_loss"] < evals[0]["eval_loss"]
     events = records(run_dir, "event")
@@ -149,6 +156,7 @@ def test_flops_accounting_in_records(runs):
     cfg = tiny_config("unused.json")
     fpt = flops_per_token(resolve_model_config(cfg), 64)
     for r in records(run_dir, "train"):
+        # a float logged from fp32 (or float64) maths recomputed here in float64: default rel=1e-6 is ~8 fp32 ulps
         assert r["tflops_per_device"] == pytest.approx(fpt * r["tokens_per_s"] / 1e12)
         assert r["mfu"] is None  # no known peak on CPU (LLMTOOLS_PEAK_TFLOPS sets one)
 
@@ -177,6 +185,7 @@ def test_param_groups_no_decay_on_norms():
     assert isinstance(decay["params"][0], torch.nn.Parameter)
 
 
+@pytest.mark.numerics
 def test_optimizer_from_the_deepspeed_config_trains_the_same(byte_data, tmp_path):
     """An HF-style DeepSpeed config whose optimizer section is "auto" gives the same run as llm-train's own
     AdamW (DeepSpeed builds torch's AdamW from it; norms and biases stay without decay)."""
@@ -188,6 +197,7 @@ def test_optimizer_from_the_deepspeed_config_trains_the_same(byte_data, tmp_path
     ours = train(cfg, ds, RunOptions(run_dir=tmp_path / "ours", quiet=True)).losses
     ds["optimizer"] = {"type": "AdamW", "params": {k: "auto" for k in ("lr", "betas", "eps", "weight_decay")}}
     theirs = train(cfg, ds, RunOptions(run_dir=tmp_path / "theirs", quiet=True)).losses
+    # fp32 AdamW trainings, gradients reduced in another order: last-bit (2^-24) update differences, summed over a few steps on a loss ~5: ~1e-6; 1e-6 holds it
     assert theirs == pytest.approx(ours, abs=1e-6)
     written = json.loads((tmp_path / "theirs" / "ds_config.json").read_text())
     assert (
@@ -195,6 +205,7 @@ def test_optimizer_from_the_deepspeed_config_trains_the_same(byte_data, tmp_path
     )
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("stage", [1, 2])
 def test_one_reduction_per_step_on_one_rank_changes_nothing(byte_data, tmp_path, monkeypatch, stage):
     """On one rank the micro-batches run inside DeepSpeed's coalesce_grad_reduction (one gradient
@@ -212,7 +223,9 @@ def test_one_reduction_per_step_on_one_rank_changes_nothing(byte_data, tmp_path,
         monkeypatch.setenv("LLMTOOLS_COALESCE", flag)
         runs[flag] = run_training(byte_data["mix"], tmp_path / flag, stage, training__train_steps=12)
     assert decisions == [True, False]
+    # the same fp32 maths with its collectives grouped differently: last-bit differences, 1e-6 of a loss ~5
     assert runs["1"].losses == pytest.approx(runs["0"].losses, abs=1e-6)
     coalesced, default = records(tmp_path / "1", "train"), records(tmp_path / "0", "train")
+    # a grad norm: fp32 sum of squares over ~1e5 elements in another bucket order: ~4 sqrt(1e5) 2^-24 ~ 8e-5 worst, far less in practice; rel 1e-5
     assert [r["grad_norm"] for r in coalesced] == pytest.approx([r["grad_norm"] for r in default], rel=1e-5)
     assert [r["lr"] for r in coalesced] == [r["lr"] for r in default]

@@ -260,6 +260,7 @@ def test_world_size_2_to_1_with_a_mix_change_keeps_the_guarantees(data, runs, tm
         (s["start"], s["end"], s["keys"], s["offsets"]) for s in want["stages"]
     ]
     losses = [r["loss"] for r in _records(run, "train")]
+    # fp32 trainings resumed through another data-loader path: last-bit differences grown over the steps, 2e-4 of a loss ~5
     assert losses == pytest.approx([r["loss"] for r in _records(runs["once"], "train")], abs=2e-4)
 
 

@@ -41,6 +41,7 @@ def test_router_loss_passes_arguments_and_keeps_each_forwards_aux_loss():
     assert torch.equal(logits, model(ids, segment_ids=segments))
     aux = router.take_aux()
     expected = model(ids, segment_ids=segments, output_router=True).aux_loss
+    # the same fp32 aux loss through the wrapper: default fp32 tolerance (~11 ulps)
     torch.testing.assert_close(aux, expected)
     assert aux.requires_grad and router.take_aux() is None  # taken once
     assert router.config is CONFIG  # anything else is the wrapped model's
@@ -60,11 +61,15 @@ def test_meter_record_reduces_a_window():
     counts = sum(out.router.counts for out in outs)
     for i, layer in enumerate(record["moe_layers"]):
         load = (counts[i] / counts[i].sum()).tolist()
+        # fp32 expert loads (counts / total) vs float64: 1e-6 is ~8 fp32 ulps of a share <= 1
         assert layer["layer"] == i and layer["load"] == pytest.approx(load, abs=1e-6)
         mean = 1 / 4
         cv = math.sqrt(sum((x - mean) ** 2 for x in load) / 4) / mean
+        # fp32 router statistics recomputed in float64: default rel=1e-6 is ~8 fp32 ulps
         assert layer["cv"] == pytest.approx(cv) and layer["max_load"] == pytest.approx(max(load) * 4)
+        # fp32 router statistics recomputed in float64: default rel=1e-6 is ~8 fp32 ulps
         assert layer["aux_loss"] == pytest.approx(float(sum(o.router.balance[i] for o in outs) / 3))
+    # fp32 router statistics recomputed in float64: default rel=1e-6 is ~8 fp32 ulps
     assert record["moe_aux_loss"] == pytest.approx(float(sum(o.router.load_balancing for o in outs) / 3))
     assert record["moe_load_cv_max"] == max(layer["cv"] for layer in record["moe_layers"])
     assert record["moe_dropped"] == 0.0

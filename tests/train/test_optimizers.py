@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from llmtools.errors import InputError
+from tests.numerics import bf16_update_loss_atol, movement
 from tests.train.conftest import tiny_config, write_byte_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,6 +116,7 @@ def bare_losses(cfg) -> list[float]:
 
 
 # -- the maths ----------------------------------------------------------------------------------------
+@pytest.mark.numerics
 def test_lion_is_the_papers_update():
     """Chen et al. 2023, Algorithm 2, written out: c = b1 m + (1-b1) g; p -= lr (sign(c) + wd p);
     m = b2 m + (1-b2) g."""
@@ -134,10 +136,13 @@ def test_lion_is_the_papers_update():
         c = b1 * m + (1 - b1) * grad
         ref = ref - lr * (torch.sign(c) + wd * ref)
         m = b2 * m + (1 - b2) * grad
+        # fp32 Lion: sign() is exact, lr*(sign + wd p) rounds once per step: 1e-6 over 5 steps of weights ~1
         assert torch.allclose(ours.detach(), ref, atol=1e-6, rtol=0)
+    # fp32 lerp vs b1*m + (1-b1)*g: one or two roundings of values ~1 per step: 1e-7 (allclose's rtol 1e-5 too)
     assert torch.allclose(opt.state[ours]["exp_avg"], m, atol=1e-7)
 
 
+@pytest.mark.numerics
 def test_muon_is_torch_muon_on_matrices_and_adamw_elsewhere():
     """Bitwise torch.optim.Muon + torch.optim.AdamW; a stack of matrices (MoE experts) is one matrix each."""
     import torch
@@ -177,6 +182,7 @@ def test_muon_is_torch_muon_on_matrices_and_adamw_elsewhere():
                 opt.step()
                 opt.zero_grad()
     for a, b in zip(ours_model.parameters(), ref_model.parameters(), strict=True):
+        # bitwise: the same torch kernels on the same tensors in one process (our wrapper only calls them)
         assert torch.equal(a, b)
 
     stack = torch.nn.Parameter(torch.randn(3, 8, 5))
@@ -189,6 +195,7 @@ def test_muon_is_torch_muon_on_matrices_and_adamw_elsewhere():
         p.grad = grad[k].clone()
     ours.step()
     ref.step()
+    # bitwise: one matrix of the stack goes through the same kernels as the matrix alone
     assert all(torch.equal(stack.detach()[k], slices[k].detach()) for k in range(3))
 
 
@@ -201,6 +208,7 @@ def bare(corpus_mix):
 
 
 # Lion is elementwise, so ZeRO-3 (each parameter partitioned on its own) runs it too; Muon is refused there.
+@pytest.mark.numerics
 @pytest.mark.parametrize(
     "optimizer, stage", [(name, stage) for name in ("lion", "muon") for stage in (0, 1, 2)] + [("lion", 3)]
 )
@@ -209,12 +217,14 @@ def test_losses_equal_a_bare_loop_and_fall(corpus_mix, bare, tmp_path, optimizer
     result = run_llm_train(cfg, stage, tmp_path / "run")
     reference = bare[optimizer]
     assert len(result.losses) == len(reference) == STEPS
+    # the same optimizer maths over ZeRO's flat buffers vs per tensor: fp32 last bits (bf16 Newton-Schulz sees the same inputs), 1e-6 of a loss ~5
     assert max(abs(a - b) for a, b in zip(result.losses, reference, strict=True)) < 1e-6
     first, last5 = result.losses[0], sum(result.losses[-5:]) / 5
     # ln(320) = 5.77 at the start; the sample corpus's patterns fall well below it within 20 steps.
     assert first > 5.0 and last5 < first - 1.5, (first, last5)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("optimizer, stage", [("lion", 1), ("lion", 3), ("muon", 2)])
 def test_resume_is_bitwise_exact(corpus_mix, tmp_path, optimizer, stage):
     import torch
@@ -228,6 +238,7 @@ def test_resume_is_bitwise_exact(corpus_mix, tmp_path, optimizer, stage):
     (run / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "full/checkpoints/step_00000004", run / "checkpoints/step_00000004")
     resumed = run_llm_train(cfg, stage, run, resume="auto")
+    # bitwise: a resume repeats the interrupted run's steps on the same machine, kernels and batches
     assert resumed.losses == full.losses[4:]
 
     def state(folder: Path):
@@ -273,6 +284,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.numerics
 def test_two_ranks_equal_one_with_twice_the_accumulation(byte_data, tmp_path, cli_env):
     """ZeRO partitions cut a matrix between the ranks (3 layers): Muon gathers it whole. Two ranks give the
     one-rank losses (same global batch: one micro-batch per rank instead of two on one rank)."""
@@ -300,7 +312,9 @@ def test_two_ranks_equal_one_with_twice_the_accumulation(byte_data, tmp_path, cl
         records = (tmp_path / "two" / name / "metrics.jsonl").read_text().splitlines()
         two = [r["loss"] for r in map(json.loads, records) if r["kind"] == "train"]
         assert len(two) == len(one.losses) == WORKER_STEPS
-        assert max(abs(a - b) for a, b in zip(one.losses, two, strict=True)) < 1e-5, name
+        # bf16 Newton-Schulz on gradients reduced in another order: its rounding, not fp32's, bounds this.
+        tol = bf16_update_loss_atol(movement(one.losses), starts[-1], cfg.optimizer.ns_steps)
+        assert max(abs(a - b) for a, b in zip(one.losses, two, strict=True)) < tol, name
         assert math.isfinite(two[-1]) and two[-1] < two[0]
 
 

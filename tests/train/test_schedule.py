@@ -18,12 +18,15 @@ def curve(kind: str, total: int = 100, **kw) -> list[float]:
 @pytest.mark.parametrize("kind", ["cosine", "linear", "constant", "wsd", "inverse_sqrt"])
 def test_linear_warmup_reaches_peak(kind):
     values = curve(kind)
+    # float64 arithmetic on both sides in another order: pytest's default rel=1e-6 is ~2^30 of its ulps
     assert values[:10] == pytest.approx([i / 10 for i in range(1, 11)])
+    # float64 arithmetic on both sides in another order: pytest's default rel=1e-6 is ~2^30 of its ulps
     assert max(values) == pytest.approx(1.0)
 
 
 def test_cosine_ends_at_floor_and_is_monotonic():
     values = curve("cosine", min_lr_ratio=0.1)
+    # float64 arithmetic on both sides in another order: pytest's default rel=1e-6 is ~2^30 of its ulps
     assert values[-1] == pytest.approx(0.1)
     assert all(a >= b for a, b in zip(values[9:], values[10:], strict=False))
     mid = lr_factor(55, ScheduleSection(kind="cosine", warmup_steps=10, min_lr_ratio=0.1), 100)
@@ -32,13 +35,17 @@ def test_cosine_ends_at_floor_and_is_monotonic():
 
 def test_linear_decay():
     s = ScheduleSection(kind="linear", warmup_steps=0, min_lr_ratio=0.0)
+    # float64 arithmetic on both sides in another order: pytest's default rel=1e-6 is ~2^30 of its ulps
     assert [lr_factor(t, s, 10) for t in (0, 5, 10)] == pytest.approx([1.0, 0.5, 0.0])
 
 
 def test_wsd_is_flat_then_decays():
     values = curve("wsd", decay_fraction=0.2, min_lr_ratio=0.0, decay_shape="linear")
+    # float64 arithmetic on both sides in another order: pytest's default rel=1e-6 is ~2^30 of its ulps
     assert values[10:80] == pytest.approx([1.0] * 70)
+    # float64 arithmetic on both sides in another order: pytest's default rel=1e-6 is ~2^30 of its ulps
     assert values[89] == pytest.approx(0.5)
+    # float64 arithmetic on both sides in another order: pytest's default rel=1e-6 is ~2^30 of its ulps
     assert values[-1] == pytest.approx(0.0)
     sqrt_shape = curve("wsd", decay_fraction=0.2, min_lr_ratio=0.0)  # default 1-sqrt
     assert sqrt_shape[89] == pytest.approx(1 - math.sqrt(0.5))
@@ -46,12 +53,15 @@ def test_wsd_is_flat_then_decays():
 
 def test_inverse_sqrt_is_continuous_after_warmup():
     s = ScheduleSection(kind="inverse_sqrt", warmup_steps=16)
+    # float64 arithmetic on both sides in another order: pytest's default rel=1e-6 is ~2^30 of its ulps
     assert lr_factor(16, s, 100) == pytest.approx(1.0)
+    # float64 arithmetic on both sides in another order: pytest's default rel=1e-6 is ~2^30 of its ulps
     assert lr_factor(64, s, 100) == pytest.approx(0.5)
 
 
 def test_past_total_steps_holds_the_floor():
     s = ScheduleSection(kind="cosine", warmup_steps=0, min_lr_ratio=0.2)
+    # float64 arithmetic on both sides in another order: pytest's default rel=1e-6 is ~2^30 of its ulps
     assert lr_factor(150, s, 100) == pytest.approx(0.2)
 
 
@@ -76,4 +86,5 @@ def test_lambda_lr_applies_step_one_rate_to_first_update():
         seen.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
+    # float64 arithmetic on both sides in another order: pytest's default rel=1e-6 is ~2^30 of its ulps
     assert seen == pytest.approx([2.0 * lr_factor(t, s, 20) for t in range(1, 7)])

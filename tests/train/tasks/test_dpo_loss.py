@@ -191,10 +191,12 @@ def test_max_length_truncates_and_drops_as_trl_does(world):
             assert side[j]["loss_mask"].tolist() == collated["completion_mask"][row, :length].tolist()
 
 
+@pytest.mark.numerics
 def test_the_reference_pass_gives_trls_precomputed_log_probs(world):
     rows = world["trainer"].train_dataset
     trl = np.stack([np.asarray(rows["ref_chosen_logps"]), np.asarray(rows["ref_rejected_logps"])], axis=1)
     assert world["reference"].shape == (len(PAIRS), 2)
+    # fp32 sums of <=64 token log-probs, ~5 each, in another order than TRL: ~4 sqrt(64) 2^-24 ~ 2e-6 relative at worst; rtol 1e-6 holds (same kernels sum them)
     np.testing.assert_allclose(world["reference"], trl, rtol=1e-6, atol=0)
 
 
@@ -211,6 +213,7 @@ def _dpo_task(prefix: str, **dpo):
     return make_task(from_dict(raw, "test-dpo.yaml"))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("loss,beta", [("sigmoid", 0.1), ("sigmoid", 0.5), ("ipo", 0.1), ("hinge", 0.3)])
 def test_loss_gradients_and_metrics_equal_trls(world, loss, beta):
     trainer, ours, hf = world["trainer"], world["ours"], world["hf"]
@@ -240,17 +243,20 @@ def test_loss_gradients_and_metrics_equal_trls(world, loss, beta):
     out.loss.backward()
 
     assert float(out.loss.detach()) > 0
+    # fp32 DPO loss ~0.7 from the log-prob sums above: rtol 1e-5 of it, ~100 ulps
     torch.testing.assert_close(out.loss, trl_loss.detach(), rtol=1e-5, atol=1e-6)
     hf_params = dict(hf.named_parameters())
     for name, param in ours.named_parameters():
         want = hf_params[name].grad
         error = float((param.grad - want).abs().max() / want.abs().max())
+        # fp32 gradients through log-softmax and the sums above: 1e-4 of the largest entry (~1000 ulps)
         assert error < 1e-4, f"{name}: gradient differs by {error:.2e} of its largest entry"
     assert task.metric_names == (
         "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected"
     )  # fmt: skip
     assert 0 < float(out.metrics["rewards/accuracies"]) < 1  # a batch where the reward picks some pairs right
     for name in task.metric_names:
+        # fp32 metrics as TRL computes them, in another order: rel 1e-5 (~100 ulps)
         assert math.isclose(
             float(out.metrics[name]), trainer._metrics["train"][name][-1], rel_tol=1e-5, abs_tol=1e-6
         ), name
@@ -283,6 +289,7 @@ def test_losses_by_hand():
     assert _losses("sigmoid", beta, logps, ref) == pytest.approx([-math.log(sig(0.6)), -math.log(sig(0.1))])
     # conservative DPO (Mitchell 2023): -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)
     eps = 0.1
+    # float64 closed forms vs fp32 losses of O(1): default rel=1e-6 is ~8 fp32 ulps
     assert _losses("sigmoid", beta, logps, ref, label_smoothing=eps) == pytest.approx(
         [
             -(1 - eps) * math.log(sig(0.6)) - eps * math.log(sig(-0.6)),
@@ -291,6 +298,7 @@ def test_losses_by_hand():
     )
     # SLiC hinge: max(0, 1 - beta h)
     assert _losses("hinge", beta, logps, ref) == pytest.approx([0.4, 0.9])
+    # float64 closed forms vs fp32 losses of O(1): default rel=1e-6 is ~8 fp32 ulps
     assert _losses("hinge", 0.5, logps, ref) == pytest.approx([0.0, 0.75])
     # IPO (Azar et al. 2023, eq. 17) on per-token averages: (h' - 1 / (2 beta))^2
     tokens = ([2.0, 4.0], [4.0, 1.0])
@@ -300,13 +308,16 @@ def test_losses_by_hand():
         _losses("ipo", beta, logps, ref)
 
 
+@pytest.mark.numerics
 def test_at_the_start_the_policy_is_its_reference():
     """With reference = policy, every reward is 0 and the DPO loss is log 2 (the first step's loss)."""
     from llmtools.train.tasks.dpo import preference_losses, preference_metrics
 
     logps = torch.tensor([-3.0, -7.5, -1.25])
     losses = preference_losses(logps, logps - 1, logps, logps - 1, beta=0.1)
+    # fp32 log(2) from logsigmoid(0): allclose's defaults (rtol 1e-5) are ~100 ulps
     assert torch.allclose(losses, torch.full((3,), math.log(2)))
     metrics = preference_metrics(logps, logps - 1, logps, logps - 1, beta=0.1)
     assert float(metrics["rewards/margins"]) == 0 and float(metrics["rewards/accuracies"]) == 0
+    # an fp32 mean of three log-probs vs its float64 value: default rel=1e-6 is ~8 fp32 ulps
     assert float(metrics["logps/chosen"]) == pytest.approx(-3.9166667)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.numerics import logits_atol
 from tests.train.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -135,6 +136,7 @@ def _per_sample_losses(model, data, indices, packed: bool, seq: int) -> dict[tup
     return out
 
 
+@pytest.mark.numerics
 def test_packed_and_unpacked_per_sample_losses_are_equal(sft_data):
     torch = pytest.importorskip("torch")
     from llmtools.data.sft_dataset import SftDataset
@@ -156,6 +158,7 @@ def test_packed_and_unpacked_per_sample_losses_are_equal(sft_data):
         return want[tokens] if tokens in want else want[tokens[:-1]]
 
     for tokens, loss in got.items():
+        # fp32 trainings whose batches are packed in another order: sums of different lengths move the loss by last bits, grown over the steps: 2e-4 of a loss ~5
         assert loss == pytest.approx(same(tokens), abs=2e-4)
     # Control: the same packed rows without the segment mask see their neighbours, and the losses move.
     leaked = _per_sample_losses(model, packed, rows, packed=False, seq=PACK)
@@ -184,6 +187,7 @@ def test_prompt_targets_do_not_move_the_loss(sft_data):
     assert torch.all(grad_rows[b["loss_mask"] == 0] == 0) and torch.all(grad_rows[b["loss_mask"] == 1] > 0)
 
 
+@pytest.mark.numerics
 def test_segment_mask_model_path_matches_plain_causal_for_one_segment():
     torch = pytest.importorskip("torch")
     from llmtools.model import LlamaForCausalLM, load_model_config
@@ -194,7 +198,8 @@ def test_segment_mask_model_path_matches_plain_causal_for_one_segment():
     with torch.no_grad():
         plain = model(ids)
         masked = model(ids, position_ids=torch.arange(17).expand(2, 17), segment_ids=torch.ones(2, 17).long())
-    torch.testing.assert_close(masked, plain, atol=1e-5, rtol=0)
+    # fp32 decoder twice, the segment-masked attention path against the causal one: logits_atol (tests/numerics.py)
+    torch.testing.assert_close(masked, plain, atol=logits_atol(plain, model.config), rtol=0)
 
 
 def test_bad_task_and_sft_data_are_refused(sft_data, tmp_path):
