@@ -98,6 +98,7 @@ def test_scores_match_a_separate_computation(tmp_path):
     tokens = sum(len(tok.encode(t)) - 1 for t in texts)
     # float32 logits (batched, padded) against float64 one sequence at a time: ~1e-6 relative per token
     assert got["ppl/loss"] == pytest.approx(nats / tokens, rel=1e-5)
+    # the same nats over a byte count: the same relative bound
     assert got["ppl/bpb"] == pytest.approx(nats / math.log(2) / sum(len(t.encode()) for t in texts), rel=1e-5)
 
 
