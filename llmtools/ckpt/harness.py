@@ -68,27 +68,14 @@ def task_yaml(task: TaskFile) -> dict[str, Any]:
 
 def make_lm(model, tokenizer, max_length: int, batch: int):
     """Our model (a transformers causal LM) and our tokenizer as an lm-eval ``LM``."""
-    import torch
-    import torch.nn.functional as F
     from lm_eval.api.model import LM
+
+    from llmtools.model.scoring import score_continuations
 
     class LlmtoolsLM(LM):
         def _score(self, sequences: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
-            out = []
-            for i in range(0, len(sequences), batch):
-                chunk = sequences[i : i + batch]
-                width = max(len(ids) for ids, _ in chunk) - 1
-                inputs = torch.zeros((len(chunk), width), dtype=torch.long)
-                for row, (ids, _) in enumerate(chunk):
-                    inputs[row, : len(ids) - 1] = torch.as_tensor(ids[:-1])
-                with torch.no_grad():
-                    logprobs = F.log_softmax(model(inputs).logits.float(), dim=-1)
-                for row, (ids, start) in enumerate(chunk):
-                    targets = torch.as_tensor(ids[start:])
-                    part = logprobs[row, start - 1 : len(ids) - 1]
-                    greedy = bool((part.argmax(-1) == targets).all())
-                    out.append((float(part.gather(-1, targets[:, None]).sum()), greedy))
-            return out
+            scored = score_continuations(lambda ids: model(ids).logits, sequences, model.device, batch)
+            return [(total, greedy) for total, _, greedy in scored]
 
         def _pair(self, context: str, continuation: str) -> tuple[list[int], int]:
             spaces = len(context) - len(context.rstrip())

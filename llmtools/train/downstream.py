@@ -85,23 +85,9 @@ def _loglikelihoods(
     model, sequences: list[tuple[list[int], int]], device, batch: int
 ) -> list[tuple[float, int]]:
     """(sum of log-probabilities, token count) of each sequence's tokens from its start index on."""
-    import torch
-    import torch.nn.functional as F
+    from llmtools.model.scoring import score_continuations
 
-    out = []
-    for i in range(0, len(sequences), batch):
-        chunk = sequences[i : i + batch]
-        width = max(len(ids) for ids, _ in chunk) - 1
-        inputs = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, (ids, _) in enumerate(chunk):
-            inputs[row, : len(ids) - 1] = torch.as_tensor(ids[:-1])
-        logits = model(inputs.to(device)).float()
-        logprobs = F.log_softmax(logits, dim=-1)
-        for row, (ids, start) in enumerate(chunk):
-            targets = torch.as_tensor(ids[start:], device=device)
-            picked = logprobs[row, start - 1 : len(ids) - 1].gather(-1, targets[:, None])
-            out.append((float(picked.sum()), len(targets)))
-    return out
+    return [(total, count) for total, count, _ in score_continuations(model, sequences, device, batch)]
 
 
 def evaluate_tasks(model, tasks: list[Task], device, rank: int, world: int, batch: int) -> dict[str, float]:
