@@ -94,6 +94,9 @@ def _gather_zero3(checkpoint: Path) -> dict:
     import contextlib
     import sys
 
+    from llmtools.thirdparty import import_deepspeed
+
+    import_deepspeed()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     with contextlib.redirect_stdout(sys.stderr):

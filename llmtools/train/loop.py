@@ -240,6 +240,9 @@ def _quiet_deepspeed() -> None:
 
     level = logging.INFO if os.environ.get("LLMTOOLS_DEBUG") else logging.WARNING
     try:
+        from llmtools.thirdparty import import_deepspeed
+
+        import_deepspeed()
         from deepspeed.utils import logger
 
         logger.setLevel(level)
