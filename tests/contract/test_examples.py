@@ -119,7 +119,7 @@ def free_port() -> int:
 # The first preference example trains for real, briefly: the next ones reuse its reference and read its metrics.
 DPO_FOR_REAL = (
     " --set training.micro_batch_size=2 --set training.global_batch_size=2 --set training.train_steps=2"
-    " --set logging.log_every=1 --set checkpoint.save_every=0"
+    " --set logging.log_every=1 --set checkpoint.save_every=0 --set schedule.warmup_steps=0"
 )
 
 
