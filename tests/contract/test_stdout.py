@@ -6,6 +6,7 @@ banner and its logs go to stderr)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -91,5 +92,20 @@ def test_a_real_training_prints_its_result_alone(world, tmp_path, nproc):
     else:
         argv = [BIN / "torchrun", "--nproc_per_node", "2", "--master_port", str(_free_port()),
                 "-m", "llmtools.cli.train", *train]  # fmt: skip
-    result = _json(run_cli(argv, tmp_path, timeout=600, env=_user_env()))
+    proc = run_cli(argv, tmp_path, timeout=600, env=_user_env())
+    result = _json(proc)
     assert result["steps"] == 3 and result["checkpoint"].endswith("step_00000003")
+    # the progress lines (stderr) carry the time so far and the time left
+    assert re.search(r"step +3/3 \|.* \| elapsed \d+:\d\d eta 0:00", proc.stderr.decode()), (
+        proc.stderr.decode()
+    )
+
+
+def test_hashing_reports_rate_and_time_left_off_a_terminal(world, tmp_path):
+    """Off a terminal, long work prints a plain progress line every LLMTOOLS_PROGRESS_INTERVAL seconds (0
+    here: every chunk), with the rate and the time left; stdout keeps the result alone."""
+    proc = run_cli(["llm-ckpt", "verify", world.checkpoint, "--json"], tmp_path,
+                   env=contract_env(LLMTOOLS_PROGRESS_INTERVAL="0"))  # fmt: skip
+    _json(proc)
+    lines = [line for line in proc.stderr.decode().splitlines() if line.startswith("sha256 step_00000002")]
+    assert lines and re.search(r"\[\d\d:\d\d<\d\d:\d\d, .*B/s\]", lines[-1]), proc.stderr.decode()
