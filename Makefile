@@ -36,8 +36,9 @@ $(STAMP): pyproject.toml
 
 # make test: the whole suite across the cores (pytest-xdist), then the tests that must run alone (marked
 # serial in tests/conftest.py, which says why); a time limit per test, so a hang fails by name instead of
-# stalling CI (the longest test, the README examples with their shared set-up, takes ~8 min on 2 busy
-# cores); the 25 slowest tests listed at the end.
+# stalling CI (25 min: the longest, the first README example, carries the set-up all examples share);
+# the 25 slowest tests listed at the end. --dist loadfile: a file's tests share a worker, so a
+# module's set-up (the README examples' folder, the installed wheel) is built once.
 # make test-fast: the unit tests and one real process of every command (tests/cli/test_smoke.py).
 JOBS ?= auto
 PYTEST := $(PY) -m pytest --timeout=1500 --durations=25
@@ -47,11 +48,11 @@ FAST := tests/test_layering.py tests/test_comments.py tests/test_fsutil.py tests
 	tests/prep/test_chat_template.py tests/cli/test_smoke.py
 
 test: setup
-	$(PYTEST) -n $(JOBS) -m "not serial" tests
+	$(PYTEST) -n $(JOBS) --dist loadfile -m "not serial" tests
 	$(PYTEST) -m serial tests
 
 test-fast: setup
-	$(PYTEST) -n $(JOBS) -m "not serial and not slow" $(FAST)
+	$(PYTEST) -n $(JOBS) --dist loadfile -m "not serial and not slow" $(FAST)
 
 bench: setup
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
