@@ -47,7 +47,8 @@ def _build(tmp: Path) -> tuple[Path, Path]:
     name = _run([sys.executable, "-c", build, "build_sdist", str(dist)], cwd=source).stdout.split()[-1]
     sdist = dist / name
     with tarfile.open(sdist) as tar:
-        tar.extractall(tmp / "unpacked", filter="data")
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python >= 3.10.12 / 3.11.4
+        tar.extractall(tmp / "unpacked", **safe)
     (unpacked,) = (tmp / "unpacked").iterdir()
     wheel = _run([sys.executable, "-c", build, "build_wheel", str(dist)], cwd=unpacked).stdout.split()[-1]
     return sdist, dist / wheel
