@@ -92,6 +92,7 @@ CLEAN_BEFORE = {
     "llm-mix 'shards": ["out/mix.json"],
     "llm-mix data/web data/code data/hq": ["mix.json"],
     "llm-log plot runA": ["curves.png"],
+    "llm-log plot run/metrics.jsonl": ["curves.png"],
     "llm-prep hf2bin 'pq": [
         "data/web_text_document.bin",
         "data/web_text_document.idx",
