@@ -19,7 +19,8 @@ export TOKENIZERS_PARALLELISM ?= false
 help:
 	@echo "make setup     create .venv and install llmtools with its test extras"
 	@echo "make pretrain  built-in corpus -> tokenizer -> json2bin -> mix -> train -> checkpoint -> logs (out/pretrain/)"
-	@echo "make test      run the test suite"
+	@echo "make test      run the test suite (in parallel across the cores)"
+	@echo "make test-fast the unit tests and one real process of every command (a few minutes)"
 	@echo "make test-kernels  run the suite once per CPU kernel level (docs/cpu-kernels.md; slow)"
 	@echo "make lint      ruff check and format check (installs ruff into .venv on first use)"
 	@echo "make bench     run the benchmarks in benchmarks/ (slow; quiet machine please)"
@@ -34,13 +35,30 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
-# Then the quick floating-point equivalences again on scalar kernels, which differ from every CPU's native ones.
+# make test: the whole suite across the cores (pytest-xdist), then the tests that must run alone (marked
+# serial in tests/conftest.py, which says why); a time limit per test, so a hang fails by name instead of
+# stalling CI (25 min: the longest, the first README example, carries the set-up all examples share);
+# the 25 slowest tests listed at the end. --dist loadfile: a file's tests share a worker, so a
+# module's set-up (the README examples' folder, the installed wheel) is built once.
+# make test-fast: the unit tests and one real process of every command (tests/cli/test_smoke.py).
+JOBS ?= auto
+PYTEST := $(PY) -m pytest --timeout=1500 --durations=25
+FAST := tests/test_layering.py tests/test_comments.py tests/test_fsutil.py tests/formats tests/model \
+	tests/tokenize tests/logs tests/data tests/train/test_config.py tests/train/test_config_traps.py \
+	tests/train/test_schedule.py tests/train/test_deepspeed_config.py tests/prep/test_jsonl.py \
+	tests/prep/test_chat_template.py tests/cli/test_smoke.py
+
+# Last, the quick floating-point equivalences again on scalar kernels, which differ from every CPU's native ones.
 test: setup
-	$(PY) -m pytest tests
+	$(PYTEST) -n $(JOBS) --dist loadfile -m "not serial" tests
+	$(PYTEST) -m serial tests
 	tests/kernel_levels.sh --quick default
 
 test-kernels: setup
 	tests/kernel_levels.sh $(LEVELS)
+
+test-fast: setup
+	$(PYTEST) -n $(JOBS) --dist loadfile -m "not serial and not slow" $(FAST)
 
 bench: setup
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

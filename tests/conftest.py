@@ -17,6 +17,18 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# Tests that must not share the cores with other test workers (make test runs them in a second, serial
+# invocation): the multi-host tests start several torchrun agents in network namespaces each, and the signal
+# tests run their own pool of processes and time their signals.
+SERIAL = ("tests/multihost/", "tests/contract/test_signals.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if Path(str(item.fspath)).resolve().relative_to(REPO).as_posix().startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
+
+
 def shared(relative: str) -> Path:
     """A path under ../shared/data, or skip the test with a clear reason when it is absent."""
     path = SHARED_DATA / relative

@@ -382,7 +382,9 @@ def import_hf(hf_dir: str | Path, output: str | Path, force: bool = False) -> Pa
 
 
 def _import_hf(hf_dir: Path, output: Path, force: bool) -> Path:
-    import deepspeed
+    from llmtools.thirdparty import import_deepspeed
+
+    deepspeed = import_deepspeed()
     import torch
 
     from llmtools.ckpt.verify import file_manifest

@@ -94,12 +94,30 @@ def _gather_zero3(checkpoint: Path) -> dict:
     import contextlib
     import sys
 
+    from llmtools.thirdparty import import_deepspeed
+
+    import_deepspeed()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     from llmtools.ckpt import safeload
 
     with contextlib.redirect_stdout(sys.stderr), safeload.routed_torch_load():
         return dict(get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.parent), tag=checkpoint.name))
+
+
+def trained_from(checkpoint: Path) -> str | None:
+    """The run's ``model.init_from`` (recorded in meta.json), the base peft loads the adapter onto: an
+    absolute path when it is a folder here (peft resolves a relative one against the loader's folder)."""
+    from llmtools.ckpt import layout
+
+    try:
+        meta = json.loads((Path(checkpoint) / layout.META).read_text(encoding="utf-8"))
+        init_from = meta["config"]["model"]["init_from"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(init_from, str):
+        return None
+    return str(Path(init_from).resolve()) if Path(init_from).is_dir() else init_from
 
 
 def write_adapter(checkpoint: Path, output: Path, force: bool = False, base_model: str | None = None) -> Path:
@@ -112,6 +130,8 @@ def write_adapter(checkpoint: Path, output: Path, force: bool = False, base_mode
     if found is None:
         raise UsageError(f"--adapter-only: {checkpoint} was not trained with lora (no adapter to write)")
     section, state = found
+    if base_model is None:
+        base_model = trained_from(checkpoint)
     adapter = {k: v.float().clone() for k, v in peft_adapter_state(state).items()}
     with atomic_dir(Path(output), force=force) as tmp:
         save_file(adapter, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})

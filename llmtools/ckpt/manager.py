@@ -78,7 +78,9 @@ def _same_folder(a: Path, b: Path) -> bool:
 def _load_weights_only(engine, model_states: Path) -> None:
     """Copy a full state dict into the engine's (possibly ZeRO-3-partitioned) parameters, then refresh
     the optimizer's fp32 master copy from them (every ZeRO optimizer keeps one of its own)."""
-    import deepspeed
+    from llmtools.thirdparty import import_deepspeed
+
+    deepspeed = import_deepspeed()
     import torch
 
     blob = safeload.load(model_states, mmap=True)
@@ -119,7 +121,9 @@ class _Pending:
 
 def _meta_fields(engine, step: int, final: Path, client_state: dict[str, Any]) -> dict[str, Any]:
     """meta.json as known when the save starts (the files and the duration are added at commit)."""
-    import deepspeed
+    from llmtools.thirdparty import import_deepspeed
+
+    deepspeed = import_deepspeed()
     import torch
 
     world = dist.world_size()

@@ -132,7 +132,9 @@ def load(path: str | os.PathLike, *, map_location: Any = "cpu", mmap: bool = Fal
             check_file(path)  # names the first global outside the table, if that is what torch refused
             if "deepspeed" in sys.modules or not any(m.startswith("deepspeed") for m, _ in globals_in(path)):
                 raise
-            import deepspeed  # noqa: F401 - the file holds DeepSpeed's (allowed) classes: name them, retry
+            from llmtools.thirdparty import import_deepspeed
+
+            import_deepspeed()  # the file holds DeepSpeed's (allowed) classes: name them, retry
 
             return _torch_load(path, map_location, mmap)
     except pickle.UnpicklingError as error:

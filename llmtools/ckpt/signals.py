@@ -106,26 +106,14 @@ class StopRequested:
 
     def resume_hint(self, command: str, checkpoint: str | None = None) -> str:
         saved = f"saved {checkpoint}; " if checkpoint else ""
-        return f"stopped by {self.signal_name}: {saved}resume with: {command} --resume auto"
+        if "--resume auto" not in command:  # a bare command line: the continuation resumes
+            command = f"{command} --resume auto"
+        return f"stopped by {self.signal_name}: {saved}resume with: {command}"
 
 
 def resume_command(argv: list[str] | None = None) -> str:
-    """The command line that continues this run: the same one, without --resume/--force/--reset-data,
-    plus ``--resume auto`` (added by :meth:`StopRequested.resume_hint`)."""
-    import os
-    import shlex
+    """The command line that continues this run as it was launched (torchrun, the deepspeed launcher,
+    Slurm or the plain command), ``--resume auto`` included (:mod:`llmtools.ckpt.launch`)."""
+    from llmtools.ckpt.launch import resume_command as launched
 
-    argv = list(sys.argv if argv is None else argv)
-    out: list[str] = []
-    skip = False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if arg in ("--resume",):
-            skip = True
-            continue
-        if arg.startswith("--resume=") or arg in ("--force", "--reset-data"):
-            continue
-        out.append(os.path.basename(arg) if i == 0 else arg)
-    return shlex.join(out)
+    return launched(argv=argv)

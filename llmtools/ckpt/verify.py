@@ -26,11 +26,13 @@ _CHUNK = 1 << 22
 REQUIRED_KEYS = ("format", "version", "step", "complete", "files", "world_size", "zero_stage", "precision")
 
 
-def sha256_file(path: str | Path) -> str:
+def sha256_file(path: str | Path, progress=None) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
+            if progress is not None:
+                progress.update(len(chunk))
     return digest.hexdigest()
 
 
@@ -245,17 +247,21 @@ def verify(
         report.problems.append(f"{path / name}: present but not listed in meta.json (added or renamed?)")
     if report.problems:
         return report
-    for name, file in listed.items():
-        entry = files[name]
-        if not file.is_file():
-            report.problems.append(f"{file}: missing")
-            continue
-        size = file.stat().st_size
-        if size != entry["size"]:
-            report.problems.append(f"{file}: size {size}, meta.json says {entry['size']} (truncated?)")
-            continue
-        if checksums and sha256_file(file) != entry["sha256"]:
-            report.problems.append(f"{file}: sha256 differs from meta.json (corrupt)")
+    from llmtools.progress import Progress
+
+    total = sum(f.stat().st_size for f in listed.values() if f.is_file()) if checksums else 0
+    with Progress(total, f"sha256 {path.name}", unit="B", enabled=checksums) as bar:
+        for name, file in listed.items():
+            entry = files[name]
+            if not file.is_file():
+                report.problems.append(f"{file}: missing")
+                continue
+            size = file.stat().st_size
+            if size != entry["size"]:
+                report.problems.append(f"{file}: size {size}, meta.json says {entry['size']} (truncated?)")
+                continue
+            if checksums and sha256_file(file, bar) != entry["sha256"]:
+                report.problems.append(f"{file}: sha256 differs from meta.json (corrupt)")
     if report.problems:
         return report
     model_states = layout.model_states_file(path)

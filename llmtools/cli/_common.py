@@ -26,7 +26,7 @@ def new_app(name: str, help: str, *, single_command: bool = False) -> typer.Type
     return typer.Typer(
         name=name,
         help=help,
-        add_completion=False,
+        add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
         no_args_is_help=True,
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
@@ -52,7 +52,7 @@ def run(app: typer.Typer, prog: str) -> None:
     previous = interrupt.install()
     code = 0
     try:
-        result = app(prog_name=prog, standalone_mode=False)
+        result = _with_version(app, prog)(prog_name=prog, standalone_mode=False)
         code = result if isinstance(result, int) and not isinstance(result, bool) else 0
     except (Interrupted, KeyboardInterrupt) as stop:
         code = _interrupted(prog, stop)
@@ -84,6 +84,26 @@ def run(app: typer.Typer, prog: str) -> None:
         remove_temporaries()
         interrupt.restore(previous)
     sys.exit(code)
+
+
+def _with_version(app: typer.Typer, prog: str):
+    """The app's click command with ``--version`` (the installed distribution's version) added."""
+
+    def show(context, _param, value: bool) -> None:
+        if value and not context.resilient_parsing:
+            from llmtools import __version__
+
+            emit(f"{prog} {__version__}")
+            context.exit(0)
+
+    command = typer.main.get_command(app)
+    command.params.append(
+        typer.core.TyperOption(
+            param_decls=["--version"], type=bool, default=False, is_flag=True, expose_value=False, is_eager=True, callback=show,
+            help="Show the version and exit.",
+        )
+    )  # fmt: skip
+    return command
 
 
 def _interrupted(prog: str, stop: BaseException) -> int:

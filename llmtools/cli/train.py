@@ -74,7 +74,10 @@ def train(
         ..., help="Train config (YAML; see configs/train/ and schemas/train-config.schema.json)."
     ),
     deepspeed: Path = typer.Option(
-        ..., "--deepspeed", help='DeepSpeed JSON config; "auto" values are filled from the train config.'
+        ...,
+        "--deepspeed",
+        help='DeepSpeed JSON config, or a shipped one by name (zero0 ... zero3, zero2-offload); "auto" '
+        "values are filled from the train config.",
     ),
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Run folder [default: runs/<config name>]."
@@ -131,7 +134,7 @@ def train(
     ),
 ) -> None:
     from llmtools.train.config import load_train_config
-    from llmtools.train.deepspeed_config import load_ds_config
+    from llmtools.train.deepspeed_config import find_ds_config, load_ds_config
 
     if reset_data and resume is None:
         from llmtools.errors import UsageError
@@ -148,6 +151,7 @@ def train(
     if init_from is not None:  # a spelled-out flag for the most common override
         set_ = [*set_, f"model.init_from={init_from}"]
     cfg = load_train_config(config, set_)
+    deepspeed = find_ds_config(deepspeed)  # a path, or a shipped config by name (zero2)
     ds_raw = load_ds_config(deepspeed)
     run_dir = output or Path("runs") / config.stem
     if resume is None and not dry_run:

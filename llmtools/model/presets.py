@@ -1,4 +1,4 @@
-"""Where a model's shape comes from: a preset in ``configs/models/``, a YAML/JSON file, a Hugging Face
+"""Where a model's shape comes from: a preset shipped in the package (``configs/models/`` in the repository), a YAML/JSON file, a Hugging Face
 folder or ``config.json``, or a mapping of fields, all turned into a :class:`ModelConfig`.
 
 This module sits above both :mod:`.config` (the shape) and :mod:`.hf_config` (Hugging Face's spelling
@@ -17,11 +17,10 @@ from typing import Any
 from llmtools.errors import InputError
 from llmtools.model.config import ModelConfig
 from llmtools.model.hf_config import from_hf_config
+from llmtools.resources import resource_dir
 
-# configs/ lives at the repository root, beside the package (the layout of an editable install).
-PRESET_DIR = Path(
-    os.environ.get("LLMTOOLS_MODEL_PRESETS", Path(__file__).resolve().parents[2] / "configs" / "models")
-)
+# The presets ship inside the package (llmtools.resources.models); LLMTOOLS_MODEL_PRESETS overrides.
+PRESET_DIR = resource_dir("models")
 
 
 def list_presets() -> list[str]:

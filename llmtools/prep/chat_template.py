@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -227,6 +228,28 @@ def _find_contents(
 # ---------------------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------------------
+MARKER = re.compile(r"<\|[A-Za-z0-9_]+\|>")  # ChatML's <|im_start|>, Llama 3's <|eot_id|>, ...
+
+
+def split_markers(template: ChatTemplate, tokenizer) -> list[str]:
+    """The template's ``<|...|>`` markers that the tokenizer does not hold as one token: each is then
+    tokenized as ordinary text, several BPE pieces a model cannot tell from the same characters in a
+    message."""
+    markers = sorted(set(MARKER.findall(template.text)))
+    specials = getattr(tokenizer, "special_tokens", None) or {}
+    return [m for m in markers if m not in specials and len(tokenizer.encode(m)) != 1]
+
+
+def split_note(split: list[str]) -> str:
+    """The summary's words for :func:`split_markers`' finding (empty when there is none)."""
+    if not split:
+        return ""
+    return (
+        f"; warning: {', '.join(split)} not special tokens of this tokenizer: each became several ordinary "
+        f"tokens (add them to the tokenizer as special tokens, or use a template made for it)"
+    )
+
+
 def load_chat_template(
     spec: str | os.PathLike | None,
     tokenizer: str | os.PathLike | None = None,

@@ -51,7 +51,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llmtools.errors import InputError, UsageError
-from llmtools.prep.chat_template import MAX_RENDER_SECONDS, ChatTemplate, load_chat_template
+from llmtools.prep.chat_template import (
+    MAX_RENDER_SECONDS,
+    ChatTemplate,
+    load_chat_template,
+    split_markers,
+    split_note,
+)
 from llmtools.prep.sft import (
     OVERFLOW,
     BadSample,
@@ -163,6 +169,7 @@ class PrefResult:
     truncated: int = 0  # pairs with a sequence cut at max_length
     dropped_too_long: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
+    split_markers: list[str] = field(default_factory=list)  # template markers the tokenizer lacks
 
     @property
     def tokens(self) -> int:
@@ -192,6 +199,7 @@ class PrefResult:
             f"{self.pairs} pairs, {self.tokens} tokens ({self.chosen_target_tokens} chosen / "
             f"{self.rejected_target_tokens} rejected trained), {self.prompt_truncated} prompts shortened, "
             f"{self.truncated} truncated, {self.dropped_too_long} dropped as too long, {bad} bad skipped"
+            + split_note(self.split_markers)
         )
 
 
@@ -363,6 +371,7 @@ def _build_pref(config: PrefConfig) -> PrefResult:
     ids_dtype = dtype_for_vocab(tokenizer.vocab_size)
     dtypes = {key: (ids_dtype if key.endswith("input_ids") else np.dtype(np.uint8)) for key in KEYS}
     result = PrefResult()
+    result.split_markers = split_markers(template, tokenizer)
     inputs: list[dict] = []
 
     def bad(place: str, error: BadSample) -> None:

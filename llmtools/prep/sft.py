@@ -42,6 +42,8 @@ from llmtools.prep.chat_template import (
     ChatTemplate,
     TemplateRenderError,
     load_chat_template,
+    split_markers,
+    split_note,
 )
 
 FORMATS = ("messages", "prompt-response", "alpaca")
@@ -129,6 +131,7 @@ class SftResult:
     truncated: int = 0
     dropped_too_long: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
+    split_markers: list[str] = field(default_factory=list)  # template markers the tokenizer lacks
     blank_lines: int = 0
 
     def counts(self) -> dict:
@@ -150,7 +153,7 @@ class SftResult:
         return (
             f"{self.samples} samples in {self.sequences} sequences, {self.tokens} tokens "
             f"({self.target_tokens} trained), {self.truncated} truncated, {self.dropped_too_long} dropped "
-            f"as too long, {bad} bad skipped"
+            f"as too long, {bad} bad skipped" + split_note(self.split_markers)
         )
 
 
@@ -512,6 +515,7 @@ def _build_sft(config: SftConfig, progress: bool | None) -> SftResult:
     dtypes = {"input_ids": dtype_for_vocab(tokenizer.vocab_size), "loss_mask": np.dtype(np.uint8)}
     dtypes["segment_ids"] = np.dtype(np.uint16 if (config.max_length or 0) < 65535 else np.int32)
     result = SftResult()
+    result.split_markers = split_markers(template, tokenizer)
     inputs: list[dict] = []
     with ExitStack() as stack:
         writers = {

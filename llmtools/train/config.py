@@ -633,8 +633,45 @@ def all_keys() -> list[str]:
     return keys
 
 
+# Names other trainers (HF Trainer, Megatron, nanoGPT) give our keys: spelling distance alone maps
+# optimizer.learning_rate to optimizer.name.
+ALIASES = {
+    "learning_rate": "optimizer.lr",
+    "lr_rate": "optimizer.lr",
+    "max_steps": "training.train_steps",
+    "num_steps": "training.train_steps",
+    "train_iters": "training.train_steps",
+    "max_iters": "training.train_steps",
+    "steps": "training.train_steps",
+    "warmup": "schedule.warmup_steps",
+    "lr_warmup_iters": "schedule.warmup_steps",
+    "warmup_iters": "schedule.warmup_steps",
+    "lr_decay_iters": "schedule.total_steps",
+    "lr_scheduler_type": "schedule.kind",
+    "batch_size": "training.global_batch_size",
+    "per_device_train_batch_size": "training.micro_batch_size",
+    "max_grad_norm": "training.clip_grad",
+    "gradient_clipping": "training.clip_grad",
+    "max_seq_length": "data.seq_length",
+    "seq_len": "data.seq_length",
+    "block_size": "data.seq_length",
+    "save_steps": "checkpoint.save_every",
+    "eval_steps": "eval.every",
+    "logging_steps": "logging.log_every",
+}
+
+
 def suggest(word: str, choices) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    """`` (did you mean 'X'?)`` for an unknown key or value: a known alias first, then the same key in
+    another section, then spelling distance."""
+    choices = [str(c) for c in choices]
+    section, _, leaf = word.rpartition(".")
+    target = ALIASES.get(leaf.lower())
+    if target is None and section:
+        target = next((k for k in all_keys() if k.rpartition(".")[2] == leaf and k != word), None)
+    if target is not None and target in choices:
+        return f" (did you mean {target!r}?)"
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -777,12 +814,20 @@ def from_dict(raw: Any, where: str = "<config>") -> TrainConfig:
     own = TASKS[config.task].section
     if own is not None and getattr(config, own) is None:  # the task's own section, with its defaults
         setattr(config, own, SECTION_TYPES[own]())
-    if config.schedule.total_steps is not None and config.training.train_steps is not None:
-        if config.training.train_steps > config.schedule.total_steps:
-            raise InputError(
-                f"{where}: training.train_steps={config.training.train_steps} runs past "
-                f"schedule.total_steps={config.schedule.total_steps}"
-            )
+    steps, total = config.training.train_steps, config.schedule.total_steps
+    if total is not None and steps is not None and steps > total:
+        raise InputError(
+            f"{where}: training.train_steps={steps} runs past schedule.total_steps={total}; "
+            f"set schedule.total_steps >= {steps} or remove it (it then follows training.train_steps)"
+        )
+    length = total if total is not None else steps
+    warmup = config.schedule.warmup_steps
+    if length is not None and warmup > 0 and warmup >= length:
+        which = "schedule.total_steps" if total is not None else "training.train_steps"
+        raise InputError(
+            f"{where}: schedule.warmup_steps={warmup} is not shorter than {which}={length}: the whole "
+            f"run would be warmup; set schedule.warmup_steps below {length} (e.g. {max(length // 10, 0)})"
+        )
     return config
 
 
@@ -852,6 +897,33 @@ def load_train_config(path: str | os.PathLike | None, overrides: list[str] | Non
             raise InputError(f"{path}{line}: not valid YAML ({getattr(error, 'problem', error)})") from None
     if not isinstance(raw, dict):
         raise InputError(f"{where}: a train config must be a mapping of sections")
+    _schedule_follows_steps(raw, overrides or [], where)
     raw = apply_overrides(raw, overrides or [])
     config = from_dict(raw, where)
     return config
+
+
+def _set_keys(overrides: list[str]) -> set[str]:
+    return {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
+
+
+def _schedule_follows_steps(raw: dict, overrides: list[str], where: str) -> None:
+    """``--set training.train_steps=N`` over a file whose schedule.total_steps equals its train_steps (a
+    full curve, as the file's author meant it): the schedule would stay on the file's length and the run
+    stop part-way down its curve without a word. Refused with both values and the two ways out. A file
+    whose total_steps differs from its train_steps (one curve over several runs) is taken as written."""
+    keys = _set_keys(overrides)
+    if "training.train_steps" not in keys or "schedule.total_steps" in keys:
+        return
+    schedule, training = raw.get("schedule"), raw.get("training")
+    total = schedule.get("total_steps") if isinstance(schedule, dict) else None
+    steps = training.get("train_steps") if isinstance(training, dict) else None
+    text = [item.split("=", 1)[1] for item in overrides if _set_keys([item]) == {"training.train_steps"}]
+    new = text[-1].strip()
+    if total is None or total != steps or not new.isdigit() or int(new) == total:
+        return
+    raise UsageError(
+        f"--set training.train_steps={new}: {where} sets schedule.total_steps={total} (its full run), so the "
+        f"learning rate would not finish its curve in {new} steps; add --set schedule.total_steps={new} (a "
+        f"curve of {new} steps) or --set schedule.total_steps={total} (stop part-way on purpose)"
+    )

@@ -16,6 +16,7 @@ from typing import Any
 
 from llmtools.errors import InputError
 from llmtools.formats import jsonfile
+from llmtools.resources import resource_dir
 from llmtools.train.config import TrainConfig
 
 AUTO = "auto"
@@ -24,9 +25,22 @@ AUTO = "auto"
 DS_SCHEDULERS = {"WarmupLR": "constant", "WarmupDecayLR": "linear", "WarmupCosineLR": "cosine"}
 
 
-def load_ds_config(path: str | os.PathLike) -> dict:
-    """Read a DeepSpeed JSON config; a syntax error names the line and column."""
+def find_ds_config(path: str | os.PathLike) -> Path:
+    """A DeepSpeed config file, or the name of one shipped with the package (``zero2``, ``zero3.json``)
+    when no such file exists here."""
     path = Path(path)
+    if path.exists() or len(path.parts) != 1:
+        return path
+    shipped = resource_dir("deepspeed") / (path.name if path.suffix == ".json" else f"{path.name}.json")
+    if shipped.is_file():
+        return shipped
+    names = ", ".join(p.stem for p in sorted(resource_dir("deepspeed").glob("*.json")))
+    raise InputError(f"{path}: no such DeepSpeed config (neither a file nor a shipped one: {names})")
+
+
+def load_ds_config(path: str | os.PathLike) -> dict:
+    """Read a DeepSpeed JSON config (a path or a shipped name); a syntax error names the line and column."""
+    path = find_ds_config(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -242,7 +256,9 @@ def check_with_deepspeed(ds: dict, ds_source: str) -> None:
     value it refuses, is an InputError naming it. Keys starting with ``_`` are comments.
     """
     try:
-        import deepspeed
+        from llmtools.thirdparty import import_deepspeed
+
+        deepspeed = import_deepspeed()
         from deepspeed.runtime.config import DeepSpeedConfig
     except ImportError:  # nothing to check against (llm-train itself needs DeepSpeed to run)
         return

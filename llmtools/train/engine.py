@@ -93,7 +93,9 @@ def build_engine(plan: TrainPlan, model, device: str):
     """AdamW with no decay on norms and biases (or the config's optimizer, or the DeepSpeed config's), the
     LR schedule, and ``deepspeed.initialize`` over the process group made by ``init_distributed``. Muon
     then learns where DeepSpeed's flat partitions cut its matrices (:mod:`~llmtools.train.optim`)."""
-    import deepspeed
+    from llmtools.thirdparty import import_deepspeed
+
+    deepspeed = import_deepspeed()
     import torch
 
     from llmtools.train.schedule import build_lr_scheduler
@@ -161,6 +163,9 @@ def build_engine(plan: TrainPlan, model, device: str):
 def check_fp16_support(where: str) -> None:
     """fp16 needs a device with fp16 arithmetic: DeepSpeed's CPU accelerator has it only where oneDNN
     does (AVX512-FP16 / AMX-FP16 CPUs). Refused here, before the model is built, in one line."""
+    from llmtools.thirdparty import import_deepspeed
+
+    import_deepspeed()
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()

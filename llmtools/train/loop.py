@@ -252,6 +252,9 @@ def _quiet_deepspeed() -> None:
 
     level = logging.INFO if os.environ.get("LLMTOOLS_DEBUG") else logging.WARNING
     try:
+        from llmtools.thirdparty import import_deepspeed
+
+        import_deepspeed()
         from deepspeed.utils import logger
 
         logger.setLevel(level)
@@ -391,6 +394,7 @@ class _Trainer:
         self.flops_per_token = flops_per_token(plan.model_config, plan.seq_length)
         self.peak = peak_tflops(self.device)
         self.window = StepWindow()  # the steps since the last train record
+        self.clock: tuple[float, int] | None = None  # (time, step) when this process took its first step
         # The last step's figures: set by train_step, read by the reporting methods after it.
         self.loss, self.lr, self.step_time = float("nan"), cfg.optimizer.lr, 0.0
         self.step_metrics: dict[str, float] = {}
@@ -403,6 +407,15 @@ class _Trainer:
 
     def log(self, message: str, always: bool = False) -> None:
         log0(message, self.rank, False if always else self.options.quiet)
+
+    def _elapsed_and_eta(self, step: int, total: int) -> tuple[float, float | None]:
+        """Seconds since this process's first step, and the rest at this process's mean pace (None before
+        a second step gives one)."""
+        now = time.monotonic()
+        began, first = self.clock or (now, step)
+        elapsed = now - began
+        done = step - first
+        return elapsed, (elapsed / done * (total - step) if done > 0 else None)
 
     def _norm_of_deepspeed(self) -> float | None:
         value = getattr(self.engine.optimizer, "_global_grad_norm", None)
@@ -837,6 +850,8 @@ class _Trainer:
             self.step_metrics,
             overflow=self.gate.reason == "overflow",
         )
+        if self.clock is None:  # this process's first step: its own time counts
+            self.clock = (time.monotonic() - self.step_time, step - 1)
         if step % self.cfg.logging.log_every and step != plan.steps and not self.gate.reason:
             return
         record = self.window.record(
@@ -861,7 +876,7 @@ class _Trainer:
         if ledger is not None:
             record["source_tokens"] = ledger.consumed_tokens(self.progress.consumed_samples)
         self.metrics.log(record, step)
-        self.log(step_line(record, plan.steps))
+        self.log(step_line(record, plan.steps, *self._elapsed_and_eta(step, plan.steps)))
         self.window = StepWindow()
         if collapse is not None:
             self._report_collapse(collapse)

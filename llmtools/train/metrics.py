@@ -224,8 +224,19 @@ class StepWindow:
         return record
 
 
-def step_line(record: dict, total_steps: int) -> str:
-    """The readable stderr line of a train record."""
+def clock(seconds: float) -> str:
+    """1:02:03 or 2:03 (hours only when there are some)."""
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def step_line(
+    record: dict, total_steps: int, elapsed_s: float | None = None, eta_s: float | None = None
+) -> str:
+    """The readable stderr line of a train record (with the time since this process started training and
+    the time left at its mean pace so far, when given)."""
     mfu = f" | mfu {record['mfu']:.1%}" if record["mfu"] is not None else ""
     norm = f"{record['grad_norm']:.3f}" if record["grad_norm"] is not None else "n/a"
     mem = f" | mem {record['memory_mb']:.0f} MB" if record["memory_mb"] is not None else ""
@@ -235,8 +246,11 @@ def step_line(record: dict, total_steps: int) -> str:
         moe = f" | router aux {record['moe_aux_loss']:.3f} load cv {record['moe_load_cv']:.2f}{dropped}"
     update = f" | update/param {record['update_ratio']:.2e}" if record.get("update_ratio") is not None else ""
     scale = f" | loss scale {record['loss_scale']:g}" if record.get("loss_scale") is not None else ""
+    times = ""
+    if elapsed_s is not None:
+        times = f" | elapsed {clock(elapsed_s)}" + (f" eta {clock(eta_s)}" if eta_s is not None else "")
     return (
         f"step {record['step']:>6}/{total_steps} | loss {record['loss']:.4f} | lr {record['lr']:.3e} | "
         f"grad norm {norm}{update}{scale} | {record['tokens_per_s']:,.0f} tok/s | "
-        f"{1000 * record['step_time_s']:.0f} ms/step{mfu}{mem}{moe}"
+        f"{1000 * record['step_time_s']:.0f} ms/step{mfu}{mem}{moe}{times}"
     )

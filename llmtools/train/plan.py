@@ -108,7 +108,12 @@ def resolve_model_config(config: TrainConfig):
             name, ours, theirs = mismatch
             folder = os.path.join(section.init_from, "config.json")
             source = folder if os.path.isfile(folder) else f"model.init_from {section.init_from}"
-            raise InputError(f"{source}[{name}]: {theirs!r} but the model config has {ours!r}")
+            fix = (
+                f"remove model.preset (the folder's shape is then used) or set model.{name}: {theirs!r}"
+                if section.preset is not None
+                else f"set model.{name}: {theirs!r} or remove it"
+            )
+            raise InputError(f"{source}[{name}]: {theirs!r} but the model config has {ours!r}; {fix}")
     return model_config
 
 

@@ -263,7 +263,7 @@ def test_stop_requested_by_signal_and_restored():
         with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C aborts at once
             os.kill(os.getpid(), signal.SIGINT)
     argv = ["/x/bin/llm-train", "c.yaml", "--resume", "3", "--force", "-o", "run dir", "--reset-data"]
-    assert resume_command(argv) == "llm-train c.yaml -o 'run dir'"
+    assert resume_command(argv) == "llm-train c.yaml -o 'run dir' --resume auto"
 
 
 # ---------------------------------------------------------------------------------------- background saves

@@ -1,6 +1,7 @@
-"""Every example in the README and in the Makefile's comments is run, as written, by this test.
+"""Every example in the README, in the pages under docs/ and in the Makefile's comments is run, as written,
+by this test.
 
-The README's shell blocks are read at test time: each command line must either run here (exit 0) or be
+The shell blocks of README.md and docs/*.md are read at test time: each command line must either run here (exit 0) or be
 listed in :data:`NOT_HERE` with the reason it cannot (Slurm, a multi-node hostfile). A new example
 that is neither fails the test. The examples run in one folder, in an order that lets later ones use
 what earlier ones wrote; the files they name but nobody writes (a corpus, a chat dataset, a log) are
@@ -42,11 +43,14 @@ from tests.conftest import SHARED_DATA
 from tests.contract.conftest import BIN, REPO, contract_env
 
 README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 FIXTURES = REPO / "tests" / "logs" / "fixtures"
 
 NOT_HERE = {
-    "python3 -m venv .venv": "docs/gpu.md's CUDA install: needs a CUDA machine and PyTorch's CUDA index",
-    ".venv/bin/pip install torch==2.13.0 --index-url": "docs/gpu.md's CUDA install: PyTorch's CUDA index",
+    "python3 -m venv .venv": "CUDA set-up: makes the checkout's own .venv (make setup is what every test runs in)",
+    ".venv/bin/pip install torch": "CUDA set-up: downloads the CUDA build of torch",
+    "make setup": "run by make test itself, before this test",
+    "tensorboard --logdir": "a server, running until stopped (llm-log tb's event files are read back in tests/logs)",
     "DS_ACCELERATOR=cuda make setup": "docs/gpu.md's CUDA install: needs a CUDA machine",
     "python benchmarks/gpu_check.py --out": "needs one CUDA GPU for ~8 minutes",
     "python benchmarks/gpu_check.py --cpu-smoke": "run by tests/train/test_gpu_check.py (minutes of torch.compile)",
@@ -72,11 +76,13 @@ NOT_HERE = {
 
 # The order the examples run in (prefixes of the commands): producers before consumers.
 ORDER = [
-    "llm-prep sample-corpus", "llm-prep tokenizer train", "llm-prep json2bin data/raw", "llm-prep json2bin 'shards",
+    "llm-prep sample-corpus", "llm-prep tokenizer train", "llm-prep json2bin my/", "llm-mix my/",
+    "cp configs/train/tiny.yaml my.yaml", "llm-prep json2bin data/raw", "llm-prep json2bin 'shards",
     "zcat dump", "llm-prep inspect", "llm-prep cat", "SETUP", "llm-mix data/wiki", "llm-mix --data-path",
     "llm-mix --train-data-path", "llm-mix data/a", "llm-mix data/web data/code", "llm-prep json2bin @files.txt", "llm-prep merge 'data/web-",
     "llm-prep json2bin --input", "llm-export", "llm-mix 'shards", "llm-prep hf2bin", "llm-prep sft", "PYTHON",
-    "llm-prep pref", "llm-train configs/train/tiny-dpo.yaml", "llm-log summary runs/tiny-dpo", "llm-train", "torchrun", "deepspeed", "llm-ckpt list", "llm-ckpt verify", "llm-ckpt inspect", "llm-ckpt convert",
+    "llm-prep pref", "llm-train configs/train/tiny-dpo.yaml", "llm-log summary runs/tiny-dpo", "llm-train", "torchrun", "deepspeed", "llm-ckpt list", "llm-ckpt verify runs/my", "llm-ckpt verify", "llm-ckpt inspect",
+    "llm-ckpt convert runs/my", "python -c \"from transformers", "llm-ckpt convert",
     "llm-ckpt import-hf", "llm-ckpt prune", "llm-log", "ssh node1",
 ]  # fmt: skip
 
@@ -89,6 +95,7 @@ CLEAN_BEFORE = {
     "llm-mix 'shards": ["out/mix.json"],
     "llm-mix data/web data/code data/hq": ["mix.json"],
     "llm-log plot runA": ["curves.png"],
+    "llm-log plot run/metrics.jsonl": ["curves.png"],
     "llm-prep hf2bin 'pq": [
         "data/web_text_document.bin",
         "data/web_text_document.idx",
@@ -97,10 +104,19 @@ CLEAN_BEFORE = {
 }
 
 
+def _blocks() -> list[tuple[str, str]]:
+    return [
+        block
+        for page in PAGES
+        for block in re.findall(r"```(\w*)\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+    ]
+
+
 def readme_examples() -> list[str]:
-    """Every command line of the README's bash blocks (continuations joined, comments dropped)."""
+    """Every command line of the bash blocks of README.md and docs/*.md (continuations joined, comments
+    dropped)."""
     out = []
-    for lang, body in re.findall(r"```(\w*)\n(.*?)```", README.read_text(encoding="utf-8"), re.S):
+    for lang, body in _blocks():
         if lang not in ("bash", "sh"):
             continue
         for line in re.sub(r"\\\n\s*", " ", body).splitlines():
@@ -111,7 +127,10 @@ def readme_examples() -> list[str]:
 
 
 def readme_python() -> str:
-    (block,) = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    """The Python block of llm-mix's page (the mix's samples read without llmtools)."""
+    (block,) = re.findall(
+        r"```python\n(.*?)```", (REPO / "docs" / "llm-mix.md").read_text(encoding="utf-8"), re.S
+    )
     return block
 
 
@@ -124,7 +143,7 @@ def free_port() -> int:
 # The first preference example trains for real, briefly: the next ones reuse its reference and read its metrics.
 DPO_FOR_REAL = (
     " --set training.micro_batch_size=2 --set training.global_batch_size=2 --set training.train_steps=2"
-    " --set logging.log_every=1 --set checkpoint.save_every=0"
+    " --set logging.log_every=1 --set checkpoint.save_every=0 --set schedule.warmup_steps=0"
 )
 
 
@@ -174,6 +193,7 @@ def before_all(d: Path) -> None:
         pytest.skip(f"needs {gpt2} (the shared data folder beside the repo; always present in CI)")
     (d / "configs").symlink_to(REPO / "configs")
     shutil.copytree(gpt2, d / "gpt2")
+    walkthrough_inputs(d)
     import zstandard
 
     (d / "shards").mkdir()
@@ -187,6 +207,31 @@ def before_all(d: Path) -> None:
             b"".join(json.dumps({"text": f"dump {i}"}).encode() + b"\n" for i in range(30)) + b"{bad\n"
         )
     )
+
+
+def walkthrough_inputs(d: Path) -> None:
+    """The README walkthrough's own data: two JSONL sources and a Hugging Face tokenizer folder (GPT-2's)."""
+    _jsonl(
+        d / "my" / "web.jsonl",
+        [{"text": f"Page {i}: the weather was fine and the {i % 13} trains ran."} for i in range(600)],
+    )
+    _jsonl(d / "my" / "code.jsonl", [{"text": f"def f{i}(x):\n    return x * {i % 7}\n"} for i in range(400)])
+    shutil.copytree(SHARED_DATA / "tokenizers" / "gpt2", d / "my-tokenizer")
+
+
+def walkthrough_run(d: Path) -> None:
+    """runs/my: the walkthrough's training for real, two steps of a very small model of its vocabulary (the
+    example itself ran as a dry run)."""
+    proc = subprocess.run(
+        [str(BIN / "llm-train"), "my.yaml", "--deepspeed", "zero2", "-o", "runs/my", "--set", "data.mix=my/mix.json",
+         "--set", "model.vocab_size=50304", "--set", "model.hidden_size=32", "--set", "model.intermediate_size=64",
+         "--set", "model.num_hidden_layers=1", "--set", "model.num_attention_heads=2",
+         "--set", "model.num_key_value_heads=1", "--set", "training.train_steps=2", "--set", "schedule.warmup_steps=0",
+         "--set", "training.micro_batch_size=2", "--set", "training.global_batch_size=2",
+         "--set", "checkpoint.save_every=2", "--set", "eval.every=0", "--set", "logging.log_every=1"],
+        cwd=d, env=contract_env(), capture_output=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
 
 
 def setup_middle(d: Path) -> None:
@@ -367,6 +412,7 @@ def examples_run(tmp_path_factory):
         "llm-mix 'shards": many_shards,
         "llm-prep pref": dpo_start,
         "llm-ckpt list": trained_run,
+        "llm-ckpt verify runs/my": walkthrough_run,
     }
     for command in commands:
         for prefix, stage in list(stages.items()):
@@ -443,7 +489,7 @@ def test_example_outputs_honour_the_umask(examples_run):
     d, _ = examples_run
     umask = os.umask(0)
     os.umask(umask)
-    skip = {"configs", "gpt2"}  # links and copies the test made, not outputs
+    skip = {"configs", "gpt2", "my-tokenizer"}  # links and copies the test made, not outputs
     wrong = []
     for path in d.rglob("*"):
         if (

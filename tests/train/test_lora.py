@@ -194,6 +194,7 @@ def test_adapter_only_export_loads_in_peft(lora_run, python, cli_env, tmp_path):
     assert names == ["adapter_config.json", "adapter_model.safetensors", "llmtools.json"]  # our mark: --force
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
+    assert config["base_model_name_or_path"] == str(Path(lora_run["base"]).resolve())  # the run's init_from
     base = transformers.AutoModelForCausalLM.from_pretrained(lora_run["base"], torch_dtype=torch.float32)
     model = peft.PeftModel.from_pretrained(base, out).eval()
     ids, ours = _ours(lora_run)
@@ -201,6 +202,19 @@ def test_adapter_only_export_loads_in_peft(lora_run, python, cli_env, tmp_path):
         theirs = model(input_ids=ids).logits
     # fp32 decoder twice, peft's adapter against ours: logits_atol (tests/numerics.py)
     torch.testing.assert_close(theirs, ours, atol=logits_atol(ours, base.config), rtol=0)
+    # peft's auto loader finds the base by itself, offline, from an unrelated folder
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    load = (
+        "import sys, torch, peft; m = peft.AutoPeftModelForCausalLM.from_pretrained(sys.argv[1], "
+        "torch_dtype=torch.float32); print(type(m).__name__)"
+    )
+    auto = subprocess.run(
+        [python, "-c", load, str(out)], cwd=elsewhere, capture_output=True, text=True, timeout=300,
+        env={**cli_env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )  # fmt: skip
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    assert auto.stdout.strip() == "PeftModelForCausalLM"
     # Refused: writing over it again without --force.
     again = _convert(
         python, cli_env, lora_run["result"].checkpoint, "--to", "hf", "--adapter-only", "-o", out

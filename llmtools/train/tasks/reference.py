@@ -61,7 +61,9 @@ def weights_sha256(module, lora: bool) -> str:
 
 def _gathered(param):
     if hasattr(param, "ds_id"):  # a ZeRO-3 partition: the whole parameter exists only inside this block
-        import deepspeed
+        from llmtools.thirdparty import import_deepspeed
+
+        deepspeed = import_deepspeed()
 
         return deepspeed.zero.GatheredParameters([param], modifier_rank=None)
     return contextlib.nullcontext()

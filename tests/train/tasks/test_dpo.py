@@ -343,8 +343,9 @@ def test_llm_train_runs_the_dpo_config_and_a_resume_reuses_its_reference(
     from llmtools.train.loop import RunOptions, train
 
     run_dir = tmp_path / "run"
-    settings = [f"data.prefixes=[{pref}]", f"data.seq_length={SEQ}", "model.init_from=null",
-                f"model.vocab_size={TINY['vocab_size']}", "checkpoint.save_every=1"]  # fmt: skip
+    settings = [f"data.prefixes=[{pref}]", f"data.seq_length={SEQ}", "model.init_from=null", "model.preset=tiny",
+                f"model.vocab_size={TINY['vocab_size']}", "checkpoint.save_every=1",
+                "schedule.warmup_steps=0"]  # fmt: skip
     proc = subprocess.run(
         [python, "-m", "llmtools.cli.train", str(ROOT / "configs/train/tiny-dpo.yaml"),
          "--deepspeed", str(ROOT / "configs/deepspeed/zero2.json"), "-o", str(run_dir),

@@ -227,7 +227,7 @@ def test_llm_train_cli_runs_the_sft_config(sft_data, python, cli_env, tmp_path):
          "--deepspeed", str(ROOT / "configs/deepspeed/zero0.json"), "-o", str(run),
          "--set", f"data.prefixes=[{sft_data['packed']}]", "--set", f"data.seq_length={PACK}", "--set", "training.train_steps=2",
          "--set", "schedule.total_steps=2", "--set", "schedule.warmup_steps=0",
-         "--set", "checkpoint.save_every=0", "--set", "model.init_from=null"],
+         "--set", "checkpoint.save_every=0", "--set", "model.init_from=null", "--set", "model.preset=tiny"],
         capture_output=True, text=True, env=cli_env, timeout=300, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

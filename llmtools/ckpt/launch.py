@@ -1,0 +1,96 @@
+"""How this process was started, as a command line a user can paste to start it the same way again.
+
+A worker of ``torchrun`` (or ``python -m torch.distributed.run``) is the child of the launcher's agent; a
+worker of the ``deepspeed`` launcher the grandchild of the ``deepspeed`` command (through
+``deepspeed.launcher.launch``); under Slurm the job itself is requeued. The launchers' command lines are
+read from ``/proc/<pid>/cmdline``; where that is not readable the plain command is what is known.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+# Flags of ours that start a run over or pick a checkpoint: the continuation passes --resume auto instead.
+_DROP_WITH_VALUE = ("--resume",)
+_DROP = ("--force", "--reset-data", "--rollback")
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part] or None
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
+
+
+def _readable(argv: list[str]) -> list[str]:
+    """``/venv/bin/python /venv/bin/torchrun ...`` -> ``torchrun ...`` (the console script by name)."""
+    if len(argv) > 1 and Path(argv[0]).name.startswith("python") and not argv[1].startswith("-"):
+        argv = argv[1:]
+    return [Path(argv[0]).name, *argv[1:]] if argv else argv
+
+
+def _without_our_flags(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in _DROP_WITH_VALUE:
+            skip = True
+            continue
+        if arg in _DROP or any(arg.startswith(f"{flag}=") for flag in _DROP_WITH_VALUE):
+            continue
+        out.append(arg)
+    return out
+
+
+def _is_torchrun(argv: list[str]) -> bool:
+    names = [Path(a).name for a in argv[:3]]
+    return (
+        "torchrun" in names or "torch.distributed.run" in argv[:3] or "torch.distributed.launch" in argv[:3]
+    )
+
+
+def launcher_argv(env: dict | None = None, argv: list[str] | None = None) -> tuple[str, list[str]]:
+    """(kind, command line) of how this process was started: kind is ``torchrun``, ``deepspeed``,
+    ``slurm`` (the command line is then the job's id) or ``plain``."""
+    env = os.environ if env is None else env
+    argv = list(sys.argv if argv is None else argv)
+    parent = _parent(os.getpid())
+    if env.get("TORCHELASTIC_RUN_ID") and parent is not None:
+        launcher = _cmdline(parent)
+        if launcher and _is_torchrun(launcher):
+            return "torchrun", _readable(launcher)
+    if (
+        "--local_rank" in " ".join(argv)
+        or env.get("DS_LAUNCHER")
+        or (parent is not None and "deepspeed.launcher.launch" in (_cmdline(parent) or []))
+    ):
+        grand = _parent(parent) if parent is not None else None
+        runner = _cmdline(grand) if grand is not None else None
+        if runner and any(Path(a).name == "deepspeed" for a in runner[:2]):
+            return "deepspeed", _readable(runner)
+    if env.get("SLURM_JOB_ID") and env.get("SLURM_JOB_ID").isdigit():
+        return "slurm", [env["SLURM_JOB_ID"]]
+    return "plain", _readable(argv)
+
+
+def resume_command(env: dict | None = None, argv: list[str] | None = None) -> str:
+    """The command line that continues this run, ``--resume auto`` included."""
+    kind, line = launcher_argv(env, argv)
+    if kind == "slurm":
+        return f"scontrol requeue {line[0]} (the job's script passes --resume auto)"
+    return shlex.join([*_without_our_flags(line), "--resume", "auto"])

@@ -1,0 +1,111 @@
+"""stdout holds results only: every command that has ``--json`` prints exactly one JSON document there
+(``llm-prep cat --json``: one per line), whatever the libraries it loads print; llm-train included, as a
+dry run and as real 3-step runs with one process and with two under torchrun (DeepSpeed's accelerator
+banner and its logs go to stderr)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.contract.conftest import BIN, REPO, contract_env, run_cli
+
+DS = REPO / "configs" / "deepspeed"
+
+
+def _user_env() -> dict[str, str]:
+    """As a user runs the commands: DS_ACCELERATOR unset (DeepSpeed then detects the CPU, and says so in
+    a warning that its logger would print on stdout)."""
+    env = contract_env()
+    env.pop("DS_ACCELERATOR")
+    return env
+
+
+def _json(proc, lines: bool = False):
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 0, err[-3000:]
+    if lines:
+        return [json.loads(line) for line in out.splitlines()]
+    return json.loads(out)  # the whole of stdout: one document, nothing before or after it
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _commands(w, t: Path) -> dict[str, list]:
+    """Every (command, subcommand) with --json, on the contract world's files, writing under ``t``."""
+    (t / "prefs.jsonl").write_text(
+        "".join(
+            json.dumps({"prompt": f"{i} + {i}?", "chosen": f"{2 * i}", "rejected": "no"}) + "\n"
+            for i in range(8)
+        )
+    )
+    for name in ("a", "b"):
+        for suffix in (".bin", ".idx", ".json"):
+            shutil.copy(f"{w.prefix}{suffix}", t / f"{name}_text_document{suffix}")
+    return {
+        "prep json2bin": ["llm-prep", "json2bin", w.corpus, "-t", "byte", "-o", t / "j", "--json"],
+        "prep tokenizer train": ["llm-prep", "tokenizer", "train", w.corpus, "--vocab-size", "300", "-o", t / "tok.json", "--json"],
+        "prep inspect": ["llm-prep", "inspect", w.prefix, "--json"],
+        "prep merge": ["llm-prep", "merge", t / "a_text_document", t / "b_text_document", "-o", t / "ab_text_document", "--json"],
+        "prep hf2bin": ["llm-prep", "hf2bin", w.hf, "-o", t / "h", "--json"],
+        "prep sft": ["llm-prep", "sft", w.chats, "-t", "byte", "--chat-template", "chatml", "-o", t / "sft", "--json"],
+        "prep pref": ["llm-prep", "pref", t / "prefs.jsonl", "-t", "byte", "--chat-template", "chatml", "-o", t / "pref", "--json"],
+        "mix": ["llm-mix", w.prefix, "--seq-length", "16", "--num-samples", "32", "-o", t / "mix" / "mix.json", "--json"],
+        "export hf": ["llm-export", "hf", w.prefix, "-o", t / "hf", "--json"],
+        "ckpt list": ["llm-ckpt", "list", w.run, "--json"],
+        "ckpt verify": ["llm-ckpt", "verify", w.checkpoint, "--json"],
+        "ckpt inspect": ["llm-ckpt", "inspect", w.checkpoint, "--json"],
+        "log tb": ["llm-log", "tb", w.metrics, "--logdir", t / "tb", "--json"],
+        "log summary": ["llm-log", "summary", w.metrics, "--json"],
+        "train --dry-run": ["llm-train", w.tiny_yaml, "--deepspeed", DS / "zero1.json", "--dry-run", "--json"],
+    }  # fmt: skip
+
+
+def test_every_json_output_is_json_alone(world, tmp_path):
+    bad = {}
+    for name, argv in _commands(world, tmp_path).items():
+        proc = run_cli(argv, tmp_path, timeout=300, env=_user_env())
+        try:
+            _json(proc)
+        except (AssertionError, json.JSONDecodeError) as error:
+            bad[name] = f"{error}: {proc.stdout.decode()[:300]!r}"
+    cat = run_cli(["llm-prep", "cat", world.prefix, "--json"], tmp_path, env=_user_env())
+    assert len(_json(cat, lines=True)) == 300
+    assert bad == {}
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_real_training_prints_its_result_alone(world, tmp_path, nproc):
+    train = [world.tiny_yaml, "--deepspeed", DS / "zero1.json", "-o", tmp_path / "run", "--json",
+             "--set", "training.train_steps=3", "--set", "training.micro_batch_size=1"]  # fmt: skip
+    if nproc == 1:
+        argv = ["llm-train", *train]
+    else:
+        argv = [BIN / "torchrun", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+                "-m", "llmtools.cli.train", *train]  # fmt: skip
+    proc = run_cli(argv, tmp_path, timeout=600, env=_user_env())
+    result = _json(proc)
+    assert result["steps"] == 3 and result["checkpoint"].endswith("step_00000003")
+    # the progress lines (stderr) carry the time so far and the time left
+    assert re.search(r"step +3/3 \|.* \| elapsed \d+:\d\d eta 0:00", proc.stderr.decode()), (
+        proc.stderr.decode()
+    )
+
+
+def test_hashing_reports_rate_and_time_left_off_a_terminal(world, tmp_path):
+    """Off a terminal, long work prints a plain progress line every LLMTOOLS_PROGRESS_INTERVAL seconds (0
+    here: every chunk), with the rate and the time left; stdout keeps the result alone."""
+    proc = run_cli(["llm-ckpt", "verify", world.checkpoint, "--json"], tmp_path,
+                   env=contract_env(LLMTOOLS_PROGRESS_INTERVAL="0"))  # fmt: skip
+    _json(proc)
+    lines = [line for line in proc.stderr.decode().splitlines() if line.startswith("sha256 step_00000002")]
+    assert lines and re.search(r"\[\d\d:\d\d<\d\d:\d\d, .*B/s\]", lines[-1]), proc.stderr.decode()

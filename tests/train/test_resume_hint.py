@@ -1,0 +1,79 @@
+"""The "resume with:" line printed on a stop reproduces how the job was started: under torchrun the
+launcher with its own arguments (read from the agent's command line), under the deepspeed launcher its
+runner, under Slurm a requeue of the job, else the plain command; and it runs as printed."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from llmtools.ckpt.launch import launcher_argv, resume_command
+from tests.train.conftest import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def test_the_plain_command_and_slurm():
+    argv = ["/venv/bin/llm-train", "c.yaml", "-o", "run dir", "--force", "--resume", "3"]
+    assert resume_command(env={}, argv=argv) == "llm-train c.yaml -o 'run dir' --resume auto"
+    assert launcher_argv(env={"SLURM_JOB_ID": "4242"}, argv=argv) == ("slurm", ["4242"])
+    assert resume_command(env={"SLURM_JOB_ID": "4242"}, argv=argv).startswith("scontrol requeue 4242 ")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_under_torchrun_the_hint_is_the_torchrun_line_and_it_resumes(byte_data, tmp_path, cli_env):
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"preset": "tiny", **TINY}, "data": {"mix": byte_data["mix"]},
+        "training": {"micro_batch_size": 2, "global_batch_size": 4, "train_steps": 1500},
+        "schedule": {"kind": "constant"}, "logging": {"log_every": 1}, "checkpoint": {"save_every": 0},
+        "eval": {"every": 0},
+    }))  # fmt: skip
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launch = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port), "-m", "llmtools.cli.train",
+              str(config), "--deepspeed", str(ROOT / "configs/deepspeed/zero1.json"), "-o", "run", "--force"]  # fmt: skip
+    env = {**cli_env, "PATH": f"{BIN}{os.pathsep}{cli_env['PATH']}"}
+    proc = subprocess.Popen(launch, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and '"kind": "train"' in metrics.read_text().replace(
+            '"kind":"train"', '"kind": "train"'
+        ):
+            break
+        time.sleep(0.2)
+    for worker in _children(proc.pid):  # as Slurm or a scheduler signals every task
+        os.kill(worker, signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    err = err.decode()
+    hints = re.findall(r"resume with: (.*)", err)
+    assert hints, err[-3000:]
+    hint = hints[0]
+    assert hint.startswith(f"torchrun --nproc_per_node 2 --master_port {port} -m llmtools.cli.train "), hint
+    assert hint.endswith(" --resume auto") and "--force" not in hint
+    stopped = int(re.search(r"checkpoints/step_(\d+)", err).group(1))
+    # pasted as printed (two more steps than were done, so it ends by itself)
+    resumed = subprocess.run(
+        [*shlex.split(hint), "--set", f"training.train_steps={stopped + 2}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"step_{stopped + 2:08d}" in resumed.stdout
