@@ -41,8 +41,11 @@ def cells(data: dict) -> dict[str, dict]:
         "spike detection": HEALTH,
         # grad-norm spikes only: with a loss-spike factor of 1.01 one noisy sample of other data can look
         # as bad as the spiking batch, and the config would be blamed
-        "quarantine (a short source)": {**HEALTH, "health": {**SPIKES, "loss_spike_factor": 0.0},
-                                        "data": {"mix": data["short_mix"]}},  # fmt: skip
+        "quarantine (a short source)": {
+            **HEALTH,
+            "health": {**SPIKES, "loss_spike_factor": 0.0},
+            "data": {"mix": data["short_mix"]},
+        },  # fmt: skip
         "stages": {"data": {"mix": data["staged_mix"]}},
         "async saves": {"checkpoint": {"async": True}},
         "lion": {"optimizer": {"name": "lion", "lr": 3e-4}},

@@ -111,7 +111,7 @@ def trained_from(checkpoint: Path) -> str | None:
     from llmtools.ckpt import layout
 
     try:
-        meta = json.loads((Path(checkpoint) / layout.META).read_text(encoding="utf-8"))
+        meta = jsonfile.loads((Path(checkpoint) / layout.META).read_text(encoding="utf-8"))
         init_from = meta["config"]["model"]["init_from"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
