@@ -10,7 +10,8 @@ PIP := $(PY) -m pip
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.setup-stamp
 
-export DS_ACCELERATOR ?= cpu
+# DeepSpeed's accelerator: CUDA where the machine has an NVIDIA GPU, else the CPU (and gloo).
+export DS_ACCELERATOR ?= $(if $(wildcard /dev/nvidia0),cuda,cpu)
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 

@@ -51,7 +51,6 @@ NOT_HERE = {
     ".venv/bin/pip install torch": "CUDA set-up: downloads the CUDA build of torch",
     "make setup": "run by make test itself, before this test",
     "tensorboard --logdir": "a server, running until stopped (llm-log tb's event files are read back in tests/logs)",
-    "DS_ACCELERATOR=cuda make setup": "docs/gpu.md's CUDA install: needs a CUDA machine",
     "python benchmarks/gpu_check.py --out": "needs one CUDA GPU for ~8 minutes",
     "python benchmarks/gpu_check.py --cpu-smoke": "run by tests/train/test_gpu_check.py (minutes of torch.compile)",
     "deepspeed --hostfile hosts": "needs a multi-node hostfile and ssh/pdsh to its hosts",
