@@ -36,12 +36,12 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
-# make test: the whole suite across the cores (pytest-xdist), then the tests that must run alone (marked
+# The test target: the whole suite across the cores (pytest-xdist), then the tests that must run alone (marked
 # serial in tests/conftest.py, which says why); a time limit per test, so a hang fails by name instead of
 # stalling CI (25 min: the longest, the first README example, carries the set-up all examples share);
 # the 25 slowest tests listed at the end. --dist loadfile: a file's tests share a worker, so a
 # module's set-up (the README examples' folder, the installed wheel) is built once.
-# make test-fast: the unit tests and one real process of every command (tests/cli/test_smoke.py).
+# The test-fast target: the unit tests and one real process of every command (tests/cli/test_smoke.py).
 JOBS ?= auto
 PYTEST := $(PY) -m pytest --timeout=1500 --durations=25
 FAST := tests/test_layering.py tests/test_comments.py tests/test_fsutil.py tests/formats tests/model \

@@ -58,6 +58,7 @@ def open_at(dir_fd: int, name: str, flags: int, shown: str | os.PathLike, mode: 
         fd = os.open(name, flags | os.O_NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dir_fd)
     except OSError as error:
         _refuse_link(error, Path(shown))
+        error.filename = os.fspath(shown)  # the error names the path the user knows, not the bare name
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)

@@ -247,11 +247,11 @@ def mix(
         claim(outputs, inputs=[*inputs, *list_files], force=force)
 
         plan = lib.build_plan(config)
-        if as_json or not explain:  # --explain's table ends with them: said once
-            for note in mix_explain.fold(plan.notes):
-                log(f"llm-mix: note: {note}")
-            for warning in mix_explain.fold(plan.warnings):
-                log(f"llm-mix: warning: {warning}")
+        # Said once, on stderr with the other diagnostics (--explain's table on stdout holds none of them).
+        for note in mix_explain.fold(plan.notes):
+            log(f"llm-mix: note: {note}")
+        for warning in mix_explain.fold(plan.warnings):
+            log(f"llm-mix: warning: {warning}")
         written: list[Path] = []
         if output is not None:  # mix.json is written last, after the cache and the materialized samples
             written += lib.save_plan(plan, output, materialize_to=materialize)

@@ -50,8 +50,6 @@ def explain(plan) -> str:
                 f"{sum(c.indices.tokens_per_epoch for c in comps):>15,} "
                 f"{_span([lib.epochs_drawn(c, seq) for c in comps]):>11}"
             )
-    lines += [f"note: {n}" for n in fold(plan.notes)]
-    lines += [f"warning: {w}" for w in fold(plan.warnings)]
     return "\n".join(lines)
 
 

@@ -1031,10 +1031,6 @@ def explain(plan: MixPlan) -> str:
                 f"  {name:<40} {c.normalized_weight:>9.4f} {c.drawn / split.size:>9.4f} {c.drawn:>10} "
                 f"{c.drawn * seq:>15,} {c.indices.tokens_per_epoch:>14,} {epochs_drawn(c, seq):>7.2f} {c.indices.num_epochs:>5}"
             )
-    for note in plan.notes:
-        lines.append(f"note: {note}")
-    for warning in plan.warnings:
-        lines.append(f"warning: {warning}")
     return "\n".join(lines)
 
 

@@ -77,6 +77,10 @@ r = lm_eval.simple_evaluate(
 print(json.dumps(r["results"]["words"]))
 """
     env = {**cli_env, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    # lm-eval's hf model starts a process group when it sees a rank in the environment (accelerate): one
+    # left by an in-process training test of the same worker is not this single process's
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK"):
+        env.pop(name, None)
     theirs = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
     )

@@ -85,7 +85,13 @@ def test_list_table_and_json(capsys, monkeypatch, saved_run):  # noqa: F811
 
 def test_list_shows_a_corrupt_checkpoint(capsys, monkeypatch, saved_run):  # noqa: F811
     optim = saved_run / "checkpoints" / "step_00000004" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
-    optim.write_bytes(optim.read_bytes()[:-10] + b"0123456789")
+    # ten bytes changed inside the data, not in the zip's own records (a damaged archive structure is
+    # found without checksums, even by --quick)
+    data = optim.read_bytes()
+    middle = len(data) // 2
+    optim.write_bytes(
+        data[:middle] + bytes(b ^ 0xFF for b in data[middle : middle + 10]) + data[middle + 10 :]
+    )
     rows = json.loads(ckpt(capsys, monkeypatch, "list", saved_run, "--json").stdout)
     assert [r["verified"] for r in rows] == [True, False, True]
     assert "sha256 differs" in rows[1]["problem"]

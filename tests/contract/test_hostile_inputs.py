@@ -229,11 +229,12 @@ def test_a_broken_pipe_ends_quietly_with_141(world, tmp_path):
     """``llm-prep cat | head``: the reader goes away; the command ends as a Unix tool killed by SIGPIPE
     would (status 141), with nothing on stderr."""
     read, write = os.pipe()
+    # The reader is gone before the first write (`... | head -c 0`): a small dataset's text would
+    # otherwise fit in the pipe's buffer and the command could finish before a reader went away.
+    os.close(read)
     proc = subprocess.Popen([script("llm-prep"), "cat", str(world.prefix)], stdout=write, stderr=subprocess.PIPE,
                             env=contract_env(), cwd=tmp_path)  # fmt: skip
     os.close(write)
-    os.read(read, 10)
-    os.close(read)  # `head -c 10` has what it wanted
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 141 and err == b"", err
 

@@ -61,6 +61,11 @@ def write_config(path: Path, mix: str, cell: dict) -> Path:
             raw.setdefault(section, {}).update(values)
         else:
             raw[section] = values
+    steps, schedule = raw["training"].get("train_steps"), raw["schedule"]
+    if steps is not None and "total_steps" not in schedule and steps <= schedule.get("warmup_steps", 0):
+        # a run shorter than its warmup is refused; a few-step run that stops inside the warmup on
+        # purpose names the schedule's length (the warmup's learning rates do not depend on it)
+        schedule["total_steps"] = STEPS
     path.write_text(yaml.safe_dump(raw))
     return path
 

@@ -198,10 +198,9 @@ def test_the_reference_is_stored_in_the_run_and_tied_to_weights_and_data(learned
         json.loads((reset / "reference" / "reference.json").read_text())["identity"]["data"]["prefix"]
         == other
     )
-    # ... but not one from other starting weights (model.init_from changed): the run was trained against it
-    with pytest.raises(
-        InputError, match=r"other starting weights .*remove .*reset/reference to compute it again"
-    ):
+    # ... but not one from other starting weights (model.init_from changed): the run was trained against
+    # it; the resume policy refuses the change before anything is computed or written
+    with pytest.raises(InputError, match=r"model.init_from\]: .*reference was computed from the weights it"):
         run(other, reset, resume="auto", training__train_steps=3, model__init_from=str(run_dir))
     with pytest.raises(InputError, match="dpo.reference: .*holds no stored reference"):
         run(pref, tmp_path / "none", training__train_steps=1, dpo__reference=str(tmp_path))
