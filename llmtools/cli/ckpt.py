@@ -306,6 +306,7 @@ def eval_(
     from llmtools.ckpt import harness
     from llmtools.ckpt.convert import resolve_checkpoint
     from llmtools.ckpt.verify import read_meta
+    from llmtools.dirfd import make_folder
     from llmtools.fsutil import write_text_atomic
     from llmtools.tokenize.loader import load_tokenizer
 
@@ -329,7 +330,7 @@ def eval_(
         "results": results,
     }
     where = harness.results_path(path)
-    where.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(where.parent)  # RUN/eval: never a link someone put there
     write_text_atomic(where, harness.dumps(report))
     log(f"llm-ckpt: results in {where}")
     emit(jsonfile.dumps(report))
