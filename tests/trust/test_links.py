@@ -66,6 +66,13 @@ CASES = {
     "convert-safetensors": Case(
         ("ckpt", "convert", "{ws}/run", "--to", "safetensors", "-o", "{ws}/data/m.safetensors")
     ),
+    "convert-universal": Case(
+        ("ckpt", "convert", "{ws}/run/checkpoints/step_00000004", "--to", "universal", "-o", "{ws}/data/u")
+    ),
+    "import-hf": Case(
+        ("ckpt", "import-hf", "{ws}/hf", "-o", "{ws}/data/ck"),
+        setup=(("ckpt", "convert", "{ws}/run", "--to", "hf", "-o", "{ws}/hf"),),
+    ),
     "eval": Case(("ckpt", "eval", "{ws}/run", "--tasks", "{ws}/task.jsonl", "--tokenizer", "byte")),
     "tb": Case(
         ("log", "tb", "{ws}/run/metrics.jsonl", "--logdir", "{ws}/tb"),
