@@ -80,6 +80,24 @@ def append_file(path: str | os.PathLike, encoding: str | None = None):
     return os.fdopen(fd, "a", encoding=encoding) if encoding else os.fdopen(fd, "ab")
 
 
+def make_folder(path: str | os.PathLike) -> Path:
+    """``path`` (a folder of ours inside the user's folder: ``RUN/eval``), made unless it is there; a
+    link (or anything but a folder) there is :class:`LinkRefused` naming it. Returns it."""
+    path = Path(path)
+    with folder(path.parent) as dir_fd:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path.name, 0o777, dir_fd=dir_fd)
+        try:
+            fd = os.open(path.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC, dir_fd=dir_fd)
+        except OSError as error:
+            _refuse_link(error, path)
+            if error.errno == errno.ENOTDIR:
+                raise LinkRefused(path, "not a folder") from None
+            raise
+        os.close(fd)
+    return path
+
+
 def refuse_link(path: str | os.PathLike) -> Path:
     """``path`` (a file or folder of ours inside the user's folder: ``RUN/checkpoints``) is not a
     symlink; :class:`LinkRefused` naming it otherwise. Returns it."""

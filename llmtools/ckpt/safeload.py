@@ -69,7 +69,7 @@ class UnsafeFileError(InputError):
         self.path, self.global_name = Path(path), f"{module}.{name}"
         super().__init__(
             f"{path}: refusing to load: it names the global {module}.{name}, which llmtools checkpoints "
-            "never hold (unpickling it could run code); see 'Trust' in the README"
+            "never hold (unpickling it could run code); see docs/trust-checkpoints.md"
         )
 
     def __reduce__(self):  # raised in a worker process: arrives in the parent as the same message

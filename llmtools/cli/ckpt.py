@@ -306,6 +306,7 @@ def eval_(
     from llmtools.ckpt import harness
     from llmtools.ckpt.convert import resolve_checkpoint
     from llmtools.ckpt.verify import read_meta
+    from llmtools.dirfd import make_folder, refuse_link
     from llmtools.fsutil import write_text_atomic
     from llmtools.tokenize.loader import load_tokenizer
 
@@ -322,14 +323,15 @@ def eval_(
         tok = load_tokenizer(str(source), backend="tokenizers")
     except InputError as error:
         raise InputError(f"--tokenizer: {source}: {error}") from None
+    where = harness.results_path(path)
+    refuse_link(where.parent)  # a link at RUN/eval is refused before the work, and again when writing
     results = harness.evaluate_checkpoint(path, found, tok, limit=limit, batch=batch)
     report = {
         "checkpoint": str(path.resolve()),
         "tasks": {t.name: str(t.path) for t in found},
         "results": results,
     }
-    where = harness.results_path(path)
-    where.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(where.parent)  # RUN/eval: never a link someone put there
     write_text_atomic(where, harness.dumps(report))
     log(f"llm-ckpt: results in {where}")
     emit(jsonfile.dumps(report))

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from llmtools.dirfd import make_folder
 from llmtools.errors import InputError
 from llmtools.formats import jsonfile
 
@@ -111,8 +112,12 @@ class Tracker:
     def _guard(self, what: str, call: Callable[[], Any]) -> Any:
         if not self.alive:
             return None
+        from llmtools.dirfd import LinkRefused
+
         try:
             return call()
+        except LinkRefused:
+            raise  # someone planted a link where the tracker keeps its store: not a tracker failure
         except Exception as error:  # noqa: BLE001 - any failure of a tracker: warn, go on without it
             self.alive = False
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -196,6 +201,7 @@ class WandbTracker(Tracker):
         import wandb
 
         self.folder.mkdir(parents=True, exist_ok=True)
+        make_folder(self.folder / "wandb")  # W&B writes in there by path: never through a planted link
         if run_id is None:
             from wandb.sdk.lib.runid import generate_id
 
@@ -321,6 +327,7 @@ class MlflowTracker(Tracker):
         tracking_uri: str | None = None,
     ) -> None:
         super().__init__(warn)
+        self.folder = Path(folder)
         for key, value in MLFLOW_ENV.items():
             os.environ.setdefault(key, value)
         self.uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or local_store(folder)
@@ -334,6 +341,9 @@ class MlflowTracker(Tracker):
     def _start(self, project: str, run_name: str, run_id: str | None, config: dict | None) -> None:
         from mlflow.tracking import MlflowClient
 
+        if self.uri == local_store(self.folder):  # MLflow writes in there by path: never through a link
+            self.folder.mkdir(parents=True, exist_ok=True)
+            make_folder(self.folder.resolve() / "mlruns")
         self.client = client = MlflowClient(tracking_uri=self.uri)
         if run_id is not None:
             run = client.get_run(run_id)
