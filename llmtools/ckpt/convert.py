@@ -189,8 +189,8 @@ def to_safetensors(
             for size in source.shape:
                 numel *= size
             specs.append((name, tuple(source.shape), out_dtype, numel * out_dtype.itemsize, source))
-        with atomic_path(output) as tmp:
-            _write_safetensors(tmp, specs)
+        with atomic_path(output) as tmp, _counted(sources) as bar:
+            _write_safetensors(tmp, [(*spec[:4], _Counted(spec[4], bar)) for spec in specs])
     return output
 
 
@@ -300,8 +300,38 @@ def to_hf(
                     raise InputError(
                         f"{checkpoint}[{name}]: shape {tuple(source.shape)}, the model config implies {shapes[name]}"
                     )
-            write(state)
+            if config.tie_word_embeddings:  # not written, so not counted
+                state.pop("lm_head.weight", None)
+            with _counted(state) as bar:
+                write({name: _Counted(src, bar) for name, src in state.items()})
     return output
+
+
+def _counted(sources: dict):
+    """The progress of a conversion, in bytes read from the checkpoint."""
+    from llmtools.progress import Progress
+
+    return Progress(sum(_nbytes(src) for src in sources.values()), "convert", unit="B")
+
+
+def _nbytes(source) -> int:
+    numel = 1
+    for size in source.shape:
+        numel *= size
+    return numel * source.dtype.itemsize
+
+
+class _Counted:
+    """A lazy tensor that reports its bytes to the progress when it is read."""
+
+    def __init__(self, source, bar) -> None:
+        self.source, self.bar = source, bar
+        self.shape, self.dtype = source.shape, source.dtype
+
+    def load(self):
+        tensor = self.source.load()
+        self.bar.update(_nbytes(self))
+        return tensor
 
 
 def _marker(checkpoint: Path, meta: dict[str, Any] | None, kind: str) -> dict[str, Any]:

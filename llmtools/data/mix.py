@@ -472,8 +472,13 @@ def _plan_split(
         components[0].built_samples = size
         components[0].target_samples = size
         components[0].normalized_weight = 1.0
-    for comp in components:
-        comp.indices = _gpt(sources[comp.source], comp, config, name)
+    from llmtools.progress import Progress
+
+    # One step per source: its document, sample and shuffle indices (the long part for big sources).
+    with Progress(len(components), f"mix {name} indices", unit="source") as bar:
+        for comp in components:
+            comp.indices = _gpt(sources[comp.source], comp, config, name)
+            bar.update(1)
     if single:
         total, bw = size, [1.0]
     elif weights is None:

@@ -26,7 +26,6 @@ import hashlib
 import mmap
 import os
 import re
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -602,7 +601,7 @@ def _export_hf(config: ExportConfig) -> ExportResult:
     schema = features.arrow_schema
     mode = "packed" if config.packed else "documents"
     result = ExportResult(config.output, config.format, mode, columns=list(columns))
-    from tqdm.auto import tqdm
+    from llmtools.progress import Progress
 
     with atomic_dir(config.output, force=config.force) as tmp:
         writer_cls = ArrowShardWriter if config.format == "arrow" else ParquetShardWriter
@@ -611,8 +610,7 @@ def _export_hf(config: ExportConfig) -> ExportResult:
         )  # the rule save_to_disk uses
         writer = writer_cls(tmp, schema, rows.num_rows, num_shards, config.split)
         releaser = _PageReleaser(reader.bin_file) if reader is not None else None
-        bar = tqdm(total=rows.total_tokens, unit="tok", unit_scale=True, desc="export", file=sys.stderr,
-                   disable=not _progress_enabled(config.progress), dynamic_ncols=True)  # fmt: skip
+        bar = Progress(rows.total_tokens, "export", unit="tok", enabled=config.progress is not False)
         try:
             for cols, ntok in rows.batches(releaser):
                 if detok:
@@ -636,10 +634,6 @@ def _export_hf(config: ExportConfig) -> ExportResult:
         (tmp / "README.md").write_text(dataset_card(manifest), encoding="utf-8")
         result.files += [MANIFEST_NAME, "README.md"]
     return result
-
-
-def _progress_enabled(progress: bool | None) -> bool:
-    return sys.stderr.isatty() if progress is None else progress
 
 
 def _estimated_bytes(rows, columns: dict) -> int:

@@ -126,7 +126,7 @@ class TokenImportConfig:
     tokenizer: str | None = None
     append_eod: bool = False
     force: bool = False
-    progress: bool = True
+    progress: bool | None = None  # False: silent; otherwise a bar on a terminal, plain lines elsewhere
 
     def __post_init__(self) -> None:
         if not self.column:
@@ -193,10 +193,10 @@ def _import_token_ids(config: TokenImportConfig, table, kind) -> TokenImportResu
     with_sentences = "sequence_lengths" in table.schema.names
     columns = [config.column] + (["sequence_lengths"] if with_sentences else [])
 
-    from tqdm.auto import tqdm
+    from llmtools.progress import Progress
 
     result = TokenImportResult(prefix, dtype=np.dtype(dtype).name)
-    bar = tqdm(total=table.num_rows, unit="doc", unit_scale=True, desc="hf2bin", disable=not config.progress)
+    bar = Progress(table.num_rows, "hf2bin", unit="doc", enabled=config.progress is not False)
     row = empty = 0
     try:
         with IndexedDatasetWriter(prefix, dtype) as writer:
@@ -418,12 +418,12 @@ def _hf2bin(config: Hf2BinConfig, prefixes: list[str], ids: list[str], texts: li
     if texts and not config.tokenizer:
         raise UsageError(f"--tokenizer: needed to tokenize the text column {texts[0]!r}")
     result = Hf2BinResult(prefixes=prefixes, tokenized=texts, copied=ids)
-    progress = config.progress if config.progress is not None else None
+    progress = config.progress
     for key in ids:
         done = import_token_ids(TokenImportConfig(
             config.source, config.output_prefix, column=key, split=config.split, tokenizer=config.tokenizer,
             append_eod=config.append_eod, force=config.force,
-            progress=progress if progress is not None else _stderr_tty()))  # fmt: skip
+            progress=progress))  # fmt: skip
         result.paths += done.files
         result.documents = done.documents
         result.tokens[key] = done.tokens
@@ -454,9 +454,3 @@ def _default_key(table: ArrowSource) -> str:
     raise InputError(
         f"{table.name}: no 'text' or 'input_ids' column (have {', '.join(table.schema.names)}); use --json-keys"
     )
-
-
-def _stderr_tty() -> bool:
-    import sys
-
-    return sys.stderr.isatty()

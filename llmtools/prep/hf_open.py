@@ -276,6 +276,8 @@ def _open_saved_dataset(folder: Path, name: str, split: str | None) -> ArrowSour
     expected = _recorded_rows(source.manifest, folder)
     if expected is not None:
         source._iter = _counted(source._iter, expected, folder / MANIFEST_NAME)
+        if source.num_rows is None:  # Arrow streams do not say; the manifest does, and is checked above
+            source.num_rows = expected
     return source
 
 

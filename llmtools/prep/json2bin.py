@@ -584,56 +584,35 @@ def build_sidecar(tok, key, config, dtype, inputs, writer, empty, skipped) -> di
 
 
 class _Progress:
-    """tqdm bar on stderr in input bytes, with docs/s and tokens/s; silent when disabled."""
+    """The progress in input bytes, with docs/s and tokens/s (:class:`llmtools.progress.Progress`: a bar
+    on a terminal, plain lines otherwise); silent when disabled."""
 
     def __init__(self, enabled: bool | None, total: int | None, log_interval: int | None = None) -> None:
-        # Megatron's lines (--log-interval) replace the bar, on a terminal or not; -q silences both.
+        # Megatron's lines (--log-interval) replace ours, on a terminal or not; -q silences both.
+        from llmtools.progress import Progress
+
         self.log_interval = log_interval if enabled is not False else None
-        if enabled is None:
-            enabled = sys.stderr.isatty()
-        self.bar = None
         self.docs = self.tokens = self.nbytes = 0
         self.start = time.perf_counter()
-        self.last = 0.0
-        if enabled and log_interval is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(
-                total=total,
-                unit="B",
-                unit_scale=True,
-                unit_divisor=1000,
-                desc="json2bin",
-                file=sys.stderr,
-                dynamic_ncols=True,
-                smoothing=0.1,
-            )
+        self.bar = Progress(
+            total, "json2bin", unit="B", enabled=enabled is not False and log_interval is None
+        )
 
     def update(self, nbytes: int, docs: int, tokens: int) -> None:
         before = self.docs
         self.docs += docs
         self.tokens += tokens
         self.nbytes += nbytes
+        secs = max(time.perf_counter() - self.start, 1e-9)
         if self.log_interval and self.docs // self.log_interval > before // self.log_interval:
             # Megatron's progress line (its MB are MiB).
-            secs = max(time.perf_counter() - self.start, 1e-9)
             print(
                 f"Processed {self.docs} documents ({self.docs / secs} docs/s, {self.nbytes / secs / 1024 / 1024} MB/s).",
                 file=sys.stderr,
                 flush=True,
             )
-        if self.bar is None:
-            return
+        self.bar.set_postfix(f"{self.docs / secs:,.0f} docs/s, {self.tokens / secs:,.0f} tok/s")
         self.bar.update(nbytes)
-        now = time.perf_counter()
-        if now - self.last > 0.5:
-            self.last = now
-            secs = max(now - self.start, 1e-9)
-            self.bar.set_postfix_str(
-                f"{self.docs / secs:,.0f} docs/s, {self.tokens / secs:,.0f} tok/s", refresh=False
-            )
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+        self.bar.close()

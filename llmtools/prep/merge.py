@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -156,7 +155,9 @@ def _merge(inputs, output_prefix: str, force: bool, partial: bool, durable: bool
     result = MergeResult(prefix=output_prefix, paths=[], inputs=len(parts), dtype=dtype)
     merged_from = []
     empty = 0
-    bar = _bar(progress, sum(p.bin_bytes for p in parts))
+    from llmtools.progress import Progress
+
+    bar = Progress(sum(p.bin_bytes for p in parts), "merge", unit="B", enabled=progress is not False)
     try:
         with IndexedDatasetWriter(output_prefix, dtype, durable=durable) as writer:
             for part in parts:
@@ -165,8 +166,7 @@ def _merge(inputs, output_prefix: str, force: bool, partial: bool, durable: bool
                 del reader
                 empty += added["empty_documents"]
                 merged_from.append(_provenance(part, added))
-                if bar is not None:
-                    bar.update(added["bin_bytes"])
+                bar.update(added["bin_bytes"])
             sidecars = {}
             if any(p.sidecar is not None for p in parts):
                 sidecars[output_prefix] = _merged_sidecar(
@@ -175,8 +175,7 @@ def _merge(inputs, output_prefix: str, force: bool, partial: bool, durable: bool
             # .bin/.idx and the sidecar as one step: a signal cannot leave the dataset without its sidecar
             written = commit_with_sidecars([writer], sidecars)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     result.documents, result.sequences = writer.num_documents, writer.num_sequences
     result.tokens, result.bin_bytes = writer.num_tokens, sum(p.bin_bytes for p in parts)
     result.paths = [str(bin_path(output_prefix)), str(idx_path(output_prefix)), *map(str, written)]
@@ -382,13 +381,3 @@ def _merged_sidecar(parts, tokenizer, writer, empty, merged_from, coverage, dtyp
     sidecar["append_eod"] = _common(parts, "append_eod")  # null when the parts disagree
     sidecar["special_tokens"] = _common(parts, "special_tokens")
     return sidecar
-
-
-def _bar(enabled: bool | None, total: int):
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1000, desc="merge", file=sys.stderr)

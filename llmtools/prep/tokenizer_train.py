@@ -50,6 +50,8 @@ def build_tokenizer(texts: Iterable[str], config: TrainConfig):
     """Train on ``texts`` and return the ``tokenizers.Tokenizer``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+    from llmtools.progress import on_terminal
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -58,7 +60,9 @@ def build_tokenizer(texts: Iterable[str], config: TrainConfig):
         min_frequency=config.min_frequency,
         special_tokens=list(config.special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        # On a terminal the trainer's own bars (reading, counting pairs, merges); elsewhere it draws
+        # nothing, so the reading is reported by the caller's plain lines (iter_jsonl_texts).
+        show_progress=on_terminal(),
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
@@ -68,14 +72,18 @@ def iter_jsonl_texts(inputs: Sequence[str], keys: Sequence[str], skip_bad: bool 
     """Every text of every key in JSONL inputs (same reader and errors as json2bin)."""
     from llmtools.errors import InputError
     from llmtools.prep.jsonl import JsonlSource
+    from llmtools.progress import Progress, on_terminal
 
     source = JsonlSource(inputs, skip_bad=skip_bad)
-    for chunk in source.batches():
-        batch = chunk.parse(keys, skip_bad)
-        if batch.bad and not skip_bad:
-            raise InputError(batch.bad[0].message)
-        for key in keys:
-            yield from batch.texts[key]
+    # Plain lines while the input is read; on a terminal the trainer draws its own bars instead.
+    with Progress(source.total_bytes, "tokenizer: read", unit="B", enabled=not on_terminal()) as bar:
+        for chunk in source.batches():
+            batch = chunk.parse(keys, skip_bad)
+            if batch.bad and not skip_bad:
+                raise InputError(batch.bad[0].message)
+            for key in keys:
+                yield from batch.texts[key]
+            bar.update(batch.nbytes)
 
 
 def outputs(output: str | os.PathLike) -> list[Path]:

@@ -6,14 +6,17 @@ banner and its logs go to stderr)."""
 from __future__ import annotations
 
 import json
+import os
+import pty
 import re
 import shutil
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.contract.conftest import BIN, REPO, contract_env, run_cli
+from tests.contract.conftest import BIN, REPO, contract_env, run_cli, script
 
 DS = REPO / "configs" / "deepspeed"
 
@@ -109,3 +112,64 @@ def test_hashing_reports_rate_and_time_left_off_a_terminal(world, tmp_path):
     _json(proc)
     lines = [line for line in proc.stderr.decode().splitlines() if line.startswith("sha256 step_00000002")]
     assert lines and re.search(r"\[\d\d:\d\d<\d\d:\d\d, .*B/s\]", lines[-1]), proc.stderr.decode()
+
+
+# The label of each long command's progress lines, and the command (from _commands) that shows it.
+PROGRESS = {
+    "prep json2bin": "json2bin",
+    "prep tokenizer train": "tokenizer: read",
+    "prep merge": "merge",
+    "prep hf2bin": "hf2bin",
+    "mix": "mix train indices",
+    "export hf": "export",
+}
+# tqdm's meter: [elapsed<left, rate] (a rate such as 1.2MB/s, 3.40source/s or 512tok/s).
+METER = re.compile(r"\[\d\d:\d\d<\d\d:\d\d, [\d.]+[kMGT]?(B|[a-z]+)/s")
+
+
+def test_long_commands_report_rate_and_time_left_off_a_terminal(world, tmp_path):
+    """Each long command, off a terminal and with LLMTOOLS_PROGRESS_INTERVAL=0 (a line per update),
+    prints progress lines with the rate and the time left on stderr, and only its result on stdout."""
+    env = contract_env(LLMTOOLS_PROGRESS_INTERVAL="0")
+    commands = _commands(world, tmp_path)
+    runs = {name: (commands[name], label) for name, label in PROGRESS.items()}
+    runs["ckpt convert"] = (
+        ["llm-ckpt", "convert", world.checkpoint, "--to", "hf", "-o", tmp_path / "c"],
+        "convert",
+    )
+    missing = {}
+    for name, (argv, label) in runs.items():
+        proc = run_cli(argv, tmp_path, env=env)
+        if name == "ckpt convert":
+            assert proc.returncode == 0 and proc.stdout.decode() == f"{tmp_path / 'c'}\n", (
+                proc.stderr.decode()
+            )
+        else:
+            _json(proc)
+        lines = [line for line in proc.stderr.decode().splitlines() if line.startswith(f"{label}:")]
+        if not lines or not METER.search(lines[-1]):
+            missing[name] = proc.stderr.decode()[-1000:]
+    assert missing == {}
+
+
+def test_a_terminal_gets_a_bar(world, tmp_path):
+    """With stderr on a terminal the same progress is tqdm's bar (drawn with \\r), and stdout still holds
+    the result alone."""
+    leader, follower = pty.openpty()
+    out = tmp_path / "hf"
+    proc = subprocess.Popen([script("llm-export"), "hf", str(world.prefix), "-o", str(out)], cwd=tmp_path,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower, env=contract_env())  # fmt: skip
+    os.close(follower)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the command closed its end
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(leader)
+    stdout = proc.communicate(timeout=240)[0].decode()
+    assert proc.returncode == 0 and stdout == f"{out}\n", drawn.decode(errors="replace")
+    assert re.search(rb"\rexport: +\d+%\|.*\| [\d.]+[kM]?/[\d.]+[kM]?", drawn), drawn.decode(errors="replace")

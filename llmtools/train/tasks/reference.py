@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -178,11 +177,11 @@ def compute_reference_logps(model, data, run: RunContext, *, lora: bool) -> np.n
 
 
 def _progress(total: int, run: RunContext):
-    if run.rank != 0 or run.quiet or not sys.stderr.isatty():
+    if run.rank != 0 or run.quiet:
         return None
-    from tqdm import tqdm
+    from llmtools.progress import Progress
 
-    return tqdm(total=total, unit="batch", desc="reference log-probs", file=sys.stderr, dynamic_ncols=True)
+    return Progress(total, "reference log-probs", unit="batch")
 
 
 def _distributed(run: RunContext) -> bool:
