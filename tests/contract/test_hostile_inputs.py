@@ -184,6 +184,10 @@ ROWS = [
     Row("merge-stamps-no-tokenizer", ["llm-prep", "merge", "{w.prefix}", "nos", "-o", "out/m"], 2,
         r"nos: has no sidecar naming its tokenizer, but .*byte_text_document was made with",
         setup=other_dataset("nos")),
+    Row("merge-dataset-listed-twice", ["llm-prep", "merge", "{w.prefix}", "{w.prefix}", "-o", "out/m"], 2,
+        r"byte_text_document: the same dataset is named twice"),
+    Row("json2bin-input-listed-twice", ["llm-prep", "json2bin", "in.jsonl", "./in.jsonl", "-t", "byte", "-o", "x"],
+        2, r"^llm-prep: error: \./in\.jsonl: the same input is named twice", files={"in.jsonl": lines({"text": "a"})}),
     Row("prep-output-dot", ["llm-prep", "json2bin", "in.jsonl", "-t", "byte", "-o", "."], 2,
         r"--output \.: is a folder", files={"in.jsonl": lines({"text": "a"})}),
 ]  # fmt: skip
