@@ -183,9 +183,9 @@ class ChatTemplate:
         """The spans :meth:`_incremental_spans` finds, from a bounded number of renderings.
 
         Every assistant content is replaced by a numbered sentinel and the conversation rendered once:
-        where the sentinels land is where the contents are, provided putting the contents back gives
-        the real rendering exactly (a template that trims, escapes or inspects a content fails that
-        check). The header and end-of-turn text around a content are then measured by the
+        where the sentinels land is where the contents are, provided putting the contents (or the
+        contents trimmed) back gives the real rendering exactly (a template that escapes or inspects a
+        content fails that check). The header and end-of-turn text around a content are then measured by the
         prefix-by-prefix method at three sample turns (first, middle, last); they must agree with each
         other, and the end-of-turn text must be the same string after every turn. Anything else, or
         non-string contents: ``None``, and the caller takes the prefix-by-prefix way.
@@ -207,19 +207,23 @@ class ChatTemplate:
         # Each mark exactly once, and nothing else in either rendering that could be taken for one.
         if SENTINEL[0] in full or marked.count(SENTINEL[0]) != len(marks):
             return None
-        starts, pieces, pos, shift = [], [], 0, 0
+        # Walk both renderings side by side: the template's own text must be equal, and in place of each
+        # mark the content, or the content trimmed (templates such as Llama 3's trim it).
+        starts, ends, pos, cursor = [], [], 0, 0
         for mark, content in zip(marks, contents, strict=True):
             at = marked.find(mark, pos)
-            if at < 0:
+            if at < 0 or not full.startswith(marked[pos:at], cursor):
                 return None
-            pieces += [marked[pos:at], content]
-            starts.append(at + shift)
-            shift += len(content) - len(mark)
+            cursor += at - pos
+            written = next((c for c in (content, content.strip()) if full.startswith(c, cursor)), None)
+            if written is None:
+                return None
+            starts.append(cursor)
+            cursor += len(written)
+            ends.append(cursor)
             pos = at + len(mark)
-        pieces.append(marked[pos:])
-        if "".join(pieces) != full:
+        if full[cursor:] != marked[pos:]:
             return None
-        ends = [start + len(content) for start, content in zip(starts, contents, strict=True)]
         # The header ends where the content starts (offset 0) and the turn ends a fixed text later.
         tail = None
         for k in sorted({0, len(turns) // 2, len(turns) - 1}):
