@@ -161,7 +161,7 @@ def report(prog: str, result, as_json: bool, quiet: bool) -> None:
         summary = result.summary
         log(f"{prog}: {summary() if callable(summary) else summary}")
     if as_json:
-        emit(jsonfile.dumps(result.to_dict()))
+        emit(jsonfile.output(result.to_dict()))
     else:
         for path in result.paths:
             emit(str(path))

@@ -41,7 +41,7 @@ def list_(
 
     rows = list_run(run_dir, checksums=not quick)
     if as_json:
-        emit(jsonfile.dumps(jsonfile.nulls(rows)))
+        emit(jsonfile.output(jsonfile.nulls(rows)))
     elif rows:
         emit(format_table(rows))
     else:
@@ -90,7 +90,7 @@ def verify_(
         reports = [verify(target, found_in=ckpt_dir) for target in targets]
     for report in reports:
         if as_json:
-            emit(jsonfile.dumps({"path": str(report.path), "ok": report.ok, "problems": report.problems}))
+            emit(jsonfile.output({"path": str(report.path), "ok": report.ok, "problems": report.problems}))
         elif report.ok:
             emit(f"{report.path}: ok")
     bad = [r for r in reports if not r.ok]
@@ -129,7 +129,7 @@ def inspect_(
     from llmtools.ckpt.inspect import format_inspect, inspect_checkpoint
 
     info = inspect_checkpoint(path)
-    emit(jsonfile.dumps(jsonfile.nulls(info), default=str) if as_json else format_inspect(info))
+    emit(jsonfile.output(jsonfile.nulls(info), default=str) if as_json else format_inspect(info))
 
 
 def _data_ledger(path: Path, as_json: bool) -> str:
@@ -145,7 +145,7 @@ def _data_ledger(path: Path, as_json: bool) -> str:
     run_dir = checkpoint.parent.parent
     records = read_records(quarantine_path(run_dir), run, whose=f"the checkpoint {checkpoint.name}")
     report = ledger_report(meta, str(checkpoint), records)
-    return jsonfile.dumps(jsonfile.nulls(report)) if as_json else format_ledger(report)
+    return jsonfile.output(jsonfile.nulls(report)) if as_json else format_ledger(report)
 
 
 PRUNE_HELP = """Remove old checkpoints, keeping the newest K (and every N-th step with --keep-every).
@@ -334,7 +334,7 @@ def eval_(
     make_folder(where.parent)  # RUN/eval: never a link someone put there
     write_text_atomic(where, harness.dumps(report))
     log(f"llm-ckpt: results in {where}")
-    emit(jsonfile.dumps(report))
+    emit(jsonfile.output(report))
 
 
 IMPORT_HELP = """Bring a Hugging Face Llama/Qwen3 model folder in as a step-0 checkpoint.

@@ -83,7 +83,7 @@ def hf(
     inputs = [*input_files(config), *input_paths([tokenizer])]
     claim([config.output], inputs=inputs, force=force, kinds={"llmtools.hf-export"})
     result = export_hf(config)
-    emit(jsonfile.dumps(result.to_dict()) if as_json else str(result.output))
+    emit(jsonfile.output(result.to_dict()) if as_json else str(result.output))
 
 
 def main() -> None:

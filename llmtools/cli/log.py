@@ -147,7 +147,7 @@ def tb(
     result = convert(logs, config, should_stop=lambda: flag.stop, on_progress=None if quiet else log)
     _report_counts(result.counts, quiet)
     if as_json:
-        emit(jsonfile.dumps({"runs": result.runs, "lines": result.counts.as_dict()}))
+        emit(jsonfile.output({"runs": result.runs, "lines": result.counts.as_dict()}))
     else:
         for info in result.runs.values():
             emit(info["events_file"])
@@ -208,7 +208,7 @@ def _upload(
     result = upload(logs, config, should_stop=lambda: flag.stop, on_progress=None if quiet else log)
     _report_counts(result.pop("counts"), quiet)
     if as_json:
-        emit(jsonfile.dumps(result))
+        emit(jsonfile.output(result))
     else:
         for name, info in result["runs"].items():
             emit(f"{name}\t{info['id']}\t{info['points']} new points")
@@ -326,7 +326,7 @@ def summary(
         for problem in s.counts.first_problems:
             log(f"llm-log: warning: {problem}")
     dicts = [s.as_dict() for s in summaries]
-    emit(jsonfile.dumps(jsonfile.nulls(dicts), indent=1) if as_json else format_table(dicts))
+    emit(jsonfile.output(jsonfile.nulls(dicts), indent=1) if as_json else format_table(dicts))
 
 
 def main() -> None:

@@ -259,7 +259,7 @@ def mix(
         summary = lib.plan_to_json(plan)
         summary.pop("config", None)
         summary["written"] = [str(p) for p in written]
-        emit(jsonfile.dumps(summary))
+        emit(jsonfile.output(summary))
     elif explain:
         emit(mix_explain.explain(plan))
         if len(written) > mix_explain.GROUP_OVER:

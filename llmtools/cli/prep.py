@@ -281,7 +281,7 @@ def inspect_cmd(
     from llmtools.prep.inspect import format_report, inspect_prefix
 
     report = inspect_prefix(prefix, validate=not no_validate)
-    emit(jsonfile.dumps(jsonfile.nulls(report)) if as_json else format_report(report))
+    emit(jsonfile.output(jsonfile.nulls(report)) if as_json else format_report(report))
 
 
 CAT_HELP = """Print documents of a .bin/.idx: detokenized with --tokenizer, else as token ids.
@@ -340,10 +340,10 @@ def cat_cmd(
     for j, ids in iter_documents(prefix, docs):
         if tok is not None:
             text = tok.decode(ids)
-            emit(jsonfile.dumps({"doc": j, "text": text}, ensure_ascii=False) if as_json else text)
+            emit(jsonfile.output({"doc": j, "text": text}, ensure_ascii=False) if as_json else text)
         else:
             emit(
-                jsonfile.dumps({"doc": j, "ids": ids.tolist()})
+                jsonfile.output({"doc": j, "ids": ids.tolist()})
                 if as_json
                 else " ".join(map(str, ids.tolist()))
             )
@@ -396,7 +396,7 @@ def _cat_quarantine(path: Path, tok, as_json: bool) -> None:
         else:
             entry["ids"] = ids.tolist()
         if as_json:
-            emit(jsonfile.dumps(entry, ensure_ascii=False))
+            emit(jsonfile.output(entry, ensure_ascii=False))
         else:
             emit(header)
             emit(entry["text"] if tok is not None else " ".join(map(str, entry["ids"])))
@@ -454,7 +454,7 @@ def tokenizer_train_cmd(
     log(
         f"llm-prep tokenizer train: vocab {summary['vocab_size']}, EOD {summary['eod_token']!r} = {summary['eod_id']}"
     )
-    emit(jsonfile.dumps(summary) if as_json else summary["path"])
+    emit(jsonfile.output(summary) if as_json else summary["path"])
 
 
 SAMPLE_HELP = """Write the built-in sample corpus: generated text, deterministic from --seed, learnable by a tiny model.

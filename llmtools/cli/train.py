@@ -165,7 +165,7 @@ def train(
             cfg, ds_raw, world_size=int(os.environ.get("WORLD_SIZE", "1")), ds_source=str(deepspeed)
         )
         emit(
-            jsonfile.dumps(
+            jsonfile.output(
                 {
                     "steps": plan.steps,
                     "total_steps": plan.total_steps,
@@ -207,7 +207,7 @@ def train(
         return
     if json_out:
         emit(
-            jsonfile.dumps(
+            jsonfile.output(
                 jsonfile.nulls(
                     {
                         "run_dir": str(result.run_dir),

@@ -70,6 +70,54 @@ def dumps(obj, what: str = "JSON output", **kwargs) -> str:
         ) from None
 
 
+def output(obj, what: str = "JSON output", **kwargs) -> str:
+    """What a ``--json`` option prints: :func:`dumps` of :func:`portable` ``obj``."""
+    return dumps(portable(obj), what, **kwargs)
+
+
+def portable(obj):
+    """``obj`` with every value that is not Unicode text replaced by ``{"bytes_b64": BASE64}`` of its bytes.
+
+    Such strings are paths with bytes that are not UTF-8 (Python carries each as a lone surrogate,
+    ``\\udcff``, which strict JSON readers refuse or replace): the object gives the exact bytes back in
+    any language, and a path that is UTF-8 stays a plain string. ``os.PathLike`` values become their
+    path string (or bytes) first. Dictionary keys are left as they are (JSON keys are strings).
+    """
+    if isinstance(obj, os.PathLike):
+        obj = os.fspath(obj)
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+            return obj
+        except UnicodeEncodeError:
+            return {
+                "bytes_b64": _b64(
+                    os.fsencode(obj) if _fs_escapes_only(obj) else obj.encode("utf-8", "surrogatepass")
+                )
+            }
+    if isinstance(obj, bytes):
+        try:
+            return obj.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"bytes_b64": _b64(obj)}
+    if isinstance(obj, dict):
+        return {k: portable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [portable(v) for v in obj]
+    return obj
+
+
+def _fs_escapes_only(text: str) -> bool:
+    """Every surrogate in ``text`` is one ``surrogateescape`` makes (U+DC80..U+DCFF, a byte >= 0x80)."""
+    return all("\udc80" <= c <= "\udcff" for c in text if "\ud800" <= c <= "\udfff")
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode("ascii")
+
+
 def nulls(obj):
     """``obj`` with every non-finite float replaced by None, for values where NaN is a fact to report (a
     diverged loss) rather than a bug: JSON's null, with the count or steps reported beside it."""

@@ -76,26 +76,33 @@ def expand_prefixes(items: Sequence[str], what: str = "dataset") -> list[str]:
     suffix, globs over either (sorted), and ``@list`` files of those.
 
     A glob names the prefixes of the ``.idx``/``.bin`` files it matches (``shards/*`` and
-    ``shards/*.idx`` name the same datasets). Adjacent repeats collapse (``a.bin a.idx`` is one
-    dataset, as a shell expands ``a.*``); a prefix named twice elsewhere is refused, as is a glob
-    matching no dataset. Whether each prefix is complete and valid is for its reader to say.
+    ``shards/*.idx`` name the same datasets). Adjacent names of *different files* of one dataset
+    collapse (``a.bin a.idx`` is one dataset, as a shell expands ``a.*``); any other repeat (``a a``,
+    ``a.bin a.bin``, ``a ./a``, a glob matching a dataset named before) is refused, as is a glob matching
+    no dataset. Whether each prefix is complete and valid is for its reader to say.
     """
     out: list[str] = []
     seen: dict[str, str] = {}
+    files: set[str] = set()  # which files of out[-1] adjacent items named: '' for the dataset as a whole
     for item in expand_lists(items):
         if _is_dataset(_strip(item)) or os.path.exists(item) or not glob.has_magic(item):
             found = [_strip(item)]
+            file = item[len(found[0]) :]
         else:
             # ``web/*`` matches files (a.bin, a.idx, a.json); ``web/*_document`` matches prefixes only.
             matches = glob.glob(item, recursive=True) + glob.glob(item + ".idx", recursive=True)
             found = sorted({_strip(m) for m in matches if _is_dataset(_strip(m))})
             if not found:
                 raise InputError(f"{item}: no {what} matches this pattern (no .bin/.idx file)")
+            file = ""
         for prefix in found:
-            if out and out[-1] == prefix:
+            key = os.path.realpath(prefix)
+            if out and os.path.realpath(out[-1]) == key and file and not files & {"", file}:
+                files.add(file)
                 continue
-            if prefix in seen:
-                raise InputError(f"{prefix}: the same {what} is named twice ({seen[prefix]!r} and {item!r})")
-            seen[prefix] = item
+            if key in seen:
+                raise InputError(f"{prefix}: the same {what} is named twice ({seen[key]!r} and {item!r})")
+            seen[key] = item
+            files = {file}
             out.append(prefix)
     return out

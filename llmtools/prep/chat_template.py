@@ -22,6 +22,12 @@ end-of-turn marker (``<|im_end|>``, ``<|eot_id|>``): the model learns to stop. T
 not prefix-stable (that rewrite earlier turns once later ones exist) fall back to finding the
 assistant content itself in the full rendering.
 
+That is three renderings per assistant turn, each as long as the conversation so far: quadratic in
+turns. The same spans are found first from a bounded number of renderings (:meth:`ChatTemplate.
+_linear_spans`: the assistant contents replaced by numbered sentinels, rendered once, plus the
+prefix-by-prefix method at three sample turns); the prefix-by-prefix way runs only where that result
+cannot be verified (a template that trims, escapes or inspects a content, or ends turns differently).
+
 Templates are untrusted code: besides the sandbox (:mod:`llmtools.prep.template_sandbox`), every conversation is rendered under limits
 (:data:`MAX_RENDER_CHARS`, :data:`MAX_RENDER_SECONDS`). Operations that multiply sizes (``*``, ``**``,
 ``%`` and ``format`` widths, ``ljust``/``center``/``indent``/``join``/``replace`` ...) are checked before
@@ -101,6 +107,9 @@ class ChatTemplate:
     special_tokens: dict[str, object] = field(default_factory=dict)
     time_limit: float = MAX_RENDER_SECONDS
     """Seconds one conversation may take to render (all its prefixes together)."""
+    linear: bool = True
+    """Find assistant spans from a bounded number of renderings where that is verified to give the
+    prefix-by-prefix result (False: always prefix by prefix; the benchmark compares both)."""
 
     @property
     def hash(self) -> str:
@@ -164,17 +173,92 @@ class ChatTemplate:
 
     def _assistant_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
         full = self.render(messages)
+        if self.linear:
+            spans = self._linear_spans(messages, full)
+            if spans is not None:
+                return full, spans
+        return self._incremental_spans(messages, full)
+
+    def _linear_spans(self, messages: list[dict], full: str) -> list[tuple[int, int]] | None:
+        """The spans :meth:`_incremental_spans` finds, from a bounded number of renderings.
+
+        Every assistant content is replaced by a numbered sentinel and the conversation rendered once:
+        where the sentinels land is where the contents are, provided putting the contents (or the
+        contents trimmed) back gives the real rendering exactly (a template that escapes or inspects a
+        content fails that check). The header and end-of-turn text around a content are then measured by the
+        prefix-by-prefix method at three sample turns (first, middle, last); they must agree with each
+        other, and the end-of-turn text must be the same string after every turn. Anything else, or
+        non-string contents: ``None``, and the caller takes the prefix-by-prefix way.
+        """
+        turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+        if not turns:
+            return []
+        contents = [messages[i].get("content") for i in turns]
+        if not all(isinstance(c, str) for c in contents):
+            return None
+        marks = [f"{SENTINEL[0]}{k}{SENTINEL[-1]}" for k in range(len(turns))]
+        probe = list(messages)
+        for i, mark in zip(turns, marks, strict=True):
+            probe[i] = {**messages[i], "content": mark}
+        try:
+            marked = self.render(probe)
+        except TemplateRenderError:
+            return None
+        # Each mark exactly once, and nothing else in either rendering that could be taken for one.
+        if SENTINEL[0] in full or marked.count(SENTINEL[0]) != len(marks):
+            return None
+        # Walk both renderings side by side: the template's own text must be equal, and in place of each
+        # mark the content, or the content trimmed (templates such as Llama 3's trim it).
+        starts, ends, pos, cursor = [], [], 0, 0
+        for mark, content in zip(marks, contents, strict=True):
+            at = marked.find(mark, pos)
+            if at < 0 or not full.startswith(marked[pos:at], cursor):
+                return None
+            cursor += at - pos
+            written = next((c for c in (content, content.strip()) if full.startswith(c, cursor)), None)
+            if written is None:
+                return None
+            starts.append(cursor)
+            cursor += len(written)
+            ends.append(cursor)
+            pos = at + len(mark)
+        if full[cursor:] != marked[pos:]:
+            return None
+        # The header ends where the content starts (offset 0) and the turn ends a fixed text later.
+        tail = None
+        for k in sorted({0, len(turns) // 2, len(turns) - 1}):
+            measured = self._turn_span(messages, turns[k], full)
+            if measured is None or measured[0] != starts[k]:
+                return None
+            text = full[ends[k] : measured[1]] if measured[1] >= ends[k] else None
+            if text is None or (tail is not None and text != tail):
+                return None
+            tail = text
+        if not all(full.startswith(tail, end) for end in ends):
+            return None
+        return [(start, end + len(tail)) for start, end in zip(starts, ends, strict=True)]
+
+    def _turn_span(self, messages: list[dict], i: int, full: str) -> tuple[int, int] | None:
+        """Assistant message ``i``'s span by the prefix-by-prefix method; ``None`` where the template is
+        not prefix-stable there."""
+        head = self.render(messages[:i], add_generation_prompt=True)
+        upto = self.render(messages[: i + 1])
+        if not (full.startswith(head) and full.startswith(upto) and len(head) <= len(upto)):
+            return None
+        return max(len(head), self._content_start(messages, i, full)), len(upto)
+
+    def _incremental_spans(self, messages: list[dict], full: str) -> tuple[str, list[tuple[int, int]]]:
+        """Three renderings per assistant turn, each as long as the conversation so far: quadratic."""
         spans: list[tuple[int, int]] = []
         stable = True
         for i, message in enumerate(messages):
             if message.get("role") != "assistant":
                 continue
-            head = self.render(messages[:i], add_generation_prompt=True)
-            upto = self.render(messages[: i + 1])
-            if not (full.startswith(head) and full.startswith(upto) and len(head) <= len(upto)):
+            span = self._turn_span(messages, i, full)
+            if span is None:
                 stable = False
                 break
-            spans.append((max(len(head), self._content_start(messages, i, full)), len(upto)))
+            spans.append(span)
         if stable:
             return full, spans
         eos = self.special_tokens.get("eos_token")

@@ -48,7 +48,8 @@ READ_BLOCK = 1 << 20
 
 def expand_inputs(inputs: Sequence[str]) -> list[str]:
     """Files in the order given; globs expanded (sorted); ``@list`` files replaced by the paths (or
-    globs) they name, one a line; ``-`` kept as stdin."""
+    globs) they name, one a line; ``-`` kept as stdin. A file named twice (under any spelling, or
+    matched again by a glob) is refused: repeating data is a blend's job (``llm-mix``), not a typo's."""
     out: list[str] = []
     for item in expand_lists(inputs):
         item = str(item)
@@ -69,6 +70,12 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
             raise InputError(f"{item}: no such file")
     if out.count(STDIN) > 1:
         raise InputError("-: stdin can be read only once")
+    seen: dict[str, str] = {}
+    for path in out:
+        key = os.path.realpath(path) if path != STDIN else path
+        if key in seen:
+            raise InputError(f"{path}: the same input is named twice ({seen[key]!r} and {path!r})")
+        seen[key] = path
     return out
 
 

@@ -6,6 +6,7 @@ nothing left behind (the machinery of test_bad_inputs.py)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -184,6 +185,10 @@ ROWS = [
     Row("merge-stamps-no-tokenizer", ["llm-prep", "merge", "{w.prefix}", "nos", "-o", "out/m"], 2,
         r"nos: has no sidecar naming its tokenizer, but .*byte_text_document was made with",
         setup=other_dataset("nos")),
+    Row("merge-dataset-listed-twice", ["llm-prep", "merge", "{w.prefix}", "{w.prefix}", "-o", "out/m"], 2,
+        r"byte_text_document: the same dataset is named twice"),
+    Row("json2bin-input-listed-twice", ["llm-prep", "json2bin", "in.jsonl", "./in.jsonl", "-t", "byte", "-o", "x"],
+        2, r"^llm-prep: error: \./in\.jsonl: the same input is named twice", files={"in.jsonl": lines({"text": "a"})}),
     Row("prep-output-dot", ["llm-prep", "json2bin", "in.jsonl", "-t", "byte", "-o", "."], 2,
         r"--output \.: is a folder", files={"in.jsonl": lines({"text": "a"})}),
 ]  # fmt: skip
@@ -223,6 +228,33 @@ def test_a_closed_stdin_is_one_line(tmp_path):
         assert proc.returncode == 2, proc.stderr
         assert "standard input is closed" in error_line(proc, argv[0])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_json_output_gives_a_non_utf8_path_back_byte_for_byte(tmp_path):
+    """--json: a path that is UTF-8 is a string, any other is {"bytes_b64": ...} of its exact bytes (never
+    Python's lone-surrogate escape, which strict readers refuse or replace)."""
+    odd = os.path.join(os.fsencode(tmp_path), b"d\xff\xfe")
+    os.mkdir(odd)
+    (tmp_path / "in.jsonl").write_bytes(lines({"text": "a"}))
+    argv = [
+        script("llm-prep"),
+        "json2bin",
+        "in.jsonl",
+        "-t",
+        "byte",
+        "-o",
+        os.path.join(odd, b"x"),
+        "-q",
+        "--json",
+    ]
+    proc = subprocess.run(argv, capture_output=True, env=contract_env(), timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout.decode("utf-8")  # strict: the output is UTF-8 ...
+    assert "\\udc" not in text  # ... with no escaped lone surrogates
+    report = json.loads(text)
+    written = [base64.b64decode(p["bytes_b64"]) for p in report["paths"]]
+    assert written == [os.path.join(odd, b"x_text_document" + s) for s in (b".bin", b".idx", b".json")]
+    assert all(os.path.isfile(p) for p in written)
 
 
 def test_a_broken_pipe_ends_quietly_with_141(world, tmp_path):

@@ -231,6 +231,77 @@ def test_rich_template_matches_transformers(hf_folder):
     ]
 
 
+# Templates whose spans the bounded way must reproduce, or decline (and leave to prefix by prefix).
+SPAN_TEMPLATES = {
+    "chatml": BUILTIN_TEMPLATES["chatml"],
+    "llama3": BUILTIN_TEMPLATES["llama3"],  # trims contents
+    "system": TEMPLATE,
+    "rich": RICH_TEMPLATE,  # counts turns in its header: not prefix-stable
+    "tojson": "{% for m in messages %}{{ m.role }}={{ m.content | tojson }};{% endfor %}",
+    "no-prompt": "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}",
+    "last-differs": "{% for m in messages %}{{ m.role }}: {{ m.content }}{% if not loop.last %}\n{% endif %}{% endfor %}",
+    "inspects": "{% for m in messages %}{{ m.role }}({{ m.content | length }}): {{ m.content }}|{% endfor %}",
+    "gen-longer": "{% for m in messages %}{{ m.role }}>{{ m.content }}.{% endfor %}"
+    "{% if add_generation_prompt %}assistant>It is{% endif %}",
+}
+
+
+def _conversation(turns: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    pieces = ["It is", " 4.", "\n", "", "<|im_end|>", '"q"', "café", "x" * 5]
+    if seed % 4 == 3:  # what the sentinels look like, and a content the template trims
+        pieces += ["\ue0000\ue001", " "]
+    messages = [{"role": "system", "content": " be brief "}] if seed % 2 else []
+    for i in range(turns):
+        messages.append({"role": "user", "content": f"q{i}" + str(rng.choice(pieces))})
+        messages.append({"role": "assistant", "content": "".join(rng.choice(pieces, size=3))})
+    return messages
+
+
+@pytest.mark.parametrize("name", SPAN_TEMPLATES)
+def test_bounded_span_finding_equals_prefix_by_prefix(name):
+    fast = ChatTemplate(name, SPAN_TEMPLATES[name], {"bos_token": "<s>", "eos_token": "<|im_end|>"})
+    slow = ChatTemplate(name, fast.text, fast.special_tokens, linear=False)
+    for seed in range(12):
+        messages = _conversation(1 + seed % 5, seed) + (
+            [{"role": "user", "content": "and?"}] if seed % 3 else []
+        )
+        assert _outcome(fast, messages) == _outcome(slow, messages), seed
+
+
+def _outcome(template: ChatTemplate, messages: list[dict]):
+    try:
+        return template.assistant_spans(messages)
+    except TemplateRenderError as error:  # the same error either way
+        return str(error)
+
+
+def test_span_finding_renders_a_bounded_amount(monkeypatch):
+    """Renderings are counted, not timed: a constant number of them, total characters linear in turns."""
+    counted = {"renders": 0, "chars": 0}
+    render = ChatTemplate.render
+
+    def counting(self, messages, add_generation_prompt=False):
+        text = render(self, messages, add_generation_prompt)
+        counted["renders"] += 1
+        counted["chars"] += len(text)
+        return text
+
+    monkeypatch.setattr(ChatTemplate, "render", counting)
+    cost = {}
+    for turns in (8, 64):
+        counted.update(renders=0, chars=0)
+        template = load_chat_template("chatml", None)
+        messages = [{"role": r, "content": f"{r} {i}"} for i in range(turns) for r in ("user", "assistant")]
+        full, spans = template.assistant_spans(messages)
+        assert len(spans) == turns
+        cost[turns] = (counted["renders"], counted["chars"] / len(full))
+    # the same number of renderings, each at most about the conversation's length (prefix by prefix:
+    # 3 per turn, 1.5 * turns conversation lengths in all)
+    assert cost[64][0] == cost[8][0] <= 11
+    assert cost[64][1] <= 11
+
+
 # -- bounded rendering: templates are untrusted code ---------------------------------------------------
 BOMBS = {
     "{{ 'A' * 10000000000 }}": "a repeated sequence would be 10,000,000,000 long",

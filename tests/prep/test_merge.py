@@ -8,6 +8,7 @@ megatron-core's ``IndexedDatasetBuilder.add_index`` + ``finalize`` is exactly wh
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -150,6 +151,13 @@ def test_globs_lists_and_order(tmp_path):
             [str(tmp_path / "shards/a"), str(tmp_path / "shards/b"), str(tmp_path / "shards/a.idx")],
             str(tmp_path / "x"),
         )
+    # adjacent names of two files of one dataset are one dataset; the same name twice is a repeat
+    merge(
+        [str(tmp_path / "shards/a.bin"), str(tmp_path / "shards/a.idx")], str(tmp_path / "one"), durable=False
+    )
+    for twice in (["a", "a"], ["a.idx", "a.idx"], ["a", "./a"], ["a", "a.bin"]):
+        with pytest.raises(InputError, match="named twice"):
+            merge([os.path.join(tmp_path, "shards", name) for name in twice], str(tmp_path / "x"))
     with pytest.raises(UsageError, match="both an input and the output"):
         merge([str(tmp_path / "shards/a")], str(tmp_path / "shards/a"), force=True)
 
