@@ -48,6 +48,42 @@ def check_available(names: list[str], where: str) -> None:
             )
 
 
+# The stores MLflow opens by a URI's scheme (a path has none); the SQL ones need the full mlflow
+# (SQLAlchemy), where mlflow-skinny refuses them when it starts.
+MLFLOW_SCHEMES = ("file", "http", "https", "databricks", "sqlite", "postgresql", "mysql", "mssql")
+SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """What is wrong with an MLflow tracking URI, as far as can be told without reaching it; None if
+    nothing (an unreachable server is found later, and costs a warning)."""
+    from urllib.parse import urlsplit
+
+    if not uri.strip():
+        return "empty; give a server (http://host:port), a folder or a file: URI"
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if not scheme:  # a path
+        return None
+    base = scheme.split("+", 1)[0]  # postgresql+psycopg2: SQLAlchemy's dialect+driver
+    if base not in MLFLOW_SCHEMES:
+        return (
+            f"{uri!r}: unsupported scheme {scheme!r} (expected one of {', '.join(MLFLOW_SCHEMES)}, or a path)"
+        )
+    if base in ("http", "https") and not parts.hostname:
+        return f"{uri!r}: no host"
+    if base in SQL_SCHEMES and importlib.util.find_spec("sqlalchemy") is None:
+        return f"{uri!r}: a SQL store needs the full mlflow (pip install mlflow), not mlflow-skinny"
+    return None
+
+
+def check_tracking_uri(uri: str | None, where: str) -> None:
+    """``uri`` (when given) is a tracking URI MLflow can open, before any compute."""
+    problem = None if uri is None else tracking_uri_problem(uri)
+    if problem:
+        raise InputError(f"{where}: {problem}")
+
+
 def scalars(record: dict) -> dict[str, float]:
     """A record's numbers as ``{kind}/{name}`` (``{kind}/{group}/{member}`` for a group), the names
     TensorBoard gets."""

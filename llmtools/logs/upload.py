@@ -28,7 +28,14 @@ from llmtools.logs.reader import LogReader, check_seq_length
 from llmtools.logs.records import Counts, Record
 from llmtools.logs.sources import check_readable
 from llmtools.logs.tb import run_name, source_key
-from llmtools.logs.trackers import TRACKERS, Tracker, TrackerState, check_available, open_trackers
+from llmtools.logs.trackers import (
+    TRACKERS,
+    Tracker,
+    TrackerState,
+    check_available,
+    check_tracking_uri,
+    open_trackers,
+)
 
 STATE_NAME = ".llm-log-trackers.json"
 STATE_VERSION = 1
@@ -104,6 +111,7 @@ def upload(
     if "-" in logs:
         raise UsageError("stdin (-) has no name to find its tracker run again by: give a file")
     check_available([config.tracker], f"llm-log {config.tracker}")
+    check_tracking_uri(config.tracking_uri, "--tracking-uri")
     paths = [log_path(p) for p in logs]
     for path in paths:
         check_readable(path)

@@ -375,7 +375,8 @@ class LoggingSection:
     project: str = "llmtools"
     """The W&B project and the MLflow experiment the run reports to."""
     tracking_uri: str | None = None
-    """MLflow's tracking URI (a server, file: or sqlite:); default MLFLOW_TRACKING_URI, else RUN_DIR/mlruns."""
+    """MLflow's tracking URI (a server, a folder or file:, sqlite: with the full mlflow); default
+    MLFLOW_TRACKING_URI, else RUN_DIR/mlruns."""
     norms: bool = True
     """params_norm, update_norm and update_ratio (norm of the step's update / norm of the parameters) in
     each train record; costs a copy of the optimizer's parameters (its partition) on log steps."""
@@ -389,6 +390,12 @@ class LoggingSection:
                     "logging.report_to",
                     f"{name!r} is not one of {', '.join(REPORTERS)}{suggest(name, REPORTERS)}",
                 )
+        if self.tracking_uri is not None:
+            from llmtools.logs.trackers import tracking_uri_problem  # no tracker library at import
+
+            problem = tracking_uri_problem(self.tracking_uri)
+            if problem:
+                raise _bad("logging.tracking_uri", problem)
 
     def reporters(self) -> list[str]:
         """The trackers asked for, in a fixed order (``tensorboard: true`` is an alias of the first)."""

@@ -1323,6 +1323,18 @@ ROWS: list[Row] = [
         {"c.yaml": b"training:\n  train_steps: 2\n"},
     ),
     Row("train-data-missing", [*TRAIN, "--set", "data.prefixes=[nothing]"], 2, r"nothing: no such dataset"),
+    Row(
+        "train-report-to-unknown",
+        [*TRAIN, "--set", "logging.report_to=[nonsense]"],
+        2,
+        r"logging\.report_to: 'nonsense' is not one of tensorboard, wandb, mlflow",
+    ),
+    Row(
+        "train-tracking-uri-scheme",
+        [*TRAIN, "--set", "logging.tracking_uri=nonsense://host"],
+        2,
+        r"logging\.tracking_uri: 'nonsense://host': unsupported scheme 'nonsense'",
+    ),
     Row("train-bad-set", [*TRAIN, "--set", "optimizer.lr"], 2, r"--set 'optimizer\.lr': expected KEY=VALUE"),
     Row(
         "train-model-field",
@@ -1421,6 +1433,26 @@ ROWS: list[Row] = [
         r"--shard-size",
     ),
     Row("ckpt-import-hf-missing", ["llm-ckpt", "import-hf", "nothing", "-o", "out/ck"], 2, r"nothing"),
+    Row(
+        "ckpt-eval-unknown-task",
+        ["llm-ckpt", "eval", "{w.run}", "--tasks", "hellaswag"],
+        2,
+        r"--tasks: hellaswag: no such task file",
+    ),
+    Row(
+        "ckpt-eval-task-not-json",
+        ["llm-ckpt", "eval", "{w.run}", "--tasks", "t.jsonl"],
+        2,
+        r"t\.jsonl:2: not JSON",
+        {"t.jsonl": lines({"context": "1+1=", "choices": ["2", "3"], "gold": 0}) + b"{oops\n"},
+    ),
+    Row(
+        "ckpt-eval-missing-checkpoint",
+        ["llm-ckpt", "eval", "nothing", "--tasks", "t.jsonl"],
+        2,
+        r"nothing: no such checkpoint",
+        {"t.jsonl": lines({"context": "1+1=", "choices": ["2", "3"], "gold": 0})},
+    ),
     # ---- llm-log
     Row(
         "log-all-nul",
@@ -1504,6 +1536,32 @@ ROWS: list[Row] = [
         r"--spike-threshold must be a finite number",
     ),
     Row("log-missing-file", ["llm-log", "summary", "nothing.log"], 2, r"nothing\.log: no such file"),
+    Row(
+        "log-wandb-not-a-run",
+        ["llm-log", "wandb", "plain", "--dir", "out"],
+        2,
+        r"plain: a folder without metrics\.jsonl \(not a run folder",
+        {"plain/notes.txt": b"not a run"},
+    ),
+    Row(
+        "log-mlflow-not-a-run",
+        ["llm-log", "mlflow", "plain", "--dir", "out"],
+        2,
+        r"plain: a folder without metrics\.jsonl \(not a run folder",
+        {"plain/notes.txt": b"not a run"},
+    ),
+    Row(
+        "log-mlflow-tracking-uri-scheme",
+        ["llm-log", "mlflow", "{w.metrics}", "--dir", "out", "--tracking-uri", "nonsense://host"],
+        2,
+        r"--tracking-uri: 'nonsense://host': unsupported scheme 'nonsense'",
+    ),
+    Row(
+        "log-mlflow-tracking-uri-no-host",
+        ["llm-log", "mlflow", "{w.metrics}", "--dir", "out", "--tracking-uri", "http://"],
+        2,
+        r"--tracking-uri: 'http://': no host",
+    ),
     Row("log-directory", ["llm-log", "summary", "sub"], 2, r"sub: not a regular file", {"sub/x": b""}),
     Row(
         "log-unknown-format",

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import shared
 from tests.train.test_cli import DS, llm_train, write_config
@@ -152,6 +153,73 @@ def test_accuracy_rises_on_a_taught_task_and_stays_at_chance_otherwise(byte_data
             # a count of right answers over 60 examples: equal unless a choice is a near-tie in float32
             assert report["results"][task][metric] == last[f"{task}/{metric}"], (task, metric, report)
     assert json.loads((tmp_path / "run" / "eval" / "step_00000012.json").read_text()) == report
+
+
+MOE = {
+    "preset": "tiny-moe",
+    "head_dim": 16,
+    "num_experts": 4,
+    "moe_intermediate_size": 64,
+}
+LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+
+
+def llm_ckpt_eval(run: Path, tasks: list[Path], env: dict) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "llmtools.cli.ckpt", "eval", run]
+    for task in tasks:
+        args += ["--tasks", task]
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("kind", ["moe", "lora"])
+def test_llm_ckpt_eval_agrees_with_the_loop_on_any_checkpoint(byte_data, tmp_path, cli_env, kind):
+    """Under ZeRO-3 (weights in partitions; the dense ZeRO-2 case is the test above), a MoE and a LoRA run
+    (adapters kept apart from the frozen base): llm-ckpt eval scores the final checkpoint as the training
+    loop scored it."""
+    pytest.importorskip("lm_eval")
+    task = random_task(tmp_path / "random.jsonl", 24, 3)
+    sections = {
+        "training": {"train_steps": 2},
+        "schedule": {"warmup_steps": 1, "total_steps": 2},
+        "checkpoint": {"save_every": 0, "save_final": True},
+        "eval": {"every": 2, "iters": 1, "tasks": [str(task)]},
+    }
+    if kind == "moe":
+        sections["model"] = MOE
+    if kind == "lora":
+        import torch
+
+        from llmtools.model import LlamaForCausalLM
+        from llmtools.model.hf import save_hf_folder
+        from llmtools.train.config import from_dict
+        from llmtools.train.plan import resolve_model_config
+
+        raw = yaml.safe_load(write_config(tmp_path, byte_data["mix"], **sections).read_text())
+        shape = resolve_model_config(from_dict(raw, "train.yaml"))
+        torch.manual_seed(5)
+        save_hf_folder(LlamaForCausalLM(shape), shape, tmp_path / "base")
+        sections["model"] = {"init_from": str(tmp_path / "base")}
+        sections["lora"] = LORA
+    config = write_config(tmp_path, byte_data["mix"], **sections)
+    out = llm_train([config, "--deepspeed", DS.replace("zero2", "zero3"), "-o", tmp_path / "run"], cli_env)
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    (loop,) = [r for r in records if r["kind"] == "eval"]
+    # the run is the kind it is meant to be
+    from llmtools.ckpt import layout, safeload
+
+    states = safeload.load(layout.model_states_file(tmp_path / "run/checkpoints/step_00000002"), mmap=True)
+    assert (kind == "lora") == bool(states.get("lora"))
+    assert (kind == "moe") == ("moe_aux_loss" in next(r for r in records if r["kind"] == "train"))
+    # ZeRO-3 saves empty placeholders in the model states: the weights are in the partitions
+    assert any(v.numel() == 0 for v in states["module"].values())
+    harness = llm_ckpt_eval(tmp_path / "run", [task], cli_env)
+    assert harness.returncode == 0, harness.stderr
+    report = json.loads(harness.stdout)
+    assert report["checkpoint"].endswith("step_00000002")
+    for metric in ("acc", "acc_norm"):
+        # a count of right answers over 24 examples: equal unless a choice is a near-tie in float32
+        assert report["results"]["random"][metric] == loop[f"random/{metric}"], (metric, report, loop)
 
 
 @pytest.mark.parametrize(
