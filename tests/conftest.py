@@ -19,8 +19,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Tests that must not share the cores with other test workers (make test runs them in a second, serial
 # invocation): the multi-host tests start several torchrun agents in network namespaces each, and the signal
-# tests run their own pool of processes and time their signals.
-SERIAL = ("tests/multihost/", "tests/contract/test_signals.py")
+# tests run their own pool of processes and time their signals. The sequence-parallel tests: a worker of
+# theirs was once aborted (SIGABRT) while another test worker ran its own torchrun jobs beside them
+# (a free port taken between its choice and its use is the suspect; not reproduced alone).
+SERIAL = ("tests/multihost/", "tests/contract/test_signals.py", "tests/train/test_sequence_parallel.py")
 
 
 def pytest_collection_modifyitems(config, items):
