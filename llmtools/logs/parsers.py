@@ -189,9 +189,54 @@ _MEGATRON_NAMES = {
 _MEGATRON_ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
 _MEGATRON_STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)\]")
 _MEGATRON_VALID = re.compile(r"\bvalidation(?:-(\S+))? loss at (.*?)\|(.*)$")
-_MEGATRON_LOADED = re.compile(r"successfully loaded checkpoint from (\S+).*?at iteration (\d+)")
+_MEGATRON_LOADED = re.compile(r"successfully loaded checkpoint from (\S+)")
+_MEGATRON_LOADED_AT = re.compile(r"at iteration (\d+)")
+_TOKEN = re.compile(r"\S+")
 _MEGATRON_SAVED = re.compile(r"successfully saved checkpoint from iteration\s+(\d+) to (\S+)")
 _STEP_IN_PREFIX = re.compile(r"iteration (\d+)")
+
+
+def _search_validation(line: str) -> re.Match | None:
+    """``_MEGATRON_VALID.search(line)`` in time linear in the line.
+
+    Searched directly, every ``validation`` would rescan the rest of its word for " loss at " and the
+    rest of the line for "|": quadratic in a line of repeated ``validation-`` (a 40 KB line took
+    seconds). The match can only start in the word just before a " loss at ", at its leftmost
+    ``validation`` that begins a word and ends it or is followed by ``-`` and a name, so each word is
+    looked at once; the pattern is then matched at that one place (if its tail fails there, it fails
+    at every later place too).
+    """
+    if " loss at " not in line:
+        return None
+    for token in _TOKEN.finditer(line):
+        if not line.startswith(" loss at ", token.end()):
+            continue
+        i = line.find("validation", token.start(), token.end())
+        while i != -1:
+            end = i + len("validation")
+            starts_word = i == 0 or not (line[i - 1].isalnum() or line[i - 1] == "_")
+            if starts_word and (end == token.end() or (line[end] == "-" and end + 1 < token.end())):
+                return _MEGATRON_VALID.match(line, i)
+            i = line.find("validation", i + 1, token.end())
+    return None
+
+
+def _search_loaded(line: str) -> tuple[str, str] | None:
+    """(path, iteration) of a "successfully loaded checkpoint from PATH ... at iteration N" line, linearly.
+
+    As ``from (\\S+).*?at iteration (\\d+)`` would answer, without rescanning the line from every head:
+    the path is the word after the head, unless no "at iteration N" follows that word, in which case the
+    only other answer is a word ending in "at" that begins one.
+    """
+    head = _MEGATRON_LOADED.search(line)
+    if not head:
+        return None
+    at = _MEGATRON_LOADED_AT.search(line, head.end())
+    if at:
+        return head.group(1), at.group(1)
+    inside = head.end() - 2
+    at = _MEGATRON_LOADED_AT.match(line, inside) if inside > head.start(1) else None
+    return (line[head.start(1) : inside], at.group(1)) if at else None
 
 
 class MegatronParser(Parser):
@@ -229,7 +274,7 @@ class MegatronParser(Parser):
                 # Megatron-DeepSpeed prints both; its own tokens/s is their product (training_log)
                 values["tokens_per_s"] = values["samples_per_s"] * values["seq_length"]
             return "train", [Record("train", int(match.group(1)), self.last_time, values, line=number)]
-        match = _MEGATRON_VALID.search(line)
+        match = _search_validation(line)
         if match:
             where = _STEP_IN_PREFIX.search(match.group(2))
             if not where:
@@ -252,13 +297,12 @@ class MegatronParser(Parser):
                 stem = "" if base == "lm loss" else slug(base).removesuffix("_loss") + "_"
                 values[f"{split}_{suffix}{stem}{unit}"] = value
             return "eval", [Record("eval", int(where.group(1)), self.last_time, values, line=number)]
-        match = _MEGATRON_LOADED.search(line)
-        if match:
-            message = f"resumed from {match.group(1)} at iteration {match.group(2)}"
+        found = _search_loaded(line)
+        if found:
+            path, step = found
+            message = f"resumed from {path} at iteration {step}"
             return "event", [
-                Record(
-                    "event", int(match.group(2)), self.last_time, event="resume", message=message, line=number
-                )
+                Record("event", int(step), self.last_time, event="resume", message=message, line=number)
             ]
         match = _MEGATRON_SAVED.search(line)
         if match:
@@ -278,15 +322,33 @@ class MegatronParser(Parser):
 
 # ---------------------------------------------------------------------------------------------
 _DS_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
-_DS_PROGRESS = re.compile(r"\bstep=(\d+), skipped=(\d+), lr=\[([^\]]*)\]")
+_DS_PROGRESS = re.compile(r"\bstep=(\d+), skipped=(\d+), lr=\[")
 _DS_TIMERS = re.compile(r"\btime \(ms\)((?: \| [^|:]+: " + f"(?:{_NUM}))+)")
 _DS_THROUGHPUT = re.compile(
     r"epoch=(\d+)/micro_step=(\d+)/global_step=(\d+), RunningAvgSamplesPerSec=([^,]+), "
     r"CurrSamplesPerSec=([^,]+), MemAllocated=([^,]+?)GB, MaxMemAllocated=([^,\s]+?)GB"
 )
-_DS_PIPE = re.compile(
-    r"\bsteps: (\d+) loss: (" + _NUM + r") (.*?)iter time \(s\): (" + _NUM + r") samples/sec: (" + _NUM + ")"
-)
+# Each pattern's open-ended middle is found by a second search from where its head ended, never by a
+# lazy or greedy ".*" inside one pattern: that would rescan the rest of the line from every place the
+# head matches (quadratic in a line of repeated heads). If the tail is missing after the first head, it
+# is missing after every later one, so one search of each is the same answer.
+_DS_PIPE = re.compile(r"\bsteps: (\d+) loss: (" + _NUM + r") ")
+_DS_PIPE_TAIL = re.compile(r"iter time \(s\): (" + _NUM + r") samples/sec: (" + _NUM + ")")
+_DS_EXTRA = re.compile(r"(?<!\S)(\S+): (" + _NUM + ")")
+
+
+def _ds_progress(line: str) -> tuple[re.Match, int] | None:
+    """The progress line's head and the position of the "]" closing its learning rates."""
+    match = _DS_PROGRESS.search(line)
+    close = line.find("]", match.end()) if match else -1
+    return (match, close) if close != -1 else None
+
+
+def _ds_pipe(line: str) -> tuple[re.Match, re.Match] | None:
+    """A pipeline-engine line's head and tail (steps and loss; iteration time and samples/s)."""
+    match = _DS_PIPE.search(line)
+    tail = _DS_PIPE_TAIL.search(line, match.end()) if match else None
+    return (match, tail) if tail else None
 
 
 class DeepSpeedParser(Parser):
@@ -305,7 +367,7 @@ class DeepSpeedParser(Parser):
         self.timed: set[str] = set()
 
     def detect(self, line: str) -> bool:
-        return bool(_DS_PROGRESS.search(line) or _DS_THROUGHPUT.search(line) or _DS_PIPE.search(line))
+        return bool(_ds_progress(line) or _DS_THROUGHPUT.search(line) or _ds_pipe(line))
 
     def _at(self, step: int) -> None:
         if step != self.last_step:
@@ -317,12 +379,13 @@ class DeepSpeedParser(Parser):
         if stamp:
             self.last_time = _timestamp(stamp.group(1)) or self.last_time
         if "step=" in line:
-            match = _DS_PROGRESS.search(line)
-            if match:
+            found = _ds_progress(line)
+            if found:
+                match, close = found
                 step = int(match.group(1))
                 self._at(step)
                 values = {"skipped_steps": float(match.group(2))}
-                lrs = [to_float(x) for x in match.group(3).split(",") if x.strip()]
+                lrs = [to_float(x) for x in line[match.end() : close].split(",") if x.strip()]
                 if lrs and lrs[0] is not None:
                     values["lr"] = lrs[0]
                 return "train", [Record("train", step, self.last_time, values, line=number)]
@@ -356,16 +419,18 @@ class DeepSpeedParser(Parser):
                     return "train", [Record("train", self.last_step, self.last_time, values, line=number)]
             return "other", []
         if "steps: " in line:
-            match = _DS_PIPE.search(line)
-            if match:
+            found = _ds_pipe(line)
+            if found:
+                match, tail = found
                 step = int(match.group(1))
                 self._at(step)
                 values = {
                     "loss": float(match.group(2)),
-                    "step_time_s": float(match.group(4)),
-                    "samples_per_s": float(match.group(5)),
+                    "step_time_s": float(tail.group(1)),
+                    "samples_per_s": float(tail.group(2)),
                 }
-                for extra in re.finditer(r"(\S+): (" + _NUM + ")", match.group(3)):
+                # a name starts a word: from inside a word the search would rescan it (quadratic)
+                for extra in _DS_EXTRA.finditer(line, match.end(), tail.start()):
                     values[slug(extra.group(1))] = float(extra.group(2))
                 return "train", [Record("train", step, self.last_time, values, line=number)]
         return "other", []
@@ -377,7 +442,10 @@ _MF_LINE = re.compile(
     r"\{ Epoch:\[\s*(\d+)/\s*(\d+)\], step:\[\s*(\d+)/\s*(\d+)\], "
     r"loss:\s*(?:\[\s*([^/\]]+)/\s*([^\]]+)\]|([^,]+)),(.*)$"
 )
-_MF_PROGRESS = re.compile(r"%\s*\|.*\|\s*(" + _NUM + r") samples/s/p")
+_MF_PROGRESS = re.compile(r"%\s*\|")
+_MF_PROGRESS_TAIL = re.compile(r"\|\s*(" + _NUM + r") samples/s/p")
+# possessive: a comma followed by a long run of spaces would otherwise be retried space by space
+_MF_FIELD_SPLIT = re.compile(r",\s++(?=[a-z_ ]+:)")
 _MF_NAMES = {
     "per_step_time": "step_time_s",
     "lr": "lr",
@@ -417,7 +485,7 @@ class MindFormersParser(Parser):
                 values["loss"] = loss
             if match.group(6) is not None and to_float(match.group(6)) is not None:
                 values["loss_avg"] = to_float(match.group(6))
-            for field in re.split(r",\s+(?=[a-z_ ]+:)", match.group(8).strip()):
+            for field in _MF_FIELD_SPLIT.split(match.group(8).strip()):
                 key, sep, text = field.partition(":")
                 value = to_float(text) if sep else None
                 if value is None:
@@ -427,7 +495,10 @@ class MindFormersParser(Parser):
             self.last_step = step
             return "train", [Record("train", step, self.last_time, values, line=number)]
         if "samples/s/p" in line and self.last_step is not None:
-            match = _MF_PROGRESS.search(line)
+            head = _MF_PROGRESS.search(line)
+            # the pattern's greedy ".*" took the last rate on the line: the last tail after the head
+            tails = _MF_PROGRESS_TAIL.finditer(line, head.end()) if head else ()
+            match = next(reversed(list(tails)), None)
             if match:
                 values = {"samples_per_s_per_device": float(match.group(1))}
                 return "train", [Record("train", self.last_step, self.last_time, values, line=number)]
