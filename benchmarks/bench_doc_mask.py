@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.peak_memory import PeakMemory, run_worker  # noqa: E402
+
 EOD = 0
 
 
@@ -88,45 +87,31 @@ def worker(args: argparse.Namespace) -> dict:
     positions = torch.from_numpy(masks["position_ids"]).to(args.device)
     segments = torch.from_numpy(masks["segment_ids"]).to(args.device)
     cuda = args.device.startswith("cuda")
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-    else:
-        before = _rss_peak_bytes()
     losses, times = [], []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        if args.mode == "dense":
-            mask_of["mask"] = llama_module.segment_causal_mask(segments)
-        logits = model(tokens[:, :-1], position_ids=positions, segment_ids=segments)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-        if args.mode == "dense":
-            mask_of.clear()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        losses.append(float(loss))
-    peak = (torch.cuda.max_memory_allocated() - before) if cuda else (_rss_peak_bytes() - before)
-    return {"losses": losses, "step_s": statistics.median(times[1:] or times), "peak_mb": peak / 2**20}
-
-
-def _rss_peak_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    with PeakMemory(cuda) as peak:
+        for _ in range(args.steps):
+            start = time.perf_counter()
+            if args.mode == "dense":
+                mask_of["mask"] = llama_module.segment_causal_mask(segments)
+            logits = model(tokens[:, :-1], position_ids=positions, segment_ids=segments)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            if args.mode == "dense":
+                mask_of.clear()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+            losses.append(float(loss))
+    return {"losses": losses, "step_s": statistics.median(times[1:] or times), "peak_mb": peak.grown_mb}
 
 
 def run_cell(args: argparse.Namespace, seq: int, mode: str) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--seq", str(seq), "--mode", mode, "--preset", args.preset,
-           "--layers", str(args.layers), "--batch", str(args.batch), "--steps", str(args.steps),
-           "--device", args.device, "--threads", str(args.threads), "--dtype", args.dtype,
-           "--mean-doc", str(args.mean_doc), "--vocab", str(args.vocab)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if proc.returncode:
-        raise SystemExit(f"worker failed ({seq=}, {mode=}):\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    argv = ["--worker", "--seq", str(seq), "--mode", mode, "--preset", args.preset,
+            "--layers", str(args.layers), "--batch", str(args.batch), "--steps", str(args.steps),
+            "--device", args.device, "--threads", str(args.threads), "--dtype", args.dtype,
+            "--mean-doc", str(args.mean_doc), "--vocab", str(args.vocab)]  # fmt: skip
+    return run_worker(__file__, argv, f"{seq=}, {mode=}", args.threads)
 
 
 def main() -> None:

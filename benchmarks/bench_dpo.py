@@ -34,9 +34,7 @@ import argparse
 import json
 import os
 import random
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +44,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.peak_memory import PeakMemory, run_worker  # noqa: E402
+
 CHATML_OVERHEAD = len("<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n")
 
 
@@ -227,19 +227,12 @@ def memory_worker(args) -> dict:
     task = "dpo-live" if args.variant == "live" else "dpo"
     cfg = config(args, task, args.prefix, args.micro, args.steps)
     cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated() if cuda else _rss_peak_bytes()
-    steps, _, startup = timed_run(cfg, folder / f"mem-{args.variant}")
-    peak = (torch.cuda.max_memory_allocated() - before) if cuda else (_rss_peak_bytes() - before)
+    with PeakMemory(cuda) as peak:
+        steps, _, startup = timed_run(cfg, folder / f"mem-{args.variant}")
     from llmtools.train.plan import resolve_model_config
 
-    return {"peak_mb": peak / 2**20, "step_s": statistics.median(steps[1:] or steps), "startup_s": startup,
+    return {"peak_mb": peak.grown_mb, "step_s": statistics.median(steps[1:] or steps), "startup_s": startup,
             "params": resolve_model_config(cfg).num_parameters(), "device": "cuda" if cuda else "cpu"}  # fmt: skip
-
-
-def _rss_peak_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def memory(args) -> None:
@@ -248,13 +241,10 @@ def memory(args) -> None:
         results: dict[str, list[dict]] = {"precomputed": [], "live": []}
         for _ in range(args.mem_rounds):
             for variant in results:
-                cmd = [sys.executable, __file__, "--memory-worker", variant, "--folder", tmp, "--prefix", prefix,
-                       "--seq", str(args.seq), "--micro", str(args.micro), "--accumulation", str(args.accumulation),
-                       "--steps", str(args.mem_steps), "--layers", str(args.mem_layers), "--hidden", str(args.mem_hidden)]  # fmt: skip
-                proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-                if proc.returncode:
-                    raise SystemExit(f"memory worker {variant} failed:\n{proc.stderr[-3000:]}")
-                results[variant].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                argv = ["--memory-worker", variant, "--folder", tmp, "--prefix", prefix,
+                        "--seq", str(args.seq), "--micro", str(args.micro), "--accumulation", str(args.accumulation),
+                        "--steps", str(args.mem_steps), "--layers", str(args.mem_layers), "--hidden", str(args.mem_hidden)]  # fmt: skip
+                results[variant].append(run_worker(__file__, argv, f"memory worker {variant}"))
     first = results["precomputed"][0]
     weights_mb = first["params"] * 4 / 2**20
     print(f"\n## memory: {args.mem_layers} layers, d={args.mem_hidden} ({first['params']:,} parameters, "

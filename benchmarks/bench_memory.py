@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.peak_memory import PeakMemory, run_worker  # noqa: E402
 
 
 def worker(args: argparse.Namespace) -> dict:
@@ -55,42 +53,28 @@ def worker(args: argparse.Namespace) -> dict:
         torch.randint(0, config.vocab_size, (args.batch, seq + 1), generator=gen) for _ in range(args.steps)
     ]
     cuda = args.device.startswith("cuda")
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-    else:
-        before = _rss_peak_bytes()
     losses, times = [], []
-    for batch in batches:
-        batch = batch.to(args.device)
-        start = time.perf_counter()
-        loss = model.loss(batch[:, :-1], batch[:, 1:])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        losses.append(float(loss))
-    peak = (torch.cuda.max_memory_allocated() - before) if cuda else (_rss_peak_bytes() - before)
-    return {"losses": losses, "step_s": statistics.median(times[1:] or times), "peak_mb": peak / 2**20,
+    with PeakMemory(cuda) as peak:
+        for batch in batches:
+            batch = batch.to(args.device)
+            start = time.perf_counter()
+            loss = model.loss(batch[:, :-1], batch[:, 1:])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+            losses.append(float(loss))
+    return {"losses": losses, "step_s": statistics.median(times[1:] or times), "peak_mb": peak.grown_mb,
             "params": config.num_parameters()}  # fmt: skip
 
 
-def _rss_peak_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
 def run_cell(args: argparse.Namespace, seq: int, ac: bool) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--seq", str(seq), "--ac", str(int(ac)), "--preset", args.preset,
-           "--layers", str(args.layers), "--batch", str(args.batch), "--steps", str(args.steps),
-           "--device", args.device, "--threads", str(args.threads)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if proc.returncode:
-        raise SystemExit(f"worker failed ({seq=}, {ac=}):\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    argv = ["--worker", "--seq", str(seq), "--ac", str(int(ac)), "--preset", args.preset,
+            "--layers", str(args.layers), "--batch", str(args.batch), "--steps", str(args.steps),
+            "--device", args.device, "--threads", str(args.threads)]  # fmt: skip
+    return run_worker(__file__, argv, f"{seq=}, {ac=}", args.threads)
 
 
 def main() -> None:
