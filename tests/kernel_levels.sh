@@ -61,9 +61,15 @@ for level in "${levels[@]}"; do
     continue
   fi
   echo "== $level: torch runs $got kernels; ${LEVEL[$level]:-nothing capped}"
+  # torch.compile's CPU kernels are cached by what they compute, not by the instruction set they were
+  # built for: a cache filled at one level gave NaN losses and out-of-bounds kernels at another (avx2
+  # after native). A user's machine keeps one level; here each level gets a fresh cache of its own.
+  inductor_cache=$(mktemp -d "${TMPDIR:-/tmp}/llmtools-inductor-$level.XXXXXX")
+  settings+=("TORCHINDUCTOR_CACHE_DIR=$inductor_cache")
   start=$SECONDS
   env "${settings[@]}" "$PY" -m pytest "${args[@]}"
   rc=$?
+  rm -rf "$inductor_cache"
   echo "== $level: exit $rc in $((SECONDS - start)) s"
   ((rc == 0)) || status=$rc
 done
