@@ -23,9 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from llmtools import _native
+from llmtools.data import mix_cache
 from llmtools.data.splits import DEFAULT_SPLIT, SPLITS
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
+from llmtools.formats.mix import MixFile
 
 
 @dataclass
@@ -92,57 +94,47 @@ class BlendedGPTDataset:
 
     # -- construction --------------------------------------------------------------------------------
     @classmethod
-    def from_mix(cls, mix_json_path: str | os.PathLike, split: str = "train") -> BlendedGPTDataset:
-        """Open one split of a ``mix.json`` (its cached indices; rebuilt in memory when missing)."""
-        from llmtools.formats.mix import load_split_arrays, read_mix
-
-        path = Path(mix_json_path)
+    def from_mix(cls, mix: MixFile | str | os.PathLike, split: str = "train") -> BlendedGPTDataset:
+        """Open one split of a ``mix.json`` (read once into a :class:`MixFile`, or already read): its cached
+        indices, rebuilt and written back when missing (:func:`llmtools.data.mix_cache.load_split`)."""
         if split not in SPLITS:
             raise UsageError(f"split {split!r}: use one of {', '.join(SPLITS)}")
-        from llmtools.data.plan_check import check_arrays, check_recorded
-
-        mix = read_mix(path)
-        if split not in mix["splits"]:
+        if not isinstance(mix, MixFile):
+            mix = MixFile.read(mix)
+        if split not in mix.splits:
             raise InputError(
-                f"{path}: the plan has no {split} split (it has {', '.join(mix['splits']) or 'none'})"
+                f"{mix.path}: the plan has no {split} split (it has {', '.join(mix.splits) or 'none'})"
             )
-        check_recorded(mix, path)  # an edited mix.json is refused before its arrays are trusted
-        arrays = load_split_arrays(mix, path, split)
-        if arrays is None:  # the cache was deleted or never copied: rebuild it, identically
-            from llmtools.data import mix as mixlib
+        return cls.from_arrays(mix, split, mix_cache.load_split(mix, split))
 
-            _, plan = mixlib.reopen_plan(path)
-            arrays = mixlib.split_arrays(plan.splits[split])
-            try:
-                mixlib.write_cache(plan, path.parent)
-            except OSError:
-                pass  # a read-only folder: the rebuilt arrays in memory are just as good
-        check_arrays(mix, path, split, arrays)
+    @classmethod
+    def from_arrays(cls, mix: MixFile, split: str, arrays: dict[str, np.ndarray]) -> BlendedGPTDataset:
+        """One split of ``mix`` over its index arrays (as :func:`~llmtools.data.mix_cache.load_split`
+        returns them): checked against the sources, nothing written."""
+        path = mix.path
         parts = []
-        components = mix["splits"][split]["components"]
+        components = mix.splits[split]["components"]
         for k, comp in enumerate(components):
-            described = mix["sources"][comp["source"]]
+            described = mix.sources[comp["source"]]
             reader = _open_described(described, path)
             found = [
                 arrays.get(f"{k}.{what}") for what in ("document_index", "sample_index", "shuffle_index")
             ]
-            _check_part_arrays(reader, *found, mix["seq_length"] + 1, f"{path} (split {split}, source {k})")
+            _check_part_arrays(reader, *found, mix.seq_length + 1, f"{path} (split {split}, source {k})")
             parts.append(_part(reader, *found))
         _check_blend_arrays(
             arrays.get("dataset_index"), arrays.get("dataset_sample_index"), parts, f"{path} (split {split})"
         )
-        tokenizer = mix.get("tokenizer")
         return cls(
             parts,
             arrays["dataset_index"],
             arrays["dataset_sample_index"],
-            mix["seq_length"],
-            tokenizer=tokenizer,
+            mix.seq_length,
+            tokenizer=mix.tokenizer,
             vocab_size=_vocab_size(
-                tokenizer,
-                [mix["sources"][c["source"]].get("tokenizer") for c in mix["splits"][split]["components"]],
+                mix.tokenizer, [mix.sources[c["source"]].get("tokenizer") for c in components]
             ),
-            fingerprint=f"{mix['cache']['hash']}-{split}",
+            fingerprint=f"{mix.identity}-{split}",
             split=split,
             source=str(path),
         )

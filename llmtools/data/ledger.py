@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 
+from llmtools.data.dataset import BlendedGPTDataset, _part
 from llmtools.data.gpt_index import GPTIndices
+from llmtools.data.mix import plan_to_json
 from llmtools.data.stages import Built, Skip, Stage
 from llmtools.data.stages import build as build_stages
 from llmtools.data.streams import MAX_EPOCHS, SourceStream, StreamSpec, display_name
 from llmtools.errors import InputError
+from llmtools.formats.mix import MixFile
 
 FORMAT = "llmtools.data-ledger"
 VERSION = 1
@@ -69,22 +71,17 @@ class DataPlan:
         return self.stages[-1].end
 
     @classmethod
-    def from_mix(cls, path: str | os.PathLike) -> DataPlan:
-        """The train split of a ``mix.json`` (its cached arrays, rebuilt when missing)."""
-        from llmtools.data.dataset import BlendedGPTDataset
-        from llmtools.formats.mix import read_mix
-
-        path = Path(path)
-        mix = read_mix(path)
-        dataset = BlendedGPTDataset.from_mix(path, split="train")
-        return cls.from_json(mix, dataset, str(path))
+    def from_mix(cls, mix: MixFile | str | os.PathLike) -> DataPlan:
+        """The train split of a ``mix.json`` (read once, or already read; its cached arrays, rebuilt when
+        missing)."""
+        if not isinstance(mix, MixFile):
+            mix = MixFile.read(mix)
+        dataset = BlendedGPTDataset.from_mix(mix, split="train")
+        return cls.from_json(mix.data, dataset, str(mix.path))
 
     @classmethod
     def from_mix_plan(cls, plan, origin: str) -> DataPlan:
         """The train split of an in-memory :class:`~llmtools.data.mix.MixPlan` (prefixes in a config)."""
-        from llmtools.data.dataset import BlendedGPTDataset
-        from llmtools.data.mix import plan_to_json
-
         dataset = BlendedGPTDataset.from_plan(plan, "train", source=origin)
         return cls.from_json(plan_to_json(plan), dataset, origin)
 
@@ -740,8 +737,6 @@ def _planned(plan: DataPlan) -> Built:
 
 
 def _dataset(built: Built, streams: dict[str, SourceStream], plan: DataPlan):
-    from llmtools.data.dataset import BlendedGPTDataset, _part
-
     parts = []
     for key, segment in built.parts:
         stream = streams[key]

@@ -55,10 +55,10 @@ from llmtools.formats.mix import (
     FORMAT,
     MIN_SEQ_LENGTH,
     VERSION,
+    MixFile,
     cache_digests,
     cache_names,
     mix_text,
-    read_mix,
     write_arrays,
 )
 from llmtools.formats.sidecar import read_sidecar
@@ -1000,18 +1000,16 @@ def save_plan(
         return [output, *written, *samples]
 
 
-def reopen_plan(path: str | os.PathLike, with_arrays: bool = True) -> tuple[dict, MixPlan]:
+def reopen_plan(mix: MixFile, with_arrays: bool = True) -> MixPlan:
     """Rebuild the plan a mix.json describes (sources reopened, indices recomputed); checks the hash."""
-    path = Path(path)
-    mix = read_mix(path)
-    config = config_from_json(mix, path)
-    plan = build_plan(config, base=path.parent, with_arrays=with_arrays)
-    if plan.hash != mix["cache"]["hash"]:
+    config = config_from_json(mix.data, mix.path)
+    plan = build_plan(config, base=mix.folder, with_arrays=with_arrays)
+    if plan.hash != mix.identity:
         raise InputError(
-            f"{path}: its sources changed since it was written (plan hash {plan.hash} != {mix['cache']['hash']}); "
+            f"{mix.path}: its sources changed since it was written (plan hash {plan.hash} != {mix.identity}); "
             "run llm-mix again"
         )
-    return mix, plan
+    return plan
 
 
 def explain(plan: MixPlan) -> str:

@@ -116,6 +116,7 @@ class PretrainTask(Task):
     def __init__(self, config) -> None:
         super().__init__(config)
         self._plan = None  # llmtools.data.ledger.DataPlan of the train split
+        self._mix = None  # the MixFile of data.mix, read once for every split
         self._train = None  # the RunData the trainer reads
         self._eod: int | None = None  # the EOD id when document masking is on
         self.sequence = None  # this rank's SequenceSlice under sequence parallelism (set by the engine)
@@ -140,11 +141,15 @@ class PretrainTask(Task):
                 raise InputError(
                     f"{self.config.source}: data.mix: {data.mix}: no such file (make one with llm-mix)"
                 )
+            from llmtools.formats.mix import MixFile
+
+            if self._mix is None:  # read and checked once for every split
+                self._mix = MixFile.read(data.mix)
             if split == "train":
                 from llmtools.data.ledger import DataPlan
 
-                return self._open_train(DataPlan.from_mix(data.mix))
-            opened = BlendedGPTDataset.from_mix(data.mix, split=split)
+                return self._open_train(DataPlan.from_mix(self._mix))
+            opened = BlendedGPTDataset.from_mix(self._mix, split=split)
             self._check_seq_length(opened.seq_length)
             return self._masking(opened)
         # the plan's arguments: the train split is planned here (its ledger), the others by the dataset
