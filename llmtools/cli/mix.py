@@ -167,6 +167,7 @@ def mix(
     from llmtools.cli import mix_args
     from llmtools.cli.outputs import claim
     from llmtools.data import mix as lib
+    from llmtools.data.mix_json import plan_to_json
     from llmtools.errors import UsageError
     from llmtools.formats.indexed import strip_suffix
     from llmtools.formats.outputs import marker_path
@@ -256,7 +257,7 @@ def mix(
         if output is not None:  # mix.json is written last, after the cache and the materialized samples
             written += lib.save_plan(plan, output, materialize_to=materialize)
     if as_json:
-        summary = lib.plan_to_json(plan)
+        summary = plan_to_json(plan)
         summary.pop("config", None)
         summary["written"] = [str(p) for p in written]
         emit(jsonfile.output(summary))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from llmtools.data.mix import Blend
+from llmtools.data.mix_config import Blend
 from llmtools.data.stages import StageKey, StageSpec
 from llmtools.errors import InputError, UsageError
 from llmtools.numeric import MAX_COUNT, parse_float

@@ -170,7 +170,7 @@ class BlendedGPTDataset:
 
     @classmethod
     def from_plan(cls, plan, split: str = "train", source: str = "") -> BlendedGPTDataset:
-        """The dataset of one split of an in-memory :class:`llmtools.data.mix.MixPlan`."""
+        """The dataset of one split of an in-memory :class:`llmtools.data.mix.BuiltMix`."""
         if split not in plan.splits:
             raise InputError(
                 f"{source or 'the plan'}: no {split} split (it has {', '.join(plan.splits) or 'none'})"

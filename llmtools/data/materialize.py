@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmtools.data.mix import file_sha256
+from llmtools.data.mix_sources import file_sha256
 from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, idx_path, strip_suffix
 from llmtools.formats.sidecar import build_sidecar, commit_with_sidecars
 

@@ -13,6 +13,8 @@ import numpy as np
 
 from llmtools.data import mix as mixlib
 from llmtools.data import plan_check  # called through the module: a benchmark times the open without it
+from llmtools.data.mix_json import config_from_json
+from llmtools.errors import InputError
 from llmtools.formats.mix import MixFile, load_split_arrays
 
 
@@ -30,9 +32,21 @@ def load_split(mix: MixFile, split: str) -> dict[str, np.ndarray]:
 
 def restore_cache(mix: MixFile, split: str) -> dict[str, np.ndarray]:
     """Rebuild the plan from its sources, write its cache beside the mix.json; ``split``'s arrays."""
-    plan = mixlib.reopen_plan(mix)
+    plan = reopen_plan(mix)
     try:
         mixlib.write_cache(plan, mix.folder)
     except OSError:
         pass  # a read-only folder: the rebuilt arrays in memory are just as good
     return mixlib.split_arrays(plan.splits[split])
+
+
+def reopen_plan(mix: MixFile, with_arrays: bool = True) -> mixlib.BuiltMix:
+    """Rebuild the plan a mix.json describes (sources reopened, indices recomputed); checks the hash."""
+    config = config_from_json(mix.data, mix.path)
+    plan = mixlib.build_plan(config, base=mix.folder, with_arrays=with_arrays)
+    if plan.hash != mix.identity:
+        raise InputError(
+            f"{mix.path}: its sources changed since it was written (plan hash {plan.hash} != {mix.identity}); "
+            "run llm-mix again"
+        )
+    return plan
