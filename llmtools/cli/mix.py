@@ -1,7 +1,11 @@
-"""``llm-mix``: blend tokenized sources by weight into a deterministic sample plan (mix.json + index cache)."""
+"""``llm-mix``: blend tokenized sources by weight into a deterministic sample plan (mix.json + index cache).
+
+The library (the planner and what it imports) is imported inside the commands, so ``--help`` stays cheap.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -277,7 +281,6 @@ def _refuse_duplicates(blend, flag: str) -> None:
     """The same source twice in one blend is almost always a slip (and would be sampled as two sources)."""
     if blend is None:
         return
-    import os
 
     from llmtools.errors import UsageError
     from llmtools.formats.indexed import strip_suffix

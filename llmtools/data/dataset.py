@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from llmtools import _native
-from llmtools.data import mix_cache
+from llmtools.data import mix as mixlib
+from llmtools.data import mix_cache, plan_check
 from llmtools.data.splits import DEFAULT_SPLIT, SPLITS
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
@@ -153,8 +154,6 @@ class BlendedGPTDataset:
         allow_mixed_tokenizers: bool = False,
     ) -> BlendedGPTDataset:
         """Build a plan in code (``num_samples`` for ``split_name``); ``cache_dir`` keeps its ``.npy`` files."""
-        from llmtools.data import mix as mixlib
-
         plan = mixlib.plan_prefixes(
             prefixes,
             weights,
@@ -434,9 +433,7 @@ def _open_described(described: dict, mix_path: Path) -> IndexedDatasetReader:
     for prefix in candidates:
         prefix = strip_suffix(prefix)
         if Path(f"{prefix}.idx").exists() and Path(f"{prefix}.bin").exists():
-            from llmtools.data.plan_check import check_source
-
-            check_source(
+            plan_check.check_source(
                 described, prefix, mix_path
             )  # the files the plan was made from, before trusting them
             reader = IndexedDatasetReader(prefix)

@@ -37,6 +37,7 @@ import numpy as np
 
 from llmtools.data.blend import blend_weights, build_blending_indices, normalize_weights, samples_per_dataset
 from llmtools.data.gpt_index import GPTIndices, build_gpt_indices
+from llmtools.data.materialize import materialize
 from llmtools.data.mix_config import DEFAULT_SEED, MEGATRON_SEMANTICS, Blend, MixConfig
 from llmtools.data.mix_json import plan_to_json
 from llmtools.data.mix_report import epochs_drawn, explain_stages, plan_warnings
@@ -56,6 +57,7 @@ from llmtools.errors import InputError, RuntimeFailure, UsageError
 from llmtools.formats.indexed import strip_suffix
 from llmtools.formats.mix import cache_digests, cache_names, mix_text, write_arrays
 from llmtools.fsutil import atomic_group
+from llmtools.progress import Progress
 
 
 # -- the plan ---------------------------------------------------------------------------------------
@@ -257,8 +259,6 @@ def _plan_split(
         components[0].built_samples = size
         components[0].target_samples = size
         components[0].normalized_weight = 1.0
-    from llmtools.progress import Progress
-
     # One step per source: its document, sample and shuffle indices (the long part for big sources).
     with Progress(len(components), f"mix {name} indices", unit="source") as bar:
         for comp in components:
@@ -469,8 +469,7 @@ def save_plan(
         if materialize_to is None:
             group.path(output).write_text(text, encoding="utf-8")  # last in the group: renamed last
             return [output, *written]
-        from llmtools.data.dataset import BlendedGPTDataset
-        from llmtools.data.materialize import materialize
+        from llmtools.data.dataset import BlendedGPTDataset  # here: the dataset imports the planner
 
         dataset = BlendedGPTDataset.from_plan(plan, "train", source=str(output))
         samples = materialize(dataset, materialize_to, mix_path=output, mix_json=text, group=group)

@@ -8,6 +8,8 @@ the planner. :mod:`llmtools.data.mix` gives the fields their meaning and rebuild
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,9 +238,6 @@ def load_split_arrays(mix: dict, path: Path, split: str) -> dict[str, np.ndarray
     records (an index array left from another plan under the same name is refused, naming it), and
     inside the mix's folder (a name read from the file never leads outside it).
     """
-    import hashlib
-    import io
-
     files = (mix["cache"].get("files") or {}).get(split)
     if not isinstance(files, dict):
         return None
