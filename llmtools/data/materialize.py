@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmtools.data.mix_sources import file_sha256
+from llmtools.formats.fingerprint import sha256_file
 from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, idx_path, strip_suffix
 from llmtools.formats.outputs import write_marker
 from llmtools.formats.sidecar import build_sidecar, commit_with_sidecars
@@ -42,7 +42,7 @@ def materialize(
         inputs.append({"path": str(mix_path), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
     elif mix_path is not None:
         mp = Path(mix_path)
-        inputs.append({"path": str(mp), "size": mp.stat().st_size, "sha256": file_sha256(mp)})
+        inputs.append({"path": str(mp), "size": mp.stat().st_size, "sha256": sha256_file(mp)})
     tok = dataset.tokenizer
     sidecar = build_sidecar(
         tokenizer=tok,

@@ -7,7 +7,6 @@ sources tokenized differently; the ``refuse_*`` checks refuse one dataset listed
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from llmtools.data.streams import display_name
 from llmtools.errors import InputError
-from llmtools.formats.fingerprint import fingerprint
+from llmtools.formats.fingerprint import fingerprint, sha256_file
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
 from llmtools.formats.sidecar import read_sidecar
 
@@ -53,14 +52,6 @@ class Source:
         }
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def open_source(prefix: str, base: Path | None = None) -> Source:
     """Open and check one prefix (missing, corrupt, empty are :class:`InputError`)."""
     given = strip_suffix(prefix)
@@ -78,7 +69,7 @@ def open_source(prefix: str, base: Path | None = None) -> Source:
             f"{reader.idx_file}: the dataset is empty (0 tokens in {reader.num_documents} documents)"
         )
     sidecar = read_sidecar(chosen)
-    idx_sha256 = file_sha256(reader.idx_file)
+    idx_sha256 = sha256_file(reader.idx_file)
     idx_stat = os.stat(reader.idx_file)
     files = {  # what a run checks on open: the index by stat and checksum, the tokens by stat and samples
         "idx": {"size": idx_stat.st_size, "mtime_ns": idx_stat.st_mtime_ns, "sha256": idx_sha256},
