@@ -12,7 +12,7 @@ it (``IndexedDatasetReader.validate`` replaced by a no-op), in interleaved pairs
                            index builder makes): the least any consumer does;
 * ``same, cold``           the same with the ``.idx`` dropped from the page cache first
                            (``posix_fadvise(DONTNEED)``): read from disk, as a fresh job on a new node would;
-* ``llm-mix source``       ``llmtools.data.mix.open_source``: the reader, the sha256 of the ``.idx`` that
+* ``llm-mix source``       ``llmtools.data.mix_sources.open_source``: the reader, the sha256 of the ``.idx`` that
                            names the plan, the sidecar;
 * ``training``             ``BlendedGPTDataset.from_prefixes`` for one epoch at sequence length 2048: the
                            source opened and its GPT document / sample / shuffle indices built.
@@ -91,7 +91,7 @@ def _timed(fn, before=None) -> float:
 def measure(prefix: Path, pairs: int, seq_length: int) -> dict[str, tuple[float, float]]:
     """{consumer: (median seconds with validation, median without)}."""
     from llmtools.data.dataset import BlendedGPTDataset
-    from llmtools.data.mix import open_source
+    from llmtools.data.mix_sources import open_source
 
     tokens = IndexedDatasetReader(prefix).num_tokens
     idx = f"{prefix}.idx"

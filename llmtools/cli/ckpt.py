@@ -135,7 +135,7 @@ def inspect_(
 def _data_ledger(path: Path, as_json: bool) -> str:
     from llmtools.ckpt.convert import resolve_checkpoint
     from llmtools.ckpt.verify import read_meta
-    from llmtools.data.ledger import format_ledger, ledger_report
+    from llmtools.data.ledger_report import format_ledger, ledger_report
     from llmtools.formats.quarantine import quarantine_path, read_records
 
     checkpoint = resolve_checkpoint(path)

@@ -1,7 +1,11 @@
-"""``llm-mix``: blend tokenized sources by weight into a deterministic sample plan (mix.json + index cache)."""
+"""``llm-mix``: blend tokenized sources by weight into a deterministic sample plan (mix.json + index cache).
+
+The library (the planner and what it imports) is imported inside the commands, so ``--help`` stays cheap.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -167,6 +171,7 @@ def mix(
     from llmtools.cli import mix_args
     from llmtools.cli.outputs import claim
     from llmtools.data import mix as lib
+    from llmtools.data.mix_json import plan_to_json
     from llmtools.errors import UsageError
     from llmtools.formats.indexed import strip_suffix
     from llmtools.formats.outputs import marker_path
@@ -256,7 +261,7 @@ def mix(
         if output is not None:  # mix.json is written last, after the cache and the materialized samples
             written += lib.save_plan(plan, output, materialize_to=materialize)
     if as_json:
-        summary = lib.plan_to_json(plan)
+        summary = plan_to_json(plan)
         summary.pop("config", None)
         summary["written"] = [str(p) for p in written]
         emit(jsonfile.output(summary))
@@ -276,7 +281,6 @@ def _refuse_duplicates(blend, flag: str) -> None:
     """The same source twice in one blend is almost always a slip (and would be sampled as two sources)."""
     if blend is None:
         return
-    import os
 
     from llmtools.errors import UsageError
     from llmtools.formats.indexed import strip_suffix

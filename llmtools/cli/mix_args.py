@@ -4,11 +4,13 @@ values :mod:`llmtools.data.mix` takes. Each error is a one-line :class:`UsageErr
 
 from __future__ import annotations
 
+import glob
 import re
 
-from llmtools.data.mix import Blend
+from llmtools.data.mix_config import Blend
 from llmtools.data.stages import StageKey, StageSpec
 from llmtools.errors import InputError, UsageError
+from llmtools.formats.pathlists import LIST_MARK, expand_prefixes, read_list_file
 from llmtools.numeric import MAX_COUNT, parse_float
 
 # -- Megatron's --data-path spelling ----------------------------------------------------------------
@@ -46,10 +48,6 @@ def _weight(text: str, what: str, where: str = "") -> float:
 
 def read_data_path(values: list[str], flag: str = "--data-path") -> Blend:
     """Megatron's blend spelling, with ``@FILE`` values read from FILE and globs in unweighted lists."""
-    import glob
-
-    from llmtools.formats.pathlists import expand_prefixes, read_list_file
-
     tokens = []
     for value in values:
         if value.startswith("@") and len(value) > 1:
@@ -145,8 +143,6 @@ def parse_stage_key(text: str, flag: str = "--stage") -> StageKey:
 def _stage_weights(parts: list[str]):
     """(weight text, where it came from) of each weight: given inline, or read from an ``@FILE`` (numbers
     separated by spaces, commas or newlines; ``#`` lines skipped), one per source of a blend of many."""
-    from llmtools.formats.pathlists import LIST_MARK, read_list_file
-
     for part in parts:
         if part.startswith(LIST_MARK) and len(part) > 1:
             for line in read_list_file(part[1:]):

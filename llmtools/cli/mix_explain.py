@@ -12,19 +12,21 @@ import os
 import re
 from collections import defaultdict
 
+from llmtools.data import mix as lib
+from llmtools.data.mix_config import MEGATRON_SEMANTICS
+from llmtools.data.mix_report import epochs_drawn, stage_rows
+
 GROUP_OVER = 20
 """More sources than this in a split: group rows by folder."""
 SHOWN = 3
 
 
 def explain(plan) -> str:
-    from llmtools.data import mix as lib
-
     if max((len(s.components) for s in plan.splits.values()), default=0) <= GROUP_OVER:
         return lib.explain(plan)
     seq = plan.config.seq_length
     lines = [
-        f"plan {plan.hash}: seq_length {seq} (+1 token per sample), seed {plan.config.seed}, {lib.MEGATRON_SEMANTICS}",
+        f"plan {plan.hash}: seq_length {seq} (+1 token per sample), seed {plan.config.seed}, {MEGATRON_SEMANTICS}",
         f"{len(plan.sources):,} sources, grouped by folder (llm-mix --json lists every source)",
     ]
     for split in plan.splits.values():
@@ -48,15 +50,13 @@ def explain(plan) -> str:
                 f"  {_short(folder):<40} {len(comps):>7} {sum(c.normalized_weight for c in comps):>9.4f} "
                 f"{drawn / split.size:>9.4f} {drawn:>10} {drawn * seq:>15,} "
                 f"{sum(c.indices.tokens_per_epoch for c in comps):>15,} "
-                f"{_span([lib.epochs_drawn(c, seq) for c in comps]):>11}"
+                f"{_span([epochs_drawn(c, seq) for c in comps]):>11}"
             )
     return "\n".join(lines)
 
 
 def _explain_stages(plan, split) -> list[str]:
     """A schedule over many sources: per stage (then for the whole schedule) one row per folder."""
-    from llmtools.data import mix as lib
-
     seq = plan.config.seq_length
     lines = [
         f"\n[{split.name}] {split.size} samples (requested {split.requested}), {split.size * seq:,} tokens, "
@@ -66,7 +66,7 @@ def _explain_stages(plan, split) -> list[str]:
         f"    {'folder':<40} {'sources':>7} {'requested':>9} {'realized':>9} {'samples':>10} "
         f"{'tokens':>15} {'epochs':>11}"
     )
-    for title, length, rows in lib.stage_rows(plan, split):
+    for title, length, rows in stage_rows(plan, split):
         lines += [f"  {title}", header]
         groups: dict[str, list] = defaultdict(list)
         for row in rows:

@@ -23,9 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from llmtools import _native
+from llmtools.data import mix as mixlib
+from llmtools.data import mix_cache, plan_check
 from llmtools.data.splits import DEFAULT_SPLIT, SPLITS
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
+from llmtools.formats.mix import MixFile
 
 
 @dataclass
@@ -92,57 +95,47 @@ class BlendedGPTDataset:
 
     # -- construction --------------------------------------------------------------------------------
     @classmethod
-    def from_mix(cls, mix_json_path: str | os.PathLike, split: str = "train") -> BlendedGPTDataset:
-        """Open one split of a ``mix.json`` (its cached indices; rebuilt in memory when missing)."""
-        from llmtools.formats.mix import load_split_arrays, read_mix
-
-        path = Path(mix_json_path)
+    def from_mix(cls, mix: MixFile | str | os.PathLike, split: str = "train") -> BlendedGPTDataset:
+        """Open one split of a ``mix.json`` (read once into a :class:`MixFile`, or already read): its cached
+        indices, rebuilt and written back when missing (:func:`llmtools.data.mix_cache.load_split`)."""
         if split not in SPLITS:
             raise UsageError(f"split {split!r}: use one of {', '.join(SPLITS)}")
-        from llmtools.data.plan_check import check_arrays, check_recorded
-
-        mix = read_mix(path)
-        if split not in mix["splits"]:
+        if not isinstance(mix, MixFile):
+            mix = MixFile.read(mix)
+        if split not in mix.splits:
             raise InputError(
-                f"{path}: the plan has no {split} split (it has {', '.join(mix['splits']) or 'none'})"
+                f"{mix.path}: the plan has no {split} split (it has {', '.join(mix.splits) or 'none'})"
             )
-        check_recorded(mix, path)  # an edited mix.json is refused before its arrays are trusted
-        arrays = load_split_arrays(mix, path, split)
-        if arrays is None:  # the cache was deleted or never copied: rebuild it, identically
-            from llmtools.data import mix as mixlib
+        return cls.from_arrays(mix, split, mix_cache.load_split(mix, split))
 
-            _, plan = mixlib.reopen_plan(path)
-            arrays = mixlib.split_arrays(plan.splits[split])
-            try:
-                mixlib.write_cache(plan, path.parent)
-            except OSError:
-                pass  # a read-only folder: the rebuilt arrays in memory are just as good
-        check_arrays(mix, path, split, arrays)
+    @classmethod
+    def from_arrays(cls, mix: MixFile, split: str, arrays: dict[str, np.ndarray]) -> BlendedGPTDataset:
+        """One split of ``mix`` over its index arrays (as :func:`~llmtools.data.mix_cache.load_split`
+        returns them): checked against the sources, nothing written."""
+        path = mix.path
         parts = []
-        components = mix["splits"][split]["components"]
+        components = mix.splits[split]["components"]
         for k, comp in enumerate(components):
-            described = mix["sources"][comp["source"]]
+            described = mix.sources[comp["source"]]
             reader = _open_described(described, path)
             found = [
                 arrays.get(f"{k}.{what}") for what in ("document_index", "sample_index", "shuffle_index")
             ]
-            _check_part_arrays(reader, *found, mix["seq_length"] + 1, f"{path} (split {split}, source {k})")
+            _check_part_arrays(reader, *found, mix.seq_length + 1, f"{path} (split {split}, source {k})")
             parts.append(_part(reader, *found))
         _check_blend_arrays(
             arrays.get("dataset_index"), arrays.get("dataset_sample_index"), parts, f"{path} (split {split})"
         )
-        tokenizer = mix.get("tokenizer")
         return cls(
             parts,
             arrays["dataset_index"],
             arrays["dataset_sample_index"],
-            mix["seq_length"],
-            tokenizer=tokenizer,
+            mix.seq_length,
+            tokenizer=mix.tokenizer,
             vocab_size=_vocab_size(
-                tokenizer,
-                [mix["sources"][c["source"]].get("tokenizer") for c in mix["splits"][split]["components"]],
+                mix.tokenizer, [mix.sources[c["source"]].get("tokenizer") for c in components]
             ),
-            fingerprint=f"{mix['cache']['hash']}-{split}",
+            fingerprint=f"{mix.identity}-{split}",
             split=split,
             source=str(path),
         )
@@ -161,8 +154,6 @@ class BlendedGPTDataset:
         allow_mixed_tokenizers: bool = False,
     ) -> BlendedGPTDataset:
         """Build a plan in code (``num_samples`` for ``split_name``); ``cache_dir`` keeps its ``.npy`` files."""
-        from llmtools.data import mix as mixlib
-
         plan = mixlib.plan_prefixes(
             prefixes,
             weights,
@@ -178,7 +169,7 @@ class BlendedGPTDataset:
 
     @classmethod
     def from_plan(cls, plan, split: str = "train", source: str = "") -> BlendedGPTDataset:
-        """The dataset of one split of an in-memory :class:`llmtools.data.mix.MixPlan`."""
+        """The dataset of one split of an in-memory :class:`llmtools.data.mix.BuiltMix`."""
         if split not in plan.splits:
             raise InputError(
                 f"{source or 'the plan'}: no {split} split (it has {', '.join(plan.splits) or 'none'})"
@@ -442,9 +433,7 @@ def _open_described(described: dict, mix_path: Path) -> IndexedDatasetReader:
     for prefix in candidates:
         prefix = strip_suffix(prefix)
         if Path(f"{prefix}.idx").exists() and Path(f"{prefix}.bin").exists():
-            from llmtools.data.plan_check import check_source
-
-            check_source(
+            plan_check.check_source(
                 described, prefix, mix_path
             )  # the files the plan was made from, before trusting them
             reader = IndexedDatasetReader(prefix)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from llmtools.data.mix import file_sha256
+from llmtools.formats.fingerprint import sha256_file
 from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, idx_path, strip_suffix
+from llmtools.formats.outputs import write_marker
 from llmtools.formats.sidecar import build_sidecar, commit_with_sidecars
 
 
@@ -41,7 +42,7 @@ def materialize(
         inputs.append({"path": str(mix_path), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
     elif mix_path is not None:
         mp = Path(mix_path)
-        inputs.append({"path": str(mp), "size": mp.stat().st_size, "sha256": file_sha256(mp)})
+        inputs.append({"path": str(mp), "size": mp.stat().st_size, "sha256": sha256_file(mp)})
     tok = dataset.tokenizer
     sidecar = build_sidecar(
         tokenizer=tok,
@@ -70,8 +71,6 @@ def materialize(
         written = commit_with_sidecars([writer], {prefix: sidecar} if tok is not None else {}, last, group)
     sidecars = [p for p in written if mix_json is None or p != Path(mix_path)]
     if tok is None:  # ...but markers say llmtools wrote it (what --force may replace)
-        from llmtools.formats.outputs import write_marker
-
         for path in (bin_path(prefix), idx_path(prefix)):
             write_marker(path, "llm-mix --materialize", mix=str(mix_path) if mix_path else None)
     return [bin_path(prefix), idx_path(prefix), *sidecars]

@@ -24,18 +24,20 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from llmtools.data import mix as mixlib
+from llmtools.data.blend import normalize_weights
+from llmtools.data.mix_json import config_from_json
 from llmtools.errors import InputError, where
+from llmtools.formats.fingerprint import changed
+from llmtools.formats.sidecar import read_sidecar, sidecar_path
 
 _TOLERANCE = 1e-9
 
 
 def check_recorded(mix: dict, path: Path) -> None:
     """The mix.json against itself (no file but it is read)."""
-    from llmtools.data import mix as mixlib
-    from llmtools.data.blend import normalize_weights
-
-    config = mixlib.config_from_json(mix, path)
-    blends = mixlib._split_blends(config)
+    config = config_from_json(mix, path)
+    blends = mixlib.split_blends(config)
     sources = mix["sources"]
     for name, split in mix["splits"].items():
         blend = blends.get(name, (None, None))[0]
@@ -83,7 +85,7 @@ def check_recorded(mix: dict, path: Path) -> None:
         for s in sources
     ]
     try:
-        identity = mixlib._identity(config, stand_ins, blends, mix.get("megatron_semantics"))
+        identity = mixlib.plan_hash(config, stand_ins, blends, mix.get("megatron_semantics"))
     except KeyError as missing:
         raise InputError(f"{where(path, key='config')}: names a source not in sources ({missing})") from None
     if identity != mix["cache"]["hash"]:
@@ -130,9 +132,6 @@ def check_arrays(mix: dict, path: Path, split: str, arrays: dict) -> None:
 
 def check_source(described: dict, prefix: str, path: Path) -> None:
     """One source (opened at ``prefix``) against the fingerprints and tokenizer mix.json recorded."""
-    from llmtools.formats.fingerprint import changed
-    from llmtools.formats.sidecar import read_sidecar, sidecar_path
-
     files = described.get("files") or {}
     for kind in ("idx", "bin"):  # plain strings and os.stat: this runs once per source, for every source
         file = f"{prefix}.{kind}"

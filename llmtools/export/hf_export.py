@@ -555,10 +555,11 @@ def open_source(config: ExportConfig):
 def _open_mix(config: ExportConfig):
     """A mix.json is always exported as its training samples (``--packed`` is implied)."""
     from llmtools.data.dataset import BlendedGPTDataset
-    from llmtools.formats.mix import read_mix
+    from llmtools.formats.mix import MixFile
 
-    plan = read_mix(config.source)
-    dataset = BlendedGPTDataset.from_mix(str(config.source), split=config.split)
+    mix = MixFile.read(config.source)
+    plan = mix.data
+    dataset = BlendedGPTDataset.from_mix(mix, split=config.split)
     if config.seq_length is not None and config.seq_length != dataset.seq_length:
         raise UsageError(
             f"--seq-length {config.seq_length} differs from the mix's seq_length {dataset.seq_length}"

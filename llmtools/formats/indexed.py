@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from llmtools import _native
 from llmtools.errors import InputError, where
 from llmtools.fsutil import (
     commit_file,
@@ -44,6 +45,7 @@ from llmtools.fsutil import (
     discard,
     disk_full_guard,
     fsync_dir,
+    fsync_file,
     tmp_sibling,
 )
 
@@ -199,8 +201,6 @@ class IndexedDatasetReader:
         One compiled pass when the native helpers are there (``llm_check_index``, a few ns a sequence: a
         few per cent of opening a dataset for training, ``benchmarks/bench_index.py``); the vectorised
         numpy check otherwise, and always to say what is wrong with an index the compiled pass rejected."""
-        from llmtools import _native
-
         lib = _native.load()
         if lib is None or self.num_sequences == 0:
             self.validate_numpy()
@@ -512,8 +512,6 @@ class IndexedDatasetWriter:
             self._write_index(self._idx_tmp)
         if self.durable:
             with self._guard():
-                from llmtools.fsutil import fsync_file
-
                 fsync_file(self._bin_tmp)
                 fsync_file(self._idx_tmp)
 

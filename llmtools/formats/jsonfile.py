@@ -4,6 +4,7 @@ we write (files, ``--json`` output) goes through :func:`dumps`, which never writ
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -113,8 +114,6 @@ def _fs_escapes_only(text: str) -> bool:
 
 
 def _b64(data: bytes) -> str:
-    import base64
-
     return base64.b64encode(data).decode("ascii")
 
 

@@ -8,7 +8,10 @@ the planner. :mod:`llmtools.data.mix` gives the fields their meaning and rebuild
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +89,53 @@ def read_mix(path: str | os.PathLike) -> dict:
     if not isinstance(data["cache"].get("hash"), str):
         raise InputError(f"{where(path, key='cache.hash')}: missing")
     return data
+
+
+@dataclass(frozen=True)
+class MixFile:
+    """A mix.json read and structurally checked once: every reader of a plan takes this, not a path.
+
+    ``data`` is the file's object as written (what the plan checks and the ledger compare field by
+    field); the properties name the fields every reader needs.
+    """
+
+    path: Path
+    data: dict
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> MixFile:
+        """:func:`read_mix`'s checks, once; :class:`InputError` naming the key otherwise."""
+        return cls(Path(path), read_mix(path))
+
+    @property
+    def folder(self) -> Path:
+        """Where the index cache lies (the mix.json's folder)."""
+        return self.path.parent
+
+    @property
+    def seq_length(self) -> int:
+        return self.data["seq_length"]
+
+    @property
+    def seed(self) -> int:
+        return self.data["seed"]
+
+    @property
+    def sources(self) -> list[dict]:
+        return self.data["sources"]
+
+    @property
+    def splits(self) -> dict[str, dict]:
+        return self.data["splits"]
+
+    @property
+    def tokenizer(self) -> dict | None:
+        return self.data.get("tokenizer")
+
+    @property
+    def identity(self) -> str:
+        """The plan's hash (``cache.hash``), see :func:`plan_identity`."""
+        return plan_identity(self.data)
 
 
 # Numbers the plan checks compare with the arrays: of the right type (or absent) before any arithmetic.
@@ -188,9 +238,6 @@ def load_split_arrays(mix: dict, path: Path, split: str) -> dict[str, np.ndarray
     records (an index array left from another plan under the same name is refused, naming it), and
     inside the mix's folder (a name read from the file never leads outside it).
     """
-    import hashlib
-    import io
-
     files = (mix["cache"].get("files") or {}).get(split)
     if not isinstance(files, dict):
         return None

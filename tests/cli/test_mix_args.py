@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmtools.cli import mix_args as A
-from llmtools.data import mix as M
+from llmtools.data import mix_config as M
 from llmtools.errors import InputError, UsageError
 
 

@@ -17,8 +17,11 @@ import pytest
 
 from llmtools.data import mix as M
 from llmtools.data.blend import blend_weights, build_blending_indices, normalize_weights
-from llmtools.data.ledger import DataPlan, Ledger, ledger_report, open_run_data
+from llmtools.data.ledger import Ledger
+from llmtools.data.ledger_report import ledger_report
+from llmtools.data.reconcile import open_run_data
 from llmtools.data.stages import StageKey, StageSpec
+from llmtools.data.train_streams import TrainStreams
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.indexed import IndexedDatasetWriter
 from llmtools.formats.quarantine import make_record
@@ -58,7 +61,7 @@ def save_mix(path, prefixes, weights, samples, stages=None, seq=SEQ, split="100,
         stages=stages,
     )
     M.save_plan(M.build_plan(config), path)
-    return DataPlan.from_mix(path)
+    return TrainStreams.from_mix(path)
 
 
 def stage(start, until, *weights):
@@ -396,7 +399,7 @@ def test_a_hand_edited_schedule_with_a_gap_or_an_overlap_is_refused(plans, tmp_p
     for name in mix["cache"]["files"]["train"].values():
         shutil.copy(folder / name, tmp_path / name)
     with pytest.raises(InputError, match=message):
-        DataPlan.from_mix(path)
+        TrainStreams.from_mix(path)
 
 
 def test_the_continued_blend_is_the_same_greedy_with_or_without_the_compiled_helper(monkeypatch):
@@ -422,7 +425,7 @@ def plan_in_memory(prefixes, weights, samples, seed=1234):
         split="100,0,0",
         seed=seed,
     )
-    return DataPlan.from_mix_plan(M.build_plan(config), "in memory")
+    return TrainStreams.from_mix_plan(M.build_plan(config), "in memory")
 
 
 def test_random_mix_changes_and_interruptions_keep_every_stream_exact(sources):
@@ -517,7 +520,7 @@ def test_a_many_source_mix_named_by_globs_continues_every_stream(tmp_path, monke
     ]
     per_source = changed.consumed_tokens(first + second)
     assert len(per_source) == 24 and sum(per_source.values()) == (first + second) * SEQ
-    import llmtools.data.ledger as ledger_module
+    import llmtools.data.run_data as ledger_module
 
     monkeypatch.setattr(ledger_module, "MAX_SOURCES_LOGGED", 20)
     changed._folders = None
@@ -530,7 +533,7 @@ def test_a_many_source_mix_named_by_globs_continues_every_stream(tmp_path, monke
 
 
 def test_folder_names_are_short_unless_two_folders_share_one():
-    from llmtools.data.ledger import folder_names
+    from llmtools.data.run_data import folder_names
 
     assert folder_names({"1": "/d/web/s0", "2": "/d/web/s1", "3": "/d/code/s0", "4": "top"}) == {
         "1": "web/",

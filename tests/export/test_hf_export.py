@@ -302,7 +302,8 @@ def test_parquet_folder_loads_by_its_card(tmp_path):
 
 
 def make_mix(tmp_path, dtypes=(np.uint16, np.uint16), sidecar=None):
-    from llmtools.data.mix import Blend, MixConfig, build_plan, save_plan
+    from llmtools.data.mix import build_plan, save_plan
+    from llmtools.data.mix_config import Blend, MixConfig
 
     rng = np.random.default_rng(1)
     prefixes = []

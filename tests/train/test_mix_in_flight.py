@@ -366,7 +366,8 @@ def poisoned(data, tmp_path_factory):
     reading the poison's tokens NaN (and no other)."""
     import torch
 
-    from llmtools.data.ledger import DataPlan, open_run_data
+    from llmtools.data.reconcile import open_run_data
+    from llmtools.data.train_streams import TrainStreams
     from llmtools.formats.indexed import IndexedDatasetReader, IndexedDatasetWriter
     from llmtools.formats.sidecar import read_sidecar, write_sidecar
     from llmtools.model import LlamaForCausalLM, load_model_config
@@ -385,7 +386,7 @@ def poisoned(data, tmp_path_factory):
     steps = 10
     mix = _mix(folder / "mix.json", [prefix, data["b"]], [0.5, 0.5], steps * GBS)
     # where the poison is drawn: the run stops at the first, and would meet it again later
-    run_data, _ = open_run_data(DataPlan.from_mix(mix), None, 0)
+    run_data, _ = open_run_data(TrainStreams.from_mix(mix), None, 0)
     hits = [
         p
         for p, d in enumerate(run_data.describe(range(steps * GBS)))
@@ -522,16 +523,18 @@ def test_a_grad_norm_spike_quarantines_the_whole_batch_and_the_resumed_run_passe
     passed = {(s["name"], d) for s in ledger["sources"] for skip in s["skips"] for d in skip["documents"]}
     assert passed == named
     # what the resumed steps drew (the step-8 checkpoint's ledger and the quarantine): none of those documents
-    from llmtools.data.ledger import DataPlan, Ledger, open_run_data
+    from llmtools.data.ledger import Ledger
+    from llmtools.data.reconcile import open_run_data
+    from llmtools.data.train_streams import TrainStreams
 
     saved = Ledger.from_json(read_meta(run / "checkpoints" / "step_00000008")["data"]["ledger"], "meta")
     assert saved.position == 8 * GBS
-    data, _ = open_run_data(DataPlan.from_mix(byte_data["mix"]), saved, 8 * GBS, quarantine=[record])
-    end = DataPlan.from_mix(byte_data["mix"]).size
+    data, _ = open_run_data(TrainStreams.from_mix(byte_data["mix"]), saved, 8 * GBS, quarantine=[record])
+    end = TrainStreams.from_mix(byte_data["mix"]).size
     drawn = data.describe(range(8 * GBS, end))  # the rest of the plan, not only the steps trained
     assert not named & {(d["source"], x["document"]) for d in drawn for x in d["documents"]}
     # the quarantine took effect before the stop's checkpoint: its ledger passes over them already
     assert {(r.spec.name, d) for r in saved.sources.values() for k in r.skips for d in k.documents} == named
-    unquarantined, _ = open_run_data(DataPlan.from_mix(byte_data["mix"]), None, 0)
+    unquarantined, _ = open_run_data(TrainStreams.from_mix(byte_data["mix"]), None, 0)
     drawn = unquarantined.describe(range(8 * GBS, end))
     assert named & {(d["source"], x["document"]) for d in drawn for x in d["documents"]}  # they would be

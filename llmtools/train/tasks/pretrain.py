@@ -115,7 +115,8 @@ class PretrainTask(Task):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self._plan = None  # llmtools.data.ledger.DataPlan of the train split
+        self._plan = None  # llmtools.data.train_streams.TrainStreams of the train split
+        self._mix = None  # the MixFile of data.mix, read once for every split
         self._train = None  # the RunData the trainer reads
         self._eod: int | None = None  # the EOD id when document masking is on
         self.sequence = None  # this rank's SequenceSlice under sequence parallelism (set by the engine)
@@ -140,11 +141,15 @@ class PretrainTask(Task):
                 raise InputError(
                     f"{self.config.source}: data.mix: {data.mix}: no such file (make one with llm-mix)"
                 )
-            if split == "train":
-                from llmtools.data.ledger import DataPlan
+            from llmtools.formats.mix import MixFile
 
-                return self._open_train(DataPlan.from_mix(data.mix))
-            opened = BlendedGPTDataset.from_mix(data.mix, split=split)
+            if self._mix is None:  # read and checked once for every split
+                self._mix = MixFile.read(data.mix)
+            if split == "train":
+                from llmtools.data.train_streams import TrainStreams
+
+                return self._open_train(TrainStreams.from_mix(self._mix))
+            opened = BlendedGPTDataset.from_mix(self._mix, split=split)
             self._check_seq_length(opened.seq_length)
             return self._masking(opened)
         # the plan's arguments: the train split is planned here (its ledger), the others by the dataset
@@ -156,11 +161,11 @@ class PretrainTask(Task):
         )
         options = {"seed": data.seed, "split": data.split, "cache_dir": data.cache_dir}
         if split == "train":
-            from llmtools.data.ledger import DataPlan
             from llmtools.data.mix import plan_prefixes
+            from llmtools.data.train_streams import TrainStreams
 
             plan = plan_prefixes(*planned, **options)
-            return self._open_train(DataPlan.from_mix_plan(plan, "data.prefixes"))
+            return self._open_train(TrainStreams.from_mix_plan(plan, "data.prefixes"))
         return self._masking(BlendedGPTDataset.from_prefixes(*planned, **options, split_name=split))
 
     def _check_seq_length(self, seq_length: int) -> None:
@@ -172,7 +177,7 @@ class PretrainTask(Task):
             )
 
     def _open_train(self, plan):
-        from llmtools.data.ledger import open_run_data
+        from llmtools.data.reconcile import open_run_data
 
         self._check_seq_length(plan.seq_length)
         self._plan = plan
@@ -186,7 +191,8 @@ class PretrainTask(Task):
     def resume_data(
         self, saved: dict | None, consumed: int, *, reset: bool, quarantine: list[dict], where: str
     ) -> DataResume:
-        from llmtools.data.ledger import Ledger, open_run_data
+        from llmtools.data.ledger import Ledger
+        from llmtools.data.reconcile import open_run_data
 
         ledger = None if saved is None else Ledger.from_json(saved, where)
         data, report = open_run_data(
