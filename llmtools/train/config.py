@@ -27,13 +27,28 @@ import math
 import os
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal
 
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.mix import MIN_SEQ_LENGTH
 from llmtools.model.lora import LoraSection  # no torch at import: config validation stays instant
+from llmtools.train.resume_rules import (
+    APPLY,
+    DATA_POSITION,
+    DERIVED,
+    EACH_KEY,
+    FROM_NEXT_STEP,
+    NEVER,
+    NEW_RUN,
+    OTHER_RUN,
+    RESET_DATA,
+    WEIGHTS_FROM_CHECKPOINT,
+    Rule,
+    config_section,
+    ruled,
+)
 from llmtools.train.tasks.dpo import DpoSection  # likewise
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -52,51 +67,78 @@ REPORTERS = ("tensorboard", "wandb", "mlflow")
 MUON_KEYS = ("momentum", "nesterov", "ns_steps", "muon_lr", "muon_adjust_lr")
 DEFAULT_TASK = "pretrain"
 
+# Resume rules several sections' fields share (each field still names its own).
+# Only an fp16 run reads its section (the resume view leaves it out otherwise), and DeepSpeed restores its
+# loss scaler, settings and current scale, from the checkpoint: a new value would be ignored.
+LOSS_SCALER = Rule(
+    NEVER, "DeepSpeed restores its loss scaler, settings included, from the checkpoint", NEW_RUN
+)
+NEW_CURVE = Rule(APPLY, "the learning rate follows the new curve from this step on")
+THIS_RUNS_GROUPS = Rule(APPLY, "the process groups of this run use it")
+# The model's inline fields (ModelConfig's) a resumed run may change; any other is another model.
+MODEL_FIELDS_THAT_MAY_CHANGE = {
+    "initializer_range": WEIGHTS_FROM_CHECKPOINT,
+    "router_aux_loss_coef": Rule(APPLY, "the router's auxiliary loss weighs this from the next step on"),
+    "router_z_loss_coef": Rule(APPLY, "the router's z-loss weighs this from the next step on"),
+}
+
 
 def _bad(key: str, message: str) -> InputError:
     return InputError(f"{key}: {message}")
 
 
-@dataclass
+@config_section
 class ModelSection:
     """Which model: a preset (configs/models/NAME.yaml or a path) with inline overrides, or all inline."""
 
-    preset: str | None = None
+    preset: str | None = ruled(Rule(DERIVED, "a name; the model's fields are compared one by one"), None)
     """Preset name (configs/models/NAME.yaml) or a YAML/JSON path; null: the init_from folder's config.json,
     or the shape all inline."""
-    init_from: str | None = None
+    init_from: str | None = ruled(WEIGHTS_FROM_CHECKPOINT, None)
     """A Hugging Face folder (config.json + safetensors) whose weights start the run (continued pretraining)."""
-    expert_parallel: int | None = None
+    expert_parallel: int | None = ruled(
+        Rule(APPLY, "DeepSpeed's universal conversion re-spreads the experts over the new groups"), None
+    )
     """MoE models: spread each layer's experts over groups of N data-parallel ranks (DeepSpeed's
     expert-parallel layer); N divides the world size and num_experts. null: every rank holds every expert."""
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = ruled(
+        Rule(NEVER, "a different model cannot continue this checkpoint", OTHER_RUN),
+        default_factory=dict,
+        metadata={EACH_KEY: MODEL_FIELDS_THAT_MAY_CHANGE},
+    )
     """Inline ModelConfig fields (hidden_size, num_hidden_layers, ...); they override the preset's."""
 
 
-@dataclass
+@config_section
 class DataSection:
     """Where the tokens come from: a mix.json from llm-mix, or prefixes with weights."""
 
-    mix: str | None = None
+    mix: str | None = ruled(DATA_POSITION, None)
     """A mix.json written by llm-mix (its seq_length and number of samples are used)."""
-    prefixes: list[str] = field(default_factory=list)
+    prefixes: list[str] = ruled(DATA_POSITION, default_factory=list)
     """Indexed-dataset prefixes (PREFIX.bin/.idx), when no mix is given."""
-    weights: list[float] | None = None
+    weights: list[float] | None = ruled(DATA_POSITION, None)
     """Sampling weights, one per prefix (default: equal)."""
-    seq_length: int | None = None
+    seq_length: int | None = ruled(DATA_POSITION, None)
     """Tokens per sample (required with prefixes; must match the mix when both are given)."""
-    split: str = "969,30,1"
+    split: str = ruled(DATA_POSITION, "969,30,1")
     """train,valid,test document split, Megatron style (prefixes only; a mix carries its own)."""
-    seed: int = 1234
+    seed: int = ruled(DATA_POSITION, 1234)
     """Seed of the sample order (prefixes only; a mix carries its own)."""
-    cache_dir: str | None = None
+    cache_dir: str | None = ruled(Rule(APPLY, "only where the sample-index cache is kept"), None)
     """Where the sample-index cache goes (prefixes only); default beside the data."""
-    reset_position_ids: bool = False
+    reset_position_ids: bool = ruled(
+        Rule(APPLY, "positions of the next samples; the data position is unchanged"), False
+    )
     """Megatron's flag: position ids restart at 0 after every EOD token of a sample (pretraining)."""
-    reset_attention_mask: bool = False
+    reset_attention_mask: bool = ruled(
+        Rule(APPLY, "attention of the next samples; the data position is unchanged"), False
+    )
     """Megatron's flag: attention stays inside each document of a sample, the EOD closing its document
     (pretraining; document attention kernels, never a dense mask)."""
-    eod_mask_loss: bool = False
+    eod_mask_loss: bool = ruled(
+        Rule(APPLY, "loss of the next samples; the data position is unchanged"), False
+    )
     """Megatron's flag: no loss where the input token is EOD (pretraining)."""
 
     @property
@@ -121,14 +163,16 @@ class DataSection:
             raise _bad("data.seq_length", f"must be >= {MIN_SEQ_LENGTH}, got {self.seq_length}")
 
 
-@dataclass
+@config_section
 class ParallelSection:
     """How each sequence and each weight is split over the ranks (data parallelism takes the rest)."""
 
-    sequence: int = 1
+    sequence: int = ruled(
+        Rule(APPLY, "ZeRO partitions span every rank under any degree: the same world size loads as is"), 1
+    )
     """DeepSpeed-Ulysses: each rank of a group of N holds 1/N of every sequence; attention heads are
     exchanged with all-to-all (N divides the world size, the attention heads and the sequence length)."""
-    tensor: int = 1
+    tensor: int = ruled(Rule(NEVER, "tensor parallelism is not supported (1 only)", OTHER_RUN), 1)
     """DeepSpeed AutoTP (tensor parallelism): not supported yet; 1 only (see docs/parallelism.md)."""
 
     def __post_init__(self) -> None:
@@ -143,28 +187,36 @@ class ParallelSection:
             )
 
 
-@dataclass
+@config_section
 class TrainingSection:
     """Batch sizes, how long, precision, clipping."""
 
-    micro_batch_size: int = 4
+    micro_batch_size: int = ruled(Rule(APPLY, "same samples per step, another accumulation"), 4)
     """Samples per rank per forward/backward."""
-    global_batch_size: int = 8
+    global_batch_size: int = ruled(
+        Rule(NEVER, "the data position and the schedule are counted in batches of the old size", NEW_RUN), 8
+    )
     """Samples per optimizer step over all ranks (= micro x accumulation x world size)."""
-    train_steps: int | None = None
+    train_steps: int | None = ruled(Rule(APPLY, "the run now ends at this step"), None)
     """Optimizer steps to run (give this or train_tokens)."""
-    train_tokens: int | None = None
+    train_tokens: int | None = ruled(Rule(APPLY, "the run now ends after this many tokens"), None)
     """Tokens to train on; steps = ceil(tokens / (global_batch_size x seq_length))."""
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Literal["fp32", "bf16", "fp16"] = ruled(
+        Rule(NEVER, "the optimizer state was saved in the old precision's layout", NEW_RUN), "fp32"
+    )
     """Parameter/compute precision: fp32, bf16 with fp32 master weights (DeepSpeed bf16), or fp16 with fp32
     master weights and loss scaling (DeepSpeed fp16, the fp16 section; for GPUs without bf16)."""
-    clip_grad: float = 1.0
+    clip_grad: float = ruled(Rule(APPLY, "set in the optimizer from the next step on"), 1.0)
     """Gradient clipping by global norm (0 disables)."""
-    seed: int = 1234
+    seed: int = ruled(Rule(RESET_DATA, "the RNG streams restart from the new seed"), 1234)
     """Seed of the model initialisation and of every RNG."""
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = ruled(Rule(APPLY, "same results, other memory and speed"), False)
     """Recompute each decoder layer's activations in the backward pass: less memory, ~30% more compute."""
-    compile: bool = False
+    # Same parameters and optimizer state either way; only the kernels change, whose sums may round
+    # differently (within the compile-equality test's tolerance), so a switch is exact up to rounding.
+    compile: bool = ruled(
+        Rule(APPLY, "the same model in fused kernels from the next step on (rounding may differ)"), False
+    )
     """torch.compile each decoder layer (dense and MoE): fused kernels, the same losses within rounding."""
 
     def __post_init__(self) -> None:
@@ -188,7 +240,7 @@ class TrainingSection:
             raise _bad("training.clip_grad", f"must be >= 0, got {self.clip_grad}")
 
 
-@dataclass
+@config_section
 class Fp16Section:
     """Loss scaling for training.precision fp16 (DeepSpeed's fp16 section is filled from it; unused otherwise).
 
@@ -197,17 +249,17 @@ class Fp16Section:
     steps without an overflow it is doubled. A run whose scale has fallen to min_loss_scale and still
     overflows stops with a checkpoint of its last good state."""
 
-    loss_scale: float = 0.0
+    loss_scale: float = ruled(LOSS_SCALER, 0.0)
     """0: dynamic loss scaling; > 0: this fixed scale."""
-    initial_scale_power: int = 16
+    initial_scale_power: int = ruled(LOSS_SCALER, 16)
     """Dynamic scaling starts at 2**initial_scale_power."""
-    loss_scale_window: int = 1000
+    loss_scale_window: int = ruled(LOSS_SCALER, 1000)
     """Double the scale after this many consecutive steps without an overflow."""
-    hysteresis: int = 2
+    hysteresis: int = ruled(LOSS_SCALER, 2)
     """Overflows tolerated (each still skips its step) before the scale is halved."""
-    consecutive_hysteresis: bool = False
+    consecutive_hysteresis: bool = ruled(LOSS_SCALER, False)
     """Refill the hysteresis after every step without an overflow (not only when the scale changes)."""
-    min_loss_scale: int = 1
+    min_loss_scale: int = ruled(LOSS_SCALER, 1)
     """The smallest scale; overflowing again there stops the run."""
 
     def __post_init__(self) -> None:
@@ -238,32 +290,42 @@ USUAL_LR = {
 }
 
 
-@dataclass
+@config_section
 class OptimizerSection:
     """The optimizer; weight decay applies to matrices only (never to norms, biases, or 1-D parameters)."""
 
-    name: Literal["adamw", "adafactor", "lion", "muon"] = "adamw"
+    name: Literal["adamw", "adafactor", "lion", "muon"] = ruled(
+        Rule(NEVER, "the optimizer state belongs to the old optimizer", NEW_RUN), "adamw"
+    )
     """Optimizer: adamw; adafactor (torch.optim.Adafactor: factored second moments, no first moment; uses
     lr and weight_decay, not betas/eps); lion (sign of an interpolated momentum: lr typically 3-10x
     smaller and weight_decay 3-10x larger than AdamW's); muon (torch.optim.Muon's orthogonalized
     momentum on the hidden matrices, AdamW with lr, betas, eps on embeddings, head, norms and biases)."""
-    lr: float = 3e-4
+    lr: float = ruled(Rule(APPLY, "the schedule continues at this step with the new peak"), 3e-4)
     """Peak learning rate (after warmup)."""
-    betas: list[float] | None = None
+    betas: list[float] | None = ruled(
+        Rule(APPLY, "set in the optimizer from the next step on; its moments are kept"), None
+    )
     """[beta1, beta2] of AdamW (and Muon's AdamW part), default [0.9, 0.95]; of Lion, default [0.9, 0.99]."""
-    eps: float = 1e-8
+    eps: float = ruled(Rule(APPLY, "set in the optimizer from the next step on"), 1e-8)
     """Adam epsilon."""
-    weight_decay: float = 0.1
+    weight_decay: float = ruled(Rule(APPLY, "set for the decayed parameters from the next step on"), 0.1)
     """Decoupled weight decay on matrices (embeddings and linear weights)."""
-    momentum: float = 0.95
+    momentum: float = ruled(Rule(APPLY, "Muon's momentum from the next step on; its buffers are kept"), 0.95)
     """Muon: momentum of the hidden matrices' updates."""
-    nesterov: bool = True
+    nesterov: bool = ruled(Rule(APPLY, "Muon uses it from the next step on"), True)
     """Muon: Nesterov momentum."""
-    ns_steps: int = 5
+    ns_steps: int = ruled(
+        Rule(APPLY, "Muon orthogonalizes with this many iterations from the next step on"), 5
+    )
     """Muon: Newton-Schulz iterations that orthogonalize each update."""
-    muon_lr: float | None = None
+    muon_lr: float | None = ruled(
+        Rule(APPLY, "the schedule continues at this step with the new peak for the matrices"), None
+    )
     """Muon: peak learning rate of the hidden matrices (null: optimizer.lr); the schedule scales it too."""
-    muon_adjust_lr: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
+    muon_adjust_lr: Literal["match_rms_adamw", "original"] = ruled(
+        Rule(APPLY, "Muon scales each matrix's step this way from the next step on"), "match_rms_adamw"
+    )
     """Muon: per-matrix learning-rate scale. match_rms_adamw (Moonshot: 0.2 x sqrt(max(rows, cols)), so Muon
     takes AdamW's lr and weight decay) or original (Keller Jordan: sqrt(max(1, rows/cols)), lr ~0.02)."""
 
@@ -300,21 +362,21 @@ class OptimizerSection:
             )
 
 
-@dataclass
+@config_section
 class ScheduleSection:
     """Learning rate: linear warmup, then a decay shape; total_steps fixed so incremental runs share a curve."""
 
-    kind: Literal["cosine", "linear", "constant", "wsd", "inverse_sqrt"] = "cosine"
+    kind: Literal["cosine", "linear", "constant", "wsd", "inverse_sqrt"] = ruled(NEW_CURVE, "cosine")
     """Shape after warmup: cosine, linear, constant, wsd (warmup-stable-decay), inverse_sqrt."""
-    warmup_steps: int = 0
+    warmup_steps: int = ruled(NEW_CURVE, 0)
     """Linear warmup from 0 to optimizer.lr over this many steps."""
-    total_steps: int | None = None
+    total_steps: int | None = ruled(NEW_CURVE, None)
     """Length of the curve (default: the run's train steps). Fix it to continue a run on the same curve."""
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = ruled(NEW_CURVE, 0.1)
     """Final learning rate as a fraction of optimizer.lr (cosine, linear, wsd)."""
-    decay_fraction: float = 0.2
+    decay_fraction: float = ruled(NEW_CURVE, 0.2)
     """WSD: the last fraction of total_steps spent decaying."""
-    decay_shape: Literal["linear", "cosine", "1-sqrt"] = "1-sqrt"
+    decay_shape: Literal["linear", "cosine", "1-sqrt"] = ruled(NEW_CURVE, "1-sqrt")
     """WSD: the shape of the final decay."""
 
     def __post_init__(self) -> None:
@@ -337,18 +399,18 @@ class ScheduleSection:
             raise _bad("schedule.decay_shape", f"{self.decay_shape!r} is not one of {', '.join(WSD_DECAYS)}")
 
 
-@dataclass
+@config_section
 class EvalSection:
     """Evaluation on the valid split: loss, perplexity, token accuracy (top-1) and bits per byte."""
 
-    every: int = 0
+    every: int = ruled(FROM_NEXT_STEP, 0)
     """Evaluate every N steps (and after the last step); 0 disables."""
-    iters: int = 4
+    iters: int = ruled(FROM_NEXT_STEP, 4)
     """Micro-batches per rank per evaluation."""
-    per_source: bool = False
+    per_source: bool = ruled(FROM_NEXT_STEP, False)
     """Also the valid split's loss, bits per byte and tokens of each source of a blend (eval/<source>/loss,
     /bpb, /tokens); one more forward over the evaluated micro-batches."""
-    tasks: list[str] = field(default_factory=list)
+    tasks: list[str] = ruled(FROM_NEXT_STEP, default_factory=list)
     """Downstream tasks scored at every evaluation: JSONL files (relative to the config's folder) of
     multiple-choice ({context, choices, gold}: acc, acc_norm) or perplexity ({text}: loss, bpb) examples,
     reported as eval/<file name>/acc ... (llmtools.train.downstream)."""
@@ -360,24 +422,24 @@ class EvalSection:
             raise _bad("eval.iters", f"must be >= 1, got {self.iters}")
 
 
-@dataclass
+@config_section
 class LoggingSection:
     """What is logged, how often."""
 
-    log_every: int = 10
+    log_every: int = ruled(FROM_NEXT_STEP, 10)
     """A metrics record (metrics.jsonl) and a stderr line every N steps."""
-    tensorboard: bool = False
+    tensorboard: bool = ruled(FROM_NEXT_STEP, False)
     """Also write TensorBoard events to RUN_DIR/tensorboard/ (the same as tensorboard in report_to)."""
-    report_to: list[str] = field(default_factory=list)
+    report_to: list[str] = ruled(FROM_NEXT_STEP, default_factory=list)
     """Where rank 0 reports besides metrics.jsonl: any of tensorboard, wandb, mlflow (wandb and mlflow are
     the extra ``track``). W&B runs offline into RUN_DIR/wandb unless WANDB_MODE says otherwise; MLflow writes
     to RUN_DIR/mlruns unless tracking_uri (or MLFLOW_TRACKING_URI) names a store."""
-    project: str = "llmtools"
+    project: str = ruled(FROM_NEXT_STEP, "llmtools")
     """The W&B project and the MLflow experiment the run reports to."""
-    tracking_uri: str | None = None
+    tracking_uri: str | None = ruled(FROM_NEXT_STEP, None)
     """MLflow's tracking URI (a server, a folder or file:, sqlite: with the full mlflow); default
     MLFLOW_TRACKING_URI, else RUN_DIR/mlruns."""
-    norms: bool = True
+    norms: bool = ruled(FROM_NEXT_STEP, True)
     """params_norm, update_norm and update_ratio (norm of the step's update / norm of the parameters) in
     each train record; costs a copy of the optimizer's parameters (its partition) on log steps."""
 
@@ -403,19 +465,19 @@ class LoggingSection:
         return [name for name in REPORTERS if name in asked]
 
 
-@dataclass
+@config_section
 class CheckpointSection:
     """When checkpoints are written (through llmtools.ckpt) and which are kept."""
 
-    save_every: int = 0
+    save_every: int = ruled(FROM_NEXT_STEP, 0)
     """Save every N steps (and at the end); 0 saves only at the end."""
-    save_final: bool = True
+    save_final: bool = ruled(FROM_NEXT_STEP, True)
     """Save after the last step."""
-    keep_last: int | None = None
+    keep_last: int | None = ruled(FROM_NEXT_STEP, None)
     """Keep only the newest N checkpoints."""
-    keep_every: int | None = None
+    keep_every: int | None = ruled(FROM_NEXT_STEP, None)
     """Also keep every checkpoint whose step is a multiple of this."""
-    async_: bool = field(default=False, metadata={"key": "async"})
+    async_: bool = ruled(FROM_NEXT_STEP, False, metadata={"key": "async"})
     """Write checkpoints in the background: the state is copied to host memory, then written, fsynced and
     hashed while training goes on; the checkpoint is committed (meta.json, rename, latest) once every rank's
     write is done. At most one save is in flight; the next save, the end of the run and SIGTERM wait for it."""
@@ -429,11 +491,11 @@ class CheckpointSection:
                 raise _bad(f"checkpoint.{name}", f"must be >= 1, got {value}")
 
 
-@dataclass
+@config_section
 class DistributedSection:
     """How long a collective may wait for the other ranks."""
 
-    timeout_s: float = 600.0
+    timeout_s: float = ruled(THIS_RUNS_GROUPS, 600.0)
     """Seconds any collective (and the process-group set-up) waits before the rank gives up: a host that
     vanished ends the surviving ranks within this time, with a message naming the missing ranks."""
 
@@ -442,36 +504,36 @@ class DistributedSection:
             raise _bad("distributed.timeout_s", f"must be > 0, got {self.timeout_s}")
 
 
-@dataclass
+@config_section
 class HealthSection:
     """What happens on a NaN/inf loss, a grad-norm spike or a loss spike."""
 
-    nan_action: Literal["skip", "stop"] = "stop"
+    nan_action: Literal["skip", "stop"] = ruled(FROM_NEXT_STEP, "stop")
     """NaN/inf loss or grad norm: skip the update, or stop (with a checkpoint of the last good state)."""
-    spike_factor: float = 0.0
+    spike_factor: float = ruled(FROM_NEXT_STEP, 0.0)
     """A grad norm above spike_factor x the median of the last spike_window norms is a spike; 0 disables."""
-    spike_window: int = 20
+    spike_window: int = ruled(FROM_NEXT_STEP, 20)
     """How many recent (healthy) grad norms the median is taken over; detection starts once it is full."""
-    loss_spike_factor: float = 0.0
+    loss_spike_factor: float = ruled(FROM_NEXT_STEP, 0.0)
     """A step loss above loss_spike_factor x the median of the last spike_window step losses is a loss
     spike (bad data, most often); 0 disables."""
-    spike_action: Literal["skip", "stop", "warn"] = "skip"
+    spike_action: Literal["skip", "stop", "warn"] = ruled(FROM_NEXT_STEP, "skip")
     """On a spike (grad norm or loss): skip the update, stop with a checkpoint, or only warn."""
-    max_skips: int = 10
+    max_skips: int = ruled(FROM_NEXT_STEP, 10)
     """Stop once this many consecutive steps have been skipped (fp16 overflows are the loss scaler's)."""
-    update_spike_factor: float = 0.0
+    update_spike_factor: float = ruled(FROM_NEXT_STEP, 0.0)
     """An update/parameter norm ratio per unit of learning rate above update_spike_factor x the median of the
     last spike_window is a spike; 0 disables (the ratio is then measured on log steps only)."""
-    update_spike_action: Literal["warn", "stop"] = "warn"
+    update_spike_action: Literal["warn", "stop"] = ruled(FROM_NEXT_STEP, "warn")
     """On an update-ratio spike: warn, or stop with a checkpoint (the ratio is known only once the update
     is applied, so it cannot be skipped)."""
-    moe_collapse_action: Literal["warn", "stop", "off"] = "warn"
+    moe_collapse_action: Literal["warn", "stop", "off"] = ruled(FROM_NEXT_STEP, "warn")
     """MoE routing collapse in a logging window (a layer with at least moe_idle_fraction of its experts
     idle, or at least moe_dropped_fraction of its token assignments dropped): warn, stop with a
     checkpoint, or off."""
-    moe_idle_fraction: float = 0.5
+    moe_idle_fraction: float = ruled(FROM_NEXT_STEP, 0.5)
     """The share of a layer's experts that must be idle (under a tenth of an even share of the tokens)."""
-    moe_dropped_fraction: float = 0.5
+    moe_dropped_fraction: float = ruled(FROM_NEXT_STEP, 0.5)
     """The share of a layer's token assignments that must be dropped (over the experts' capacity)."""
 
     def __post_init__(self) -> None:
@@ -507,7 +569,7 @@ class HealthSection:
             )
 
 
-@dataclass
+@config_section
 class TrainConfig:
     """The whole train config. ``source`` is the YAML it came from (for messages and relative paths)."""
 
@@ -523,11 +585,13 @@ class TrainConfig:
     health: HealthSection = field(default_factory=HealthSection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
-    task: str = DEFAULT_TASK
+    task: str = ruled(Rule(NEVER, "another training task", OTHER_RUN), DEFAULT_TASK)
     """What is trained: a name in the table of tasks (llmtools.train.tasks.TASKS)."""
-    lora: LoraSection | None = None
+    lora: LoraSection | None = ruled(Rule(NEVER, "other adapters than the checkpoint holds", OTHER_RUN), None)
     """LoRA adapters on a frozen base; None trains every weight."""
-    dpo: DpoSection | None = None
+    dpo: DpoSection | None = ruled(
+        Rule(NEVER, "preference settings where the checkpoint had none (another task)", OTHER_RUN), None
+    )
     """Preference training's settings (task: dpo only; its defaults when not given)."""
     source: str | None = field(default=None, metadata={"internal": True})
 

@@ -341,7 +341,8 @@ def test_resume_policy_applies_muon_settings_to_muon_groups_only(byte_data):
     import torch
 
     from llmtools.train.optim import build_optimizer
-    from llmtools.train.resume import APPLY, Change, Rule, apply
+    from llmtools.train.resume import Change, apply
+    from llmtools.train.resume_rules import APPLY, Rule
     from llmtools.train.schedule import build_lr_scheduler
 
     old = config_for(byte_data["mix"], "muon", optimizer__lr=1e-3)

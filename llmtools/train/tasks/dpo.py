@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
 from llmtools.errors import InputError
+from llmtools.train.resume_rules import APPLY, Rule, config_section, ruled
 from llmtools.train.tasks.base import LossOutput, RunContext, Task
 from llmtools.train.tasks.sft import EpochOrder
 
@@ -54,17 +54,21 @@ METRICS = (
 MAX_BETA = 100.0
 
 
-@dataclass
+@config_section
 class DpoSection:
     """``dpo:`` in the train config (only with ``task: dpo``): the preference loss and its reference."""
 
-    beta: float = 0.1
+    beta: float = ruled(Rule(APPLY, "the preference loss and rewards use it from the next step on"), 0.1)
     """How far the policy may move from the reference: higher keeps it closer (IPO: the tau of the paper)."""
-    loss: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+    loss: Literal["sigmoid", "ipo", "hinge"] = ruled(
+        Rule(APPLY, "the preference loss from the next step on"), "sigmoid"
+    )
     """sigmoid (DPO), ipo, or hinge (SLiC)."""
-    label_smoothing: float = 0.0
+    label_smoothing: float = ruled(Rule(APPLY, "the preference loss uses it from the next step on"), 0.0)
     """Assumed share of flipped preference labels, in [0, 0.5) (conservative DPO; sigmoid only)."""
-    reference: str | None = None
+    reference: str | None = ruled(
+        Rule(APPLY, "read from there; used only if computed from the run's starting weights and data"), None
+    )
     """A stored reference folder to use (another run's RUN/reference); refused unless computed from the same
     starting weights, model config, data and seq_length. Default: RUN/reference, computed when missing."""
 
