@@ -236,7 +236,7 @@ def _claim_run_dir(run_dir: Path, given: list[Path], cfg, force: bool) -> None:
 
     data = cfg.data
     prefixes = [strip_suffix(p) for p in (data.prefixes or [])]
-    inputs = [*given, data.mix, cfg.model.init_from, cfg.dpo.reference if cfg.dpo else None]
+    inputs = [*given, data.mix, cfg.model.init_from, *cfg.task_inputs()]
     inputs += [f"{p}{suffix}" for p in prefixes for suffix in (".bin", ".idx", ".json")]
     entries = [run_dir / name for name in (*RUN_FILES, *RUN_FOLDERS)]  # a fresh run writes these
     entries += [p for p in run_folder_entries(run_dir) if p not in entries]  # --force removes these too

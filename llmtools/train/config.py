@@ -49,7 +49,7 @@ from llmtools.train.resume_rules import (
     config_section,
     ruled,
 )
-from llmtools.train.tasks.dpo import DpoSection  # likewise
+from llmtools.train.tasks import TASKS, check_sections, check_task, task_sections
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULES = ("cosine", "linear", "constant", "wsd", "inverse_sqrt")
@@ -589,10 +589,9 @@ class TrainConfig:
     """What is trained: a name in the table of tasks (llmtools.train.tasks.TASKS)."""
     lora: LoraSection | None = ruled(Rule(NEVER, "other adapters than the checkpoint holds", OTHER_RUN), None)
     """LoRA adapters on a frozen base; None trains every weight."""
-    dpo: DpoSection | None = ruled(
-        Rule(NEVER, "preference settings where the checkpoint had none (another task)", OTHER_RUN), None
-    )
-    """Preference training's settings (task: dpo only; its defaults when not given)."""
+    task_sections: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
+    """The task's own section (``name: section``, from the table of tasks), with its defaults when not given;
+    written as the section's key beside the others."""
     source: str | None = field(default=None, metadata={"internal": True})
 
     # -- derived values --------------------------------------------------------------------------
@@ -627,11 +626,10 @@ class TrainConfig:
             if f.metadata.get("internal"):
                 continue
             value = getattr(self, f.name)
-            if not dataclasses.is_dataclass(value):  # task (a string), lora / dpo when not given (None)
+            if not dataclasses.is_dataclass(value):  # task (a string), lora when not given (None)
                 out[f.name] = value
                 continue
-            plain = dataclasses.asdict(value)
-            section = {config_key(g): plain[g.name] for g in dataclasses.fields(value)}
+            section = _section_dict(value)
             if f.name == "model":
                 section = {
                     "preset": section["preset"],
@@ -640,7 +638,19 @@ class TrainConfig:
                     **section["overrides"],
                 }
             out[f.name] = section
+        for name in TASK_SECTIONS:  # every task's section, None where not this task's
+            value = self.task_sections.get(name)
+            out[name] = None if value is None else _section_dict(value)
         return out
+
+    def task_inputs(self) -> list[str | None]:
+        """Paths the task's own section reads (its fields marked ``input``): a run never writes over them."""
+        return [
+            getattr(section, f.name)
+            for section in self.task_sections.values()
+            for f in dataclasses.fields(section)
+            if f.metadata.get("input")
+        ]
 
     def fingerprint(self) -> str:
         """sha256 over what determines the trained weights (model, data, batch, optimizer, schedule)."""
@@ -657,10 +667,17 @@ class TrainConfig:
         # Configs written before tasks and LoRA existed keep their hash: both enter it only when set.
         if self.task != DEFAULT_TASK or self.lora is not None:
             keep.update(task=d["task"], lora=d["lora"])
-        if self.dpo is not None:  # where a stored reference is read from does not change the weights
-            keep["dpo"] = {k: v for k, v in d["dpo"].items() if k != "reference"}
+        for name, section in self.task_sections.items():  # less its fields that leave the weights as they are
+            keep[name] = {
+                config_key(f): d[name][config_key(f)]
+                for f in dataclasses.fields(section)
+                if f.metadata.get("fingerprint", True)
+            }
         return "sha256:" + hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
 
+
+# The tasks' own sections (``name: section class``), from the table of tasks.
+TASK_SECTIONS = task_sections()
 
 SECTION_TYPES = {
     "model": ModelSection,
@@ -676,8 +693,16 @@ SECTION_TYPES = {
     "distributed": DistributedSection,
     "parallel": ParallelSection,
     "lora": LoraSection,
-    "dpo": DpoSection,
+    **TASK_SECTIONS,
 }
+# Sections that may be given as null (not given).
+OPTIONAL_SECTIONS = ("lora", *TASK_SECTIONS)
+
+
+def _section_dict(value) -> dict:
+    """A section as its YAML keys and plain values."""
+    plain = dataclasses.asdict(value)
+    return {config_key(f): plain[f.name] for f in dataclasses.fields(value)}
 
 
 def config_key(f: dataclasses.Field) -> str:
@@ -858,33 +883,34 @@ def from_dict(raw: Any, where: str = "<config>") -> TrainConfig:
     """Build and validate a TrainConfig from a parsed YAML mapping."""
     if not isinstance(raw, dict):
         raise InputError(f"{where}: a train config must be a mapping of sections, got {type(raw).__name__}")
-    sections = {}
+    sections: dict[str, Any] = {}
+    own: dict[str, Any] = {}  # the tasks' own sections
     for key, value in raw.items():
         if key == "task":  # a name, not a section
-            from llmtools.train.tasks import check_task
-
             sections["task"] = check_task(value, where)
             continue
-        if key in ("lora", "dpo") and value is None:  # `lora: null` (or `lora:`): not given
+        if key in OPTIONAL_SECTIONS and value is None:  # `lora: null` (or `lora:`): not given
             continue
         if key not in SECTION_TYPES:
             raise InputError(
                 f"{where}: unknown section {key!r}" + suggest(str(key), list(SECTION_TYPES) + all_keys())
             )
-        sections[key] = _section_from_dict(key, SECTION_TYPES[key], value, where)
+        section = _section_from_dict(key, SECTION_TYPES[key], value, where)
+        if key in TASK_SECTIONS:
+            own[key] = section
+        else:
+            sections[key] = section
     if "data" not in sections:
         raise InputError(f"{where}: missing section 'data' (data.mix or data.prefixes)")
     if "training" not in sections:
         raise InputError(
             f"{where}: missing section 'training' (training.train_steps or training.train_tokens)"
         )
-    config = TrainConfig(**sections, source=where)
-    from llmtools.train.tasks import TASKS, check_sections
-
+    config = TrainConfig(**sections, task_sections=own, source=where)
     check_sections(config)
-    own = TASKS[config.task].section
-    if own is not None and getattr(config, own) is None:  # the task's own section, with its defaults
-        setattr(config, own, SECTION_TYPES[own]())
+    name = TASKS[config.task].section
+    if name is not None and name not in own:  # the task's own section, with its defaults
+        own[name] = SECTION_TYPES[name]()
     steps, total = config.training.train_steps, config.schedule.total_steps
     if total is not None and steps is not None and steps > total:
         raise InputError(

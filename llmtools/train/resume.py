@@ -48,7 +48,9 @@ from llmtools.train.resume_rules import (
     Rule,
     has_rules,
     rule_of,
+    whole_rule,
 )
+from llmtools.train.tasks import TASKS
 
 # ZeRO stages DeepSpeed's universal checkpoint converts between (it refuses ZeRO-0 and ZeRO-3 here).
 RESHARDABLE_STAGES = {1, 2}
@@ -67,19 +69,18 @@ RESOLVED_RULES = {
 def _config_rules() -> dict[str, Rule]:
     """The rules the config's fields declare (llmtools.train.resume_rules), keyed ``section.key`` (``task``,
     ``lora`` for a top-level field; ``model.*`` for the model's inline fields)."""
-    rules: dict[str, Rule] = {}
-    for top in dataclasses.fields(TrainConfig):
-        if rule_of(top) is not None:
-            rules[top.name] = rule_of(top)
-        section = SECTION_TYPES.get(top.name)
+    rules = {f.name: rule_of(f) for f in dataclasses.fields(TrainConfig) if rule_of(f) is not None}
+    for name, section in SECTION_TYPES.items():
         if not has_rules(section):
             continue
+        if whole_rule(section) is not None:
+            rules[name] = whole_rule(section)
         for f in dataclasses.fields(section):
             if EACH_KEY in f.metadata:  # a mapping of inline keys: its own exceptions, then the rest
-                rules.update({f"{top.name}.{key}": rule for key, rule in f.metadata[EACH_KEY].items()})
-                rules[f"{top.name}.*"] = rule_of(f)
+                rules.update({f"{name}.{key}": rule for key, rule in f.metadata[EACH_KEY].items()})
+                rules[f"{name}.*"] = rule_of(f)
             else:
-                rules[f"{top.name}.{config_key(f)}"] = rule_of(f)
+                rules[f"{name}.{config_key(f)}"] = rule_of(f)
     return rules
 
 
@@ -237,15 +238,14 @@ def review(
             f"{first.rule.note} ({_way(first.rule, checkpoint)}){also}"
         )
     step = int(meta.get("step") or 0)
+    task = TASKS.get(now.get("task"))
     for change in changes:
         _check_applicable(change, where, step, own_scheduler)
-        if change.key == "model.init_from" and now.get("task") == "dpo":
-            # DPO measures its rewards against a reference computed from the starting weights: refused
-            # here, before that reference is computed or config.yaml rewritten
+        refusal = task.refuse_resumed_change(change.key, change.old, change.new) if task else None
+        if refusal:  # the task's own reason, before it computes anything or config.yaml is rewritten
             raise InputError(
                 f"{where}[{change.key}]: checkpoint has {_show(change.old)}, the config has {_show(change.new)}; "
-                "a DPO run's reference was computed from the weights it started from: resume with "
-                f"model.init_from {_show(change.old)}, or {OTHER_RUN} with the new starting weights"
+                f"{refusal}"
             )
         _check_reshardable(change, where, now.get("optimizer.name"))
     return changes

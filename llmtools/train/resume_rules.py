@@ -48,23 +48,34 @@ def rule_of(f: dataclasses.Field) -> Rule | None:
     return f.metadata.get(RULE)
 
 
+def whole_rule(cls: type) -> Rule | None:
+    """The rule of a section's own key, compared whole where one side has no such section."""
+    return getattr(cls, "__resume_whole__", None)
+
+
 def has_rules(cls: Any) -> bool:
     """A section whose keys are compared one by one on resume (declared with :func:`config_section`)."""
     return isinstance(cls, type) and getattr(cls, "__resume_rules__", False)
 
 
-def config_section(cls: type) -> type:
+def config_section(cls: type | None = None, *, whole: Rule | None = None) -> Any:
     """``@dataclass`` for a config section, refusing a field without a resume rule (internal fields and
-    sections that carry their own rules aside)."""
-    cls = dataclass(cls)
-    for f in dataclasses.fields(cls):
-        if rule_of(f) is None and not f.metadata.get("internal") and not _section_field(f):
-            raise TypeError(
-                f"{cls.__qualname__}.{f.name}: no resume rule; declare one beside the field "
-                "(llmtools.train.resume_rules.ruled): may a resumed run change it?"
-            )
-    cls.__resume_rules__ = True
-    return cls
+    sections that carry their own rules aside). ``whole``: the rule of the section's own key (a section
+    that may be absent, compared whole where one side has none)."""
+
+    def wrap(cls: type) -> type:
+        cls = dataclass(cls)
+        for f in dataclasses.fields(cls):
+            if rule_of(f) is None and not f.metadata.get("internal") and not _section_field(f):
+                raise TypeError(
+                    f"{cls.__qualname__}.{f.name}: no resume rule; declare one beside the field "
+                    "(llmtools.train.resume_rules.ruled): may a resumed run change it?"
+                )
+        cls.__resume_rules__ = True
+        cls.__resume_whole__ = whole
+        return cls
+
+    return wrap if cls is None else wrap(cls)
 
 
 def _section_field(f: dataclasses.Field) -> bool:
