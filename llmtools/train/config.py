@@ -34,6 +34,7 @@ from typing import Any, Literal
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.mix import MIN_SEQ_LENGTH
 from llmtools.model.lora import LoraSection  # no torch at import: config validation stays instant
+from llmtools.train.optimizers import OPTIMIZERS
 from llmtools.train.resume_rules import (
     APPLY,
     DATA_POSITION,
@@ -54,11 +55,7 @@ from llmtools.train.tasks import TASKS, check_sections, check_task, task_section
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULES = ("cosine", "linear", "constant", "wsd", "inverse_sqrt")
 WSD_DECAYS = ("linear", "cosine", "1-sqrt")
-OPTIMIZERS = ("adamw", "adafactor", "lion", "muon")
 MUON_LR_ADJUSTMENTS = ("match_rms_adamw", "original")
-# Each optimizer's usual betas when the config gives none: AdamW's (and Muon's AdamW part) from the
-# LLaMA recipe; Lion's from its paper (beta1 mixes the gradient into the update, beta2 into the momentum).
-DEFAULT_BETAS = {"adamw": [0.9, 0.95], "adafactor": [0.9, 0.95], "muon": [0.9, 0.95], "lion": [0.9, 0.99]}
 HEALTH_ACTIONS = ("skip", "stop")
 SPIKE_ACTIONS = ("skip", "stop", "warn")
 UPDATE_SPIKE_ACTIONS = ("warn", "stop")
@@ -282,19 +279,15 @@ class Fp16Section:
 
 MAX_LR = 1.0
 """No optimizer here trains at a learning rate above this (their usual ranges are far below)."""
-USUAL_LR = {
-    "adamw": "usually 1e-5 .. 1e-2",
-    "adafactor": "usually 1e-4 .. 1e-2",
-    "lion": "usually 1e-5 .. 1e-3, 3-10x below AdamW's",
-    "muon": "usually 1e-4 .. 1e-2 with muon_adjust_lr=match_rms_adamw, ~0.02 with original",
-}
+# optimizer.name: one of the table's names (llmtools.train.optimizers), in its order
+OptimizerName = Literal[tuple(OPTIMIZERS)]
 
 
 @config_section
 class OptimizerSection:
     """The optimizer; weight decay applies to matrices only (never to norms, biases, or 1-D parameters)."""
 
-    name: Literal["adamw", "adafactor", "lion", "muon"] = ruled(
+    name: OptimizerName = ruled(
         Rule(NEVER, "the optimizer state belongs to the old optimizer", NEW_RUN), "adamw"
     )
     """Optimizer: adamw; adafactor (torch.optim.Adafactor: factored second moments, no first moment; uses
@@ -333,13 +326,14 @@ class OptimizerSection:
         if self.name not in OPTIMIZERS:
             raise _bad("optimizer.name", f"{self.name!r} is not one of {', '.join(OPTIMIZERS)}")
         if self.betas is None:
-            self.betas = list(DEFAULT_BETAS[self.name])
+            self.betas = list(OPTIMIZERS[self.name].default_betas)
         if not self.lr > 0:
             raise _bad("optimizer.lr", f"must be > 0, got {self.lr}")
         # Beyond it every update diverges; the divergence would be blamed on the data it met.
         if self.lr > MAX_LR:
             raise _bad(
-                "optimizer.lr", f"{self.lr:g} is out of range: at most {MAX_LR:g} ({USUAL_LR[self.name]})"
+                "optimizer.lr",
+                f"{self.lr:g} is out of range: at most {MAX_LR:g} ({OPTIMIZERS[self.name].usual_lr})",
             )
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise _bad("optimizer.betas", f"must be two numbers in [0, 1), got {self.betas}")

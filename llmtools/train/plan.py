@@ -18,6 +18,7 @@ from typing import Any
 from llmtools.errors import InputError
 from llmtools.train.config import TrainConfig
 from llmtools.train.deepspeed_config import resolve_ds_config, zero_stage
+from llmtools.train.optimizers import check_optimizer
 from llmtools.train.tasks import Task, TaskData, make_task
 
 
@@ -395,8 +396,6 @@ def _plan_expert_parallel(
 
 def _plan_precision_and_optimizer(config: TrainConfig, ds_config: dict, ds_source: str) -> None:
     """What the precision and the optimizer cannot do with this ZeRO stage, named before compute."""
-    from llmtools.train.optim import check_optimizer
-
     where = config.source or "<train config>"
     stage = zero_stage(ds_config)
     if config.training.precision == "fp16" and stage == 0:

@@ -36,6 +36,7 @@ from typing import Any
 
 from llmtools.errors import InputError, RuntimeFailure
 from llmtools.train.config import SECTION_TYPES, TrainConfig, config_key
+from llmtools.train.optimizers import OPTIMIZERS
 from llmtools.train.resume_rules import (
     APPLY,
     DERIVED,
@@ -282,7 +283,9 @@ def _way(rule: Rule, checkpoint: str | Path) -> str:
 def _check_reshardable(change: Change, where: Path, optimizer: str | None) -> None:
     """Resharding goes through DeepSpeed's universal checkpoint, which carries Adam's moments (exp_avg,
     exp_avg_sq) and nothing else: Lion's, Muon's or Adafactor's state cannot cross it."""
-    if change.key not in ("world_size", "zero_optimization.stage") or optimizer in (None, "adamw"):
+    if change.key not in ("world_size", "zero_optimization.stage") or optimizer is None:
+        return
+    if optimizer in OPTIMIZERS and OPTIMIZERS[optimizer].reshardable:
         return
     raise InputError(
         f"{where}[{change.key}]: checkpoint has {_show(change.old)}, the config has {_show(change.new)}; "
