@@ -34,8 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmtools.ckpt import rng
 from llmtools.errors import InputError, RuntimeFailure
+from llmtools.model.config import SHAPE_FIELDS
+from llmtools.model.presets import load_model_config
 from llmtools.train.config import SECTION_TYPES, TrainConfig, config_key
+from llmtools.train.engine import param_groups
 from llmtools.train.optimizers import OPTIMIZERS
 from llmtools.train.resume_rules import (
     APPLY,
@@ -129,8 +133,6 @@ def _show(value: Any) -> str:
 # ------------------------------------------------------------------------------------------ views
 def _model_fields(model: dict) -> dict:
     """Every model field with derived ones filled in, so both sides compare alike."""
-    from llmtools.model.presets import load_model_config
-
     fields = {k: v for k, v in model.items() if k not in ("preset", "init_from")}
     try:
         fields = load_model_config(dict(fields)).to_dict(full=True)
@@ -255,8 +257,6 @@ def review(
 def _order(key: str) -> int:
     # Refusals name the most fundamental key first: the model's shape, the rest of the model, then the
     # tokenizer, precision, data ...
-    from llmtools.model.config import SHAPE_FIELDS
-
     if key.startswith("model.") and key[len("model.") :] in SHAPE_FIELDS:
         return 0
     first = (
@@ -336,13 +336,11 @@ def decayed_groups(engine, config, groups: list[dict]) -> list[dict]:
     splits named groups, whose names keep ``no_decay``."""
     if groups and all(isinstance(g.get("name"), str) for g in groups):
         return [g for g in groups if "no_decay" not in g["name"]]
-    from llmtools.train.engine import param_groups
-
     module = getattr(engine, "module", None)
     if module is None:
         return [g for g in groups if g.get("weight_decay", 0.0) != 0.0]
     if config.optimizer.name == "muon":
-        from llmtools.train.optim import muon_param_groups
+        from llmtools.train.optim import muon_param_groups  # torch: imported once a model exists
 
         fresh = muon_param_groups(module, 1.0)
     else:
@@ -408,8 +406,6 @@ def apply(engine, changes: list[Change], config) -> list[str]:
         step = scheduler.last_epoch + 1
         notes.append(f"learning rate at step {step}: {before[0]:.6g} -> {scheduler._last_lr[0]:.6g}")
     if "training.seed" in keys:
-        from llmtools.ckpt import rng
-
         rng.seed_all(config.training.seed)
         notes.append(f"RNG streams restarted from seed {config.training.seed}")
     return notes

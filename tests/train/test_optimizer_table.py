@@ -18,6 +18,6 @@ def test_every_row_builds_from_the_torch_module():
 
 
 def test_the_config_takes_the_table_names_in_order():
-    from llmtools.train.config import OptimizerSection
+    from llmtools.train.config_sections import OptimizerSection
 
     assert typing.get_args(typing.get_type_hints(OptimizerSection)["name"]) == tuple(OPTIMIZERS)

@@ -148,7 +148,7 @@ def test_muon_is_torch_muon_on_matrices_and_adamw_elsewhere():
     import torch
 
     from llmtools.model import LlamaForCausalLM, load_model_config
-    from llmtools.train.config import OptimizerSection
+    from llmtools.train.config_sections import OptimizerSection
     from llmtools.train.optim import build_optimizer, muon_param_groups
 
     shape = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
