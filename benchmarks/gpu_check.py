@@ -165,7 +165,7 @@ def write_data(folder: Path, vocab: int, seq_length: int, samples: int, seed: in
 
 
 def docmask_available() -> bool:
-    from llmtools.train.config import DataSection
+    from llmtools.train.config_sections import DataSection
 
     return any(f.name == "reset_attention_mask" for f in dataclasses.fields(DataSection))
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from llmtools.cli._common import emit, new_app, run
+from llmtools.errors import UsageError
 from llmtools.formats import jsonfile
 
 EXAMPLES = """
@@ -137,16 +138,10 @@ def train(
     from llmtools.train.deepspeed_config import find_ds_config, load_ds_config
 
     if reset_data and resume is None:
-        from llmtools.errors import UsageError
-
         raise UsageError("--reset-data: only with --resume (it restarts the data of a resumed run)")
     if rollback and (resume is None or resume.strip() == "auto"):
-        from llmtools.errors import UsageError
-
         raise UsageError("--rollback: only with --resume STEP, PATH or latest (auto always takes the newest)")
     if reshard and resume is None:
-        from llmtools.errors import UsageError
-
         raise UsageError("--reshard: only with --resume (it converts the checkpoint a run resumes from)")
     if init_from is not None:  # a spelled-out flag for the most common override
         set_ = [*set_, f"model.init_from={init_from}"]
@@ -236,7 +231,7 @@ def _claim_run_dir(run_dir: Path, given: list[Path], cfg, force: bool) -> None:
 
     data = cfg.data
     prefixes = [strip_suffix(p) for p in (data.prefixes or [])]
-    inputs = [*given, data.mix, cfg.model.init_from, cfg.dpo.reference if cfg.dpo else None]
+    inputs = [*given, data.mix, cfg.model.init_from, *cfg.task_inputs()]
     inputs += [f"{p}{suffix}" for p in prefixes for suffix in (".bin", ".idx", ".json")]
     entries = [run_dir / name for name in (*RUN_FILES, *RUN_FOLDERS)]  # a fresh run writes these
     entries += [p for p in run_folder_entries(run_dir) if p not in entries]  # --force removes these too

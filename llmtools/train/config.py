@@ -1,4 +1,5 @@
-"""The train config: nested dataclasses that check themselves, loaded from YAML with ``--set`` overrides.
+"""The train config: its sections (:mod:`llmtools.train.config_sections`) assembled, loaded from YAML with
+``--set`` overrides.
 
 Layout (``schemas/train-config.schema.json``; example ``configs/train/tiny.yaml``)::
 
@@ -20,494 +21,44 @@ and the file. Nothing here imports torch, so ``llm-train --help`` and config val
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import math
 import os
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal
 
-from llmtools.errors import InputError, UsageError
-from llmtools.formats.mix import MIN_SEQ_LENGTH
-from llmtools.model.lora import LoraSection  # no torch at import: config validation stays instant
-from llmtools.train.tasks.dpo import DpoSection  # likewise
+import yaml
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-SCHEDULES = ("cosine", "linear", "constant", "wsd", "inverse_sqrt")
-WSD_DECAYS = ("linear", "cosine", "1-sqrt")
-OPTIMIZERS = ("adamw", "adafactor", "lion", "muon")
-MUON_LR_ADJUSTMENTS = ("match_rms_adamw", "original")
-# Each optimizer's usual betas when the config gives none: AdamW's (and Muon's AdamW part) from the
-# LLaMA recipe; Lion's from its paper (beta1 mixes the gradient into the update, beta2 into the momentum).
-DEFAULT_BETAS = {"adamw": [0.9, 0.95], "adafactor": [0.9, 0.95], "muon": [0.9, 0.95], "lion": [0.9, 0.99]}
-HEALTH_ACTIONS = ("skip", "stop")
-SPIKE_ACTIONS = ("skip", "stop", "warn")
-UPDATE_SPIKE_ACTIONS = ("warn", "stop")
-REPORTERS = ("tensorboard", "wandb", "mlflow")
+from llmtools.errors import InputError, UsageError
+from llmtools.model.lora import LoraSection  # no torch at import: config validation stays instant
+from llmtools.train.config_sections import (
+    CheckpointSection,
+    DataSection,
+    DistributedSection,
+    EvalSection,
+    Fp16Section,
+    HealthSection,
+    LoggingSection,
+    ModelSection,
+    OptimizerSection,
+    ParallelSection,
+    ScheduleSection,
+    TrainingSection,
+    did_you_mean,
+)
+from llmtools.train.resume_rules import NEVER, OTHER_RUN, Rule, config_section, ruled
+from llmtools.train.tasks import TASKS, check_sections, check_task, task_sections
+
 # The optimizer keys only Muon reads.
 MUON_KEYS = ("momentum", "nesterov", "ns_steps", "muon_lr", "muon_adjust_lr")
 DEFAULT_TASK = "pretrain"
 
 
-def _bad(key: str, message: str) -> InputError:
-    return InputError(f"{key}: {message}")
-
-
-@dataclass
-class ModelSection:
-    """Which model: a preset (configs/models/NAME.yaml or a path) with inline overrides, or all inline."""
-
-    preset: str | None = None
-    """Preset name (configs/models/NAME.yaml) or a YAML/JSON path; null: the init_from folder's config.json,
-    or the shape all inline."""
-    init_from: str | None = None
-    """A Hugging Face folder (config.json + safetensors) whose weights start the run (continued pretraining)."""
-    expert_parallel: int | None = None
-    """MoE models: spread each layer's experts over groups of N data-parallel ranks (DeepSpeed's
-    expert-parallel layer); N divides the world size and num_experts. null: every rank holds every expert."""
-    overrides: dict[str, Any] = field(default_factory=dict)
-    """Inline ModelConfig fields (hidden_size, num_hidden_layers, ...); they override the preset's."""
-
-
-@dataclass
-class DataSection:
-    """Where the tokens come from: a mix.json from llm-mix, or prefixes with weights."""
-
-    mix: str | None = None
-    """A mix.json written by llm-mix (its seq_length and number of samples are used)."""
-    prefixes: list[str] = field(default_factory=list)
-    """Indexed-dataset prefixes (PREFIX.bin/.idx), when no mix is given."""
-    weights: list[float] | None = None
-    """Sampling weights, one per prefix (default: equal)."""
-    seq_length: int | None = None
-    """Tokens per sample (required with prefixes; must match the mix when both are given)."""
-    split: str = "969,30,1"
-    """train,valid,test document split, Megatron style (prefixes only; a mix carries its own)."""
-    seed: int = 1234
-    """Seed of the sample order (prefixes only; a mix carries its own)."""
-    cache_dir: str | None = None
-    """Where the sample-index cache goes (prefixes only); default beside the data."""
-    reset_position_ids: bool = False
-    """Megatron's flag: position ids restart at 0 after every EOD token of a sample (pretraining)."""
-    reset_attention_mask: bool = False
-    """Megatron's flag: attention stays inside each document of a sample, the EOD closing its document
-    (pretraining; document attention kernels, never a dense mask)."""
-    eod_mask_loss: bool = False
-    """Megatron's flag: no loss where the input token is EOD (pretraining)."""
-
-    @property
-    def document_masking(self) -> bool:
-        return self.reset_position_ids or self.reset_attention_mask or self.eod_mask_loss
-
-    def __post_init__(self) -> None:
-        if self.mix is None and not self.prefixes:
-            raise _bad("data", "give data.mix (a mix.json) or data.prefixes (with data.seq_length)")
-        if self.mix is not None and self.prefixes:
-            raise _bad("data", "give data.mix or data.prefixes, not both")
-        if self.prefixes and self.seq_length is None:
-            raise _bad("data.seq_length", "required with data.prefixes")
-        if self.weights is not None:
-            if not self.prefixes:
-                raise _bad("data.weights", "only with data.prefixes (a mix carries its own weights)")
-            if len(self.weights) != len(self.prefixes):
-                raise _bad("data.weights", f"{len(self.weights)} weights for {len(self.prefixes)} prefixes")
-            if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
-                raise _bad("data.weights", "weights must be >= 0 with a positive sum")
-        if self.seq_length is not None and self.seq_length < MIN_SEQ_LENGTH:
-            raise _bad("data.seq_length", f"must be >= {MIN_SEQ_LENGTH}, got {self.seq_length}")
-
-
-@dataclass
-class ParallelSection:
-    """How each sequence and each weight is split over the ranks (data parallelism takes the rest)."""
-
-    sequence: int = 1
-    """DeepSpeed-Ulysses: each rank of a group of N holds 1/N of every sequence; attention heads are
-    exchanged with all-to-all (N divides the world size, the attention heads and the sequence length)."""
-    tensor: int = 1
-    """DeepSpeed AutoTP (tensor parallelism): not supported yet; 1 only (see docs/parallelism.md)."""
-
-    def __post_init__(self) -> None:
-        for key in ("sequence", "tensor"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise _bad(f"parallel.{key}", f"expected an integer >= 1, got {value!r}")
-        if self.tensor != 1:
-            raise _bad(
-                "parallel.tensor",
-                "not supported yet: DeepSpeed AutoTP training is not wired into llm-train (docs/parallelism.md)",
-            )
-
-
-@dataclass
-class TrainingSection:
-    """Batch sizes, how long, precision, clipping."""
-
-    micro_batch_size: int = 4
-    """Samples per rank per forward/backward."""
-    global_batch_size: int = 8
-    """Samples per optimizer step over all ranks (= micro x accumulation x world size)."""
-    train_steps: int | None = None
-    """Optimizer steps to run (give this or train_tokens)."""
-    train_tokens: int | None = None
-    """Tokens to train on; steps = ceil(tokens / (global_batch_size x seq_length))."""
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """Parameter/compute precision: fp32, bf16 with fp32 master weights (DeepSpeed bf16), or fp16 with fp32
-    master weights and loss scaling (DeepSpeed fp16, the fp16 section; for GPUs without bf16)."""
-    clip_grad: float = 1.0
-    """Gradient clipping by global norm (0 disables)."""
-    seed: int = 1234
-    """Seed of the model initialisation and of every RNG."""
-    activation_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward pass: less memory, ~30% more compute."""
-    compile: bool = False
-    """torch.compile each decoder layer (dense and MoE): fused kernels, the same losses within rounding."""
-
-    def __post_init__(self) -> None:
-        for name in ("micro_batch_size", "global_batch_size"):
-            if getattr(self, name) < 1:
-                raise _bad(f"training.{name}", f"must be >= 1, got {getattr(self, name)}")
-        if self.global_batch_size % self.micro_batch_size:
-            raise _bad(
-                "training.global_batch_size",
-                f"{self.global_batch_size} is not a multiple of training.micro_batch_size={self.micro_batch_size}",
-            )
-        if (self.train_steps is None) == (self.train_tokens is None):
-            raise _bad("training", "give exactly one of training.train_steps and training.train_tokens")
-        if self.train_steps is not None and self.train_steps < 1:
-            raise _bad("training.train_steps", f"must be >= 1, got {self.train_steps}")
-        if self.train_tokens is not None and self.train_tokens < 1:
-            raise _bad("training.train_tokens", f"must be >= 1, got {self.train_tokens}")
-        if self.precision not in PRECISIONS:
-            raise _bad("training.precision", f"{self.precision!r} is not one of {', '.join(PRECISIONS)}")
-        if self.clip_grad < 0:
-            raise _bad("training.clip_grad", f"must be >= 0, got {self.clip_grad}")
-
-
-@dataclass
-class Fp16Section:
-    """Loss scaling for training.precision fp16 (DeepSpeed's fp16 section is filled from it; unused otherwise).
-
-    Dynamic scaling (loss_scale 0) starts at 2**initial_scale_power; a step whose gradients overflow is
-    skipped and, once hysteresis overflows have been seen, the scale is halved; after loss_scale_window
-    steps without an overflow it is doubled. A run whose scale has fallen to min_loss_scale and still
-    overflows stops with a checkpoint of its last good state."""
-
-    loss_scale: float = 0.0
-    """0: dynamic loss scaling; > 0: this fixed scale."""
-    initial_scale_power: int = 16
-    """Dynamic scaling starts at 2**initial_scale_power."""
-    loss_scale_window: int = 1000
-    """Double the scale after this many consecutive steps without an overflow."""
-    hysteresis: int = 2
-    """Overflows tolerated (each still skips its step) before the scale is halved."""
-    consecutive_hysteresis: bool = False
-    """Refill the hysteresis after every step without an overflow (not only when the scale changes)."""
-    min_loss_scale: int = 1
-    """The smallest scale; overflowing again there stops the run."""
-
-    def __post_init__(self) -> None:
-        if not (self.loss_scale >= 0 and math.isfinite(self.loss_scale)):
-            raise _bad("fp16.loss_scale", f"must be 0 (dynamic) or a positive number, got {self.loss_scale}")
-        if not 0 <= self.initial_scale_power <= 63:
-            raise _bad("fp16.initial_scale_power", f"must be in [0, 63], got {self.initial_scale_power}")
-        if self.loss_scale_window < 1:
-            raise _bad("fp16.loss_scale_window", f"must be >= 1, got {self.loss_scale_window}")
-        if self.hysteresis < 1:
-            raise _bad("fp16.hysteresis", f"must be >= 1, got {self.hysteresis}")
-        if self.min_loss_scale < 1:
-            raise _bad("fp16.min_loss_scale", f"must be >= 1, got {self.min_loss_scale}")
-        if self.loss_scale == 0 and self.min_loss_scale > 2**self.initial_scale_power:
-            raise _bad(
-                "fp16.min_loss_scale",
-                f"{self.min_loss_scale} is above the initial scale 2**{self.initial_scale_power}",
-            )
-
-
-MAX_LR = 1.0
-"""No optimizer here trains at a learning rate above this (their usual ranges are far below)."""
-USUAL_LR = {
-    "adamw": "usually 1e-5 .. 1e-2",
-    "adafactor": "usually 1e-4 .. 1e-2",
-    "lion": "usually 1e-5 .. 1e-3, 3-10x below AdamW's",
-    "muon": "usually 1e-4 .. 1e-2 with muon_adjust_lr=match_rms_adamw, ~0.02 with original",
-}
-
-
-@dataclass
-class OptimizerSection:
-    """The optimizer; weight decay applies to matrices only (never to norms, biases, or 1-D parameters)."""
-
-    name: Literal["adamw", "adafactor", "lion", "muon"] = "adamw"
-    """Optimizer: adamw; adafactor (torch.optim.Adafactor: factored second moments, no first moment; uses
-    lr and weight_decay, not betas/eps); lion (sign of an interpolated momentum: lr typically 3-10x
-    smaller and weight_decay 3-10x larger than AdamW's); muon (torch.optim.Muon's orthogonalized
-    momentum on the hidden matrices, AdamW with lr, betas, eps on embeddings, head, norms and biases)."""
-    lr: float = 3e-4
-    """Peak learning rate (after warmup)."""
-    betas: list[float] | None = None
-    """[beta1, beta2] of AdamW (and Muon's AdamW part), default [0.9, 0.95]; of Lion, default [0.9, 0.99]."""
-    eps: float = 1e-8
-    """Adam epsilon."""
-    weight_decay: float = 0.1
-    """Decoupled weight decay on matrices (embeddings and linear weights)."""
-    momentum: float = 0.95
-    """Muon: momentum of the hidden matrices' updates."""
-    nesterov: bool = True
-    """Muon: Nesterov momentum."""
-    ns_steps: int = 5
-    """Muon: Newton-Schulz iterations that orthogonalize each update."""
-    muon_lr: float | None = None
-    """Muon: peak learning rate of the hidden matrices (null: optimizer.lr); the schedule scales it too."""
-    muon_adjust_lr: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
-    """Muon: per-matrix learning-rate scale. match_rms_adamw (Moonshot: 0.2 x sqrt(max(rows, cols)), so Muon
-    takes AdamW's lr and weight decay) or original (Keller Jordan: sqrt(max(1, rows/cols)), lr ~0.02)."""
-
-    def __post_init__(self) -> None:
-        if self.name not in OPTIMIZERS:
-            raise _bad("optimizer.name", f"{self.name!r} is not one of {', '.join(OPTIMIZERS)}")
-        if self.betas is None:
-            self.betas = list(DEFAULT_BETAS[self.name])
-        if not self.lr > 0:
-            raise _bad("optimizer.lr", f"must be > 0, got {self.lr}")
-        # Beyond it every update diverges; the divergence would be blamed on the data it met.
-        if self.lr > MAX_LR:
-            raise _bad(
-                "optimizer.lr", f"{self.lr:g} is out of range: at most {MAX_LR:g} ({USUAL_LR[self.name]})"
-            )
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise _bad("optimizer.betas", f"must be two numbers in [0, 1), got {self.betas}")
-        if not self.eps > 0:
-            raise _bad("optimizer.eps", f"must be > 0, got {self.eps}")
-        if self.weight_decay < 0:
-            raise _bad("optimizer.weight_decay", f"must be >= 0, got {self.weight_decay}")
-        if not 0 <= self.momentum < 1:
-            raise _bad("optimizer.momentum", f"must be in [0, 1), got {self.momentum}")
-        if not 1 <= self.ns_steps < 100:
-            raise _bad("optimizer.ns_steps", f"must be in [1, 99], got {self.ns_steps}")
-        if self.muon_lr is not None and not 0 < self.muon_lr <= MAX_LR:
-            raise _bad(
-                "optimizer.muon_lr", f"must be in (0, {MAX_LR:g}], got {self.muon_lr:g} (usually ~0.02)"
-            )
-        if self.muon_adjust_lr not in MUON_LR_ADJUSTMENTS:
-            raise _bad(
-                "optimizer.muon_adjust_lr",
-                f"{self.muon_adjust_lr!r} is not one of {', '.join(MUON_LR_ADJUSTMENTS)}",
-            )
-
-
-@dataclass
-class ScheduleSection:
-    """Learning rate: linear warmup, then a decay shape; total_steps fixed so incremental runs share a curve."""
-
-    kind: Literal["cosine", "linear", "constant", "wsd", "inverse_sqrt"] = "cosine"
-    """Shape after warmup: cosine, linear, constant, wsd (warmup-stable-decay), inverse_sqrt."""
-    warmup_steps: int = 0
-    """Linear warmup from 0 to optimizer.lr over this many steps."""
-    total_steps: int | None = None
-    """Length of the curve (default: the run's train steps). Fix it to continue a run on the same curve."""
-    min_lr_ratio: float = 0.1
-    """Final learning rate as a fraction of optimizer.lr (cosine, linear, wsd)."""
-    decay_fraction: float = 0.2
-    """WSD: the last fraction of total_steps spent decaying."""
-    decay_shape: Literal["linear", "cosine", "1-sqrt"] = "1-sqrt"
-    """WSD: the shape of the final decay."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in SCHEDULES:
-            raise _bad("schedule.kind", f"{self.kind!r} is not one of {', '.join(SCHEDULES)}")
-        if self.warmup_steps < 0:
-            raise _bad("schedule.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
-        if self.total_steps is not None and self.total_steps < 1:
-            raise _bad("schedule.total_steps", f"must be >= 1, got {self.total_steps}")
-        if self.total_steps is not None and self.warmup_steps > self.total_steps:
-            raise _bad(
-                "schedule.warmup_steps",
-                f"{self.warmup_steps} is longer than schedule.total_steps={self.total_steps}",
-            )
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise _bad("schedule.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
-        if not 0 < self.decay_fraction <= 1:
-            raise _bad("schedule.decay_fraction", f"must be in (0, 1], got {self.decay_fraction}")
-        if self.decay_shape not in WSD_DECAYS:
-            raise _bad("schedule.decay_shape", f"{self.decay_shape!r} is not one of {', '.join(WSD_DECAYS)}")
-
-
-@dataclass
-class EvalSection:
-    """Evaluation on the valid split: loss, perplexity, token accuracy (top-1) and bits per byte."""
-
-    every: int = 0
-    """Evaluate every N steps (and after the last step); 0 disables."""
-    iters: int = 4
-    """Micro-batches per rank per evaluation."""
-    per_source: bool = False
-    """Also the valid split's loss, bits per byte and tokens of each source of a blend (eval/<source>/loss,
-    /bpb, /tokens); one more forward over the evaluated micro-batches."""
-    tasks: list[str] = field(default_factory=list)
-    """Downstream tasks scored at every evaluation: JSONL files (relative to the config's folder) of
-    multiple-choice ({context, choices, gold}: acc, acc_norm) or perplexity ({text}: loss, bpb) examples,
-    reported as eval/<file name>/acc ... (llmtools.train.downstream)."""
-
-    def __post_init__(self) -> None:
-        if self.every < 0:
-            raise _bad("eval.every", f"must be >= 0, got {self.every}")
-        if self.iters < 1:
-            raise _bad("eval.iters", f"must be >= 1, got {self.iters}")
-
-
-@dataclass
-class LoggingSection:
-    """What is logged, how often."""
-
-    log_every: int = 10
-    """A metrics record (metrics.jsonl) and a stderr line every N steps."""
-    tensorboard: bool = False
-    """Also write TensorBoard events to RUN_DIR/tensorboard/ (the same as tensorboard in report_to)."""
-    report_to: list[str] = field(default_factory=list)
-    """Where rank 0 reports besides metrics.jsonl: any of tensorboard, wandb, mlflow (wandb and mlflow are
-    the extra ``track``). W&B runs offline into RUN_DIR/wandb unless WANDB_MODE says otherwise; MLflow writes
-    to RUN_DIR/mlruns unless tracking_uri (or MLFLOW_TRACKING_URI) names a store."""
-    project: str = "llmtools"
-    """The W&B project and the MLflow experiment the run reports to."""
-    tracking_uri: str | None = None
-    """MLflow's tracking URI (a server, a folder or file:, sqlite: with the full mlflow); default
-    MLFLOW_TRACKING_URI, else RUN_DIR/mlruns."""
-    norms: bool = True
-    """params_norm, update_norm and update_ratio (norm of the step's update / norm of the parameters) in
-    each train record; costs a copy of the optimizer's parameters (its partition) on log steps."""
-
-    def __post_init__(self) -> None:
-        if self.log_every < 1:
-            raise _bad("logging.log_every", f"must be >= 1, got {self.log_every}")
-        for name in self.report_to:
-            if name not in REPORTERS:
-                raise _bad(
-                    "logging.report_to",
-                    f"{name!r} is not one of {', '.join(REPORTERS)}{suggest(name, REPORTERS)}",
-                )
-        if self.tracking_uri is not None:
-            from llmtools.logs.trackers import tracking_uri_problem  # no tracker library at import
-
-            problem = tracking_uri_problem(self.tracking_uri)
-            if problem:
-                raise _bad("logging.tracking_uri", problem)
-
-    def reporters(self) -> list[str]:
-        """The trackers asked for, in a fixed order (``tensorboard: true`` is an alias of the first)."""
-        asked = set(self.report_to) | ({"tensorboard"} if self.tensorboard else set())
-        return [name for name in REPORTERS if name in asked]
-
-
-@dataclass
-class CheckpointSection:
-    """When checkpoints are written (through llmtools.ckpt) and which are kept."""
-
-    save_every: int = 0
-    """Save every N steps (and at the end); 0 saves only at the end."""
-    save_final: bool = True
-    """Save after the last step."""
-    keep_last: int | None = None
-    """Keep only the newest N checkpoints."""
-    keep_every: int | None = None
-    """Also keep every checkpoint whose step is a multiple of this."""
-    async_: bool = field(default=False, metadata={"key": "async"})
-    """Write checkpoints in the background: the state is copied to host memory, then written, fsynced and
-    hashed while training goes on; the checkpoint is committed (meta.json, rename, latest) once every rank's
-    write is done. At most one save is in flight; the next save, the end of the run and SIGTERM wait for it."""
-
-    def __post_init__(self) -> None:
-        if self.save_every < 0:
-            raise _bad("checkpoint.save_every", f"must be >= 0, got {self.save_every}")
-        for name in ("keep_last", "keep_every"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise _bad(f"checkpoint.{name}", f"must be >= 1, got {value}")
-
-
-@dataclass
-class DistributedSection:
-    """How long a collective may wait for the other ranks."""
-
-    timeout_s: float = 600.0
-    """Seconds any collective (and the process-group set-up) waits before the rank gives up: a host that
-    vanished ends the surviving ranks within this time, with a message naming the missing ranks."""
-
-    def __post_init__(self) -> None:
-        if not self.timeout_s > 0:
-            raise _bad("distributed.timeout_s", f"must be > 0, got {self.timeout_s}")
-
-
-@dataclass
-class HealthSection:
-    """What happens on a NaN/inf loss, a grad-norm spike or a loss spike."""
-
-    nan_action: Literal["skip", "stop"] = "stop"
-    """NaN/inf loss or grad norm: skip the update, or stop (with a checkpoint of the last good state)."""
-    spike_factor: float = 0.0
-    """A grad norm above spike_factor x the median of the last spike_window norms is a spike; 0 disables."""
-    spike_window: int = 20
-    """How many recent (healthy) grad norms the median is taken over; detection starts once it is full."""
-    loss_spike_factor: float = 0.0
-    """A step loss above loss_spike_factor x the median of the last spike_window step losses is a loss
-    spike (bad data, most often); 0 disables."""
-    spike_action: Literal["skip", "stop", "warn"] = "skip"
-    """On a spike (grad norm or loss): skip the update, stop with a checkpoint, or only warn."""
-    max_skips: int = 10
-    """Stop once this many consecutive steps have been skipped (fp16 overflows are the loss scaler's)."""
-    update_spike_factor: float = 0.0
-    """An update/parameter norm ratio per unit of learning rate above update_spike_factor x the median of the
-    last spike_window is a spike; 0 disables (the ratio is then measured on log steps only)."""
-    update_spike_action: Literal["warn", "stop"] = "warn"
-    """On an update-ratio spike: warn, or stop with a checkpoint (the ratio is known only once the update
-    is applied, so it cannot be skipped)."""
-    moe_collapse_action: Literal["warn", "stop", "off"] = "warn"
-    """MoE routing collapse in a logging window (a layer with at least moe_idle_fraction of its experts
-    idle, or at least moe_dropped_fraction of its token assignments dropped): warn, stop with a
-    checkpoint, or off."""
-    moe_idle_fraction: float = 0.5
-    """The share of a layer's experts that must be idle (under a tenth of an even share of the tokens)."""
-    moe_dropped_fraction: float = 0.5
-    """The share of a layer's token assignments that must be dropped (over the experts' capacity)."""
-
-    def __post_init__(self) -> None:
-        if self.nan_action not in HEALTH_ACTIONS:
-            raise _bad("health.nan_action", f"{self.nan_action!r} is not one of {', '.join(HEALTH_ACTIONS)}")
-        if self.spike_action not in SPIKE_ACTIONS:
-            raise _bad(
-                "health.spike_action", f"{self.spike_action!r} is not one of {', '.join(SPIKE_ACTIONS)}"
-            )
-        if self.spike_factor < 0 or (0 < self.spike_factor <= 1):
-            raise _bad("health.spike_factor", f"must be 0 (off) or > 1, got {self.spike_factor}")
-        if self.loss_spike_factor < 0 or (0 < self.loss_spike_factor <= 1):
-            raise _bad("health.loss_spike_factor", f"must be 0 (off) or > 1, got {self.loss_spike_factor}")
-        if self.spike_window < 2:
-            raise _bad("health.spike_window", f"must be >= 2, got {self.spike_window}")
-        if self.max_skips < 1:
-            raise _bad("health.max_skips", f"must be >= 1, got {self.max_skips}")
-        if self.moe_collapse_action not in ("warn", "stop", "off"):
-            raise _bad(
-                "health.moe_collapse_action", f"{self.moe_collapse_action!r} is not one of warn, stop, off"
-            )
-        for key in ("moe_idle_fraction", "moe_dropped_fraction"):
-            if not 0 < getattr(self, key) <= 1:
-                raise _bad(f"health.{key}", f"must be in (0, 1], got {getattr(self, key)}")
-        if self.update_spike_factor < 0 or (0 < self.update_spike_factor <= 1):
-            raise _bad(
-                "health.update_spike_factor", f"must be 0 (off) or > 1, got {self.update_spike_factor}"
-            )
-        if self.update_spike_action not in UPDATE_SPIKE_ACTIONS:
-            raise _bad(
-                "health.update_spike_action",
-                f"{self.update_spike_action!r} is not one of {', '.join(UPDATE_SPIKE_ACTIONS)}",
-            )
-
-
-@dataclass
+@config_section
 class TrainConfig:
     """The whole train config. ``source`` is the YAML it came from (for messages and relative paths)."""
 
@@ -523,12 +74,13 @@ class TrainConfig:
     health: HealthSection = field(default_factory=HealthSection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
-    task: str = DEFAULT_TASK
+    task: str = ruled(Rule(NEVER, "another training task", OTHER_RUN), DEFAULT_TASK)
     """What is trained: a name in the table of tasks (llmtools.train.tasks.TASKS)."""
-    lora: LoraSection | None = None
+    lora: LoraSection | None = ruled(Rule(NEVER, "other adapters than the checkpoint holds", OTHER_RUN), None)
     """LoRA adapters on a frozen base; None trains every weight."""
-    dpo: DpoSection | None = None
-    """Preference training's settings (task: dpo only; its defaults when not given)."""
+    task_sections: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
+    """The task's own section (``name: section``, from the table of tasks), with its defaults when not given;
+    written as the section's key beside the others."""
     source: str | None = field(default=None, metadata={"internal": True})
 
     # -- derived values --------------------------------------------------------------------------
@@ -563,11 +115,10 @@ class TrainConfig:
             if f.metadata.get("internal"):
                 continue
             value = getattr(self, f.name)
-            if not dataclasses.is_dataclass(value):  # task (a string), lora / dpo when not given (None)
+            if not dataclasses.is_dataclass(value):  # task (a string), lora when not given (None)
                 out[f.name] = value
                 continue
-            plain = dataclasses.asdict(value)
-            section = {config_key(g): plain[g.name] for g in dataclasses.fields(value)}
+            section = _section_dict(value)
             if f.name == "model":
                 section = {
                     "preset": section["preset"],
@@ -576,7 +127,19 @@ class TrainConfig:
                     **section["overrides"],
                 }
             out[f.name] = section
+        for name in TASK_SECTIONS:  # every task's section, None where not this task's
+            value = self.task_sections.get(name)
+            out[name] = None if value is None else _section_dict(value)
         return out
+
+    def task_inputs(self) -> list[str | None]:
+        """Paths the task's own section reads (its fields marked ``input``): a run never writes over them."""
+        return [
+            getattr(section, f.name)
+            for section in self.task_sections.values()
+            for f in dataclasses.fields(section)
+            if f.metadata.get("input")
+        ]
 
     def fingerprint(self) -> str:
         """sha256 over what determines the trained weights (model, data, batch, optimizer, schedule)."""
@@ -593,10 +156,17 @@ class TrainConfig:
         # Configs written before tasks and LoRA existed keep their hash: both enter it only when set.
         if self.task != DEFAULT_TASK or self.lora is not None:
             keep.update(task=d["task"], lora=d["lora"])
-        if self.dpo is not None:  # where a stored reference is read from does not change the weights
-            keep["dpo"] = {k: v for k, v in d["dpo"].items() if k != "reference"}
+        for name, section in self.task_sections.items():  # less its fields that leave the weights as they are
+            keep[name] = {
+                config_key(f): d[name][config_key(f)]
+                for f in dataclasses.fields(section)
+                if f.metadata.get("fingerprint", True)
+            }
         return "sha256:" + hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
 
+
+# The tasks' own sections (``name: section class``), from the table of tasks.
+TASK_SECTIONS = task_sections()
 
 SECTION_TYPES = {
     "model": ModelSection,
@@ -612,8 +182,16 @@ SECTION_TYPES = {
     "distributed": DistributedSection,
     "parallel": ParallelSection,
     "lora": LoraSection,
-    "dpo": DpoSection,
+    **TASK_SECTIONS,
 }
+# Sections that may be given as null (not given).
+OPTIONAL_SECTIONS = ("lora", *TASK_SECTIONS)
+
+
+def _section_dict(value) -> dict:
+    """A section as its YAML keys and plain values."""
+    plain = dataclasses.asdict(value)
+    return {config_key(f): plain[f.name] for f in dataclasses.fields(value)}
 
 
 def config_key(f: dataclasses.Field) -> str:
@@ -678,8 +256,7 @@ def suggest(word: str, choices) -> str:
         target = next((k for k in all_keys() if k.rpartition(".")[2] == leaf and k != word), None)
     if target is not None and target in choices:
         return f" (did you mean {target!r}?)"
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return did_you_mean(word, choices)
 
 
 # -- typed coercion ---------------------------------------------------------------------------------
@@ -794,33 +371,34 @@ def from_dict(raw: Any, where: str = "<config>") -> TrainConfig:
     """Build and validate a TrainConfig from a parsed YAML mapping."""
     if not isinstance(raw, dict):
         raise InputError(f"{where}: a train config must be a mapping of sections, got {type(raw).__name__}")
-    sections = {}
+    sections: dict[str, Any] = {}
+    own: dict[str, Any] = {}  # the tasks' own sections
     for key, value in raw.items():
         if key == "task":  # a name, not a section
-            from llmtools.train.tasks import check_task
-
             sections["task"] = check_task(value, where)
             continue
-        if key in ("lora", "dpo") and value is None:  # `lora: null` (or `lora:`): not given
+        if key in OPTIONAL_SECTIONS and value is None:  # `lora: null` (or `lora:`): not given
             continue
         if key not in SECTION_TYPES:
             raise InputError(
                 f"{where}: unknown section {key!r}" + suggest(str(key), list(SECTION_TYPES) + all_keys())
             )
-        sections[key] = _section_from_dict(key, SECTION_TYPES[key], value, where)
+        section = _section_from_dict(key, SECTION_TYPES[key], value, where)
+        if key in TASK_SECTIONS:
+            own[key] = section
+        else:
+            sections[key] = section
     if "data" not in sections:
         raise InputError(f"{where}: missing section 'data' (data.mix or data.prefixes)")
     if "training" not in sections:
         raise InputError(
             f"{where}: missing section 'training' (training.train_steps or training.train_tokens)"
         )
-    config = TrainConfig(**sections, source=where)
-    from llmtools.train.tasks import TASKS, check_sections
-
+    config = TrainConfig(**sections, task_sections=own, source=where)
     check_sections(config)
-    own = TASKS[config.task].section
-    if own is not None and getattr(config, own) is None:  # the task's own section, with its defaults
-        setattr(config, own, SECTION_TYPES[own]())
+    name = TASKS[config.task].section
+    if name is not None and name not in own:  # the task's own section, with its defaults
+        own[name] = SECTION_TYPES[name]()
     steps, total = config.training.train_steps, config.schedule.total_steps
     if total is not None and steps is not None and steps > total:
         raise InputError(
@@ -840,8 +418,6 @@ def from_dict(raw: Any, where: str = "<config>") -> TrainConfig:
 
 def parse_set(item: str) -> tuple[list[str], Any]:
     """``section.key=value`` -> (["section", "key"], value parsed as YAML)."""
-    import yaml
-
     if "=" not in item:
         raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set optimizer.lr=1e-3")
     key, text = item.split("=", 1)
@@ -883,8 +459,6 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 def load_train_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> TrainConfig:
     """Read a YAML train config (or start from an empty one when ``path`` is None) and apply ``--set``."""
-    import yaml
-
     raw: Any = {}
     where = "<--set>"
     if path is not None:

@@ -17,7 +17,8 @@ from typing import Any
 from llmtools.errors import InputError
 from llmtools.formats import jsonfile
 from llmtools.resources import resource_dir
-from llmtools.train.config import TrainConfig
+from llmtools.thirdparty import import_deepspeed
+from llmtools.train.config import TrainConfig, suggest
 
 AUTO = "auto"
 
@@ -256,8 +257,6 @@ def check_with_deepspeed(ds: dict, ds_source: str) -> None:
     value it refuses, is an InputError naming it. Keys starting with ``_`` are comments.
     """
     try:
-        from llmtools.thirdparty import import_deepspeed
-
         deepspeed = import_deepspeed()
         from deepspeed.runtime.config import DeepSpeedConfig
     except ImportError:  # nothing to check against (llm-train itself needs DeepSpeed to run)
@@ -283,8 +282,6 @@ def check_with_deepspeed(ds: dict, ds_source: str) -> None:
         logger.setLevel(level)
     unknown = [key for key in probe if key not in probe.seen]
     if unknown:
-        from llmtools.train.config import suggest
-
         raise InputError(
             f"{ds_source}[{unknown[0]}]: not a key DeepSpeed {version} reads (it would be ignored)"
             + suggest(str(unknown[0]), sorted(probe.seen))

@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass
 
 from llmtools.errors import RuntimeFailure, UsageError
+from llmtools.train.device import process_group_backend
+from llmtools.train.rendezvous import round_store
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,6 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistInfo:
 
     launcher = detect_environment()
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-    from llmtools.train.device import process_group_backend
-
     cuda = torch.cuda.is_available()
     backend = process_group_backend("cuda" if cuda else "cpu")
     if cuda:
@@ -118,8 +118,6 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistInfo:
                 store = dist.HashStore()
                 dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
             elif _agent_store_shared():
-                from llmtools.train.rendezvous import round_store
-
                 store = round_store(
                     os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world, timeout_s
                 )

@@ -70,6 +70,7 @@ def expert_parallel_ds_config(model_config, expert_parallel: int) -> dict[str, A
 def tap_expert_parallel_routers(module, config) -> int:
     """Make every MoE block DeepSpeed replaced report its router as ours does: the replaced layer's
     output becomes ``(output, RouterInfo)``, computed from its router's logits. Returns how many."""
+    # torch: imported here, not at the top, because the plan (torch-free) imports this module
     from llmtools.model.moe import SparseMoeBlock, router_info_from_logits
 
     tapped = 0

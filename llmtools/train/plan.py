@@ -11,13 +11,25 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmtools.errors import InputError
+import numpy as np
+
+from llmtools.ckpt.init_from import init_model_source  # an HF folder, or one of our checkpoints
+from llmtools.errors import InputError, LlmtoolsError
+from llmtools.model import ModelConfig, load_model_config
+from llmtools.model.config import shape_mismatch
+from llmtools.tokenize.bytes import byte_lengths_for
+from llmtools.tokenize.loader import load_tokenizer
 from llmtools.train.config import TrainConfig
 from llmtools.train.deepspeed_config import resolve_ds_config, zero_stage
+from llmtools.train.downstream import load_tasks
+from llmtools.train.moe import check_expert_parallel, expert_parallel_ds_config
+from llmtools.train.optimizers import check_optimizer
+from llmtools.train.sequence import check_sequence_parallel, zero3_reduction
 from llmtools.train.tasks import Task, TaskData, make_task
 
 
@@ -67,8 +79,6 @@ class TrainPlan:
 
 def resolve_model_config(config: TrainConfig):
     """The ModelConfig: preset (or the init_from folder's config.json) with inline overrides applied."""
-    from llmtools.model import ModelConfig, load_model_config
-
     section = config.model
     where = config.source or "<train config>"
     fields = [f.name for f in dataclasses.fields(ModelConfig)]
@@ -79,8 +89,6 @@ def resolve_model_config(config: TrainConfig):
             raise InputError(f"{where}: unknown key model.{key}{hint}")
     init_base = init_config = None
     if section.init_from is not None:
-        from llmtools.ckpt.init_from import init_model_source  # an HF folder, or one of our checkpoints
-
         # Read even when a preset names the shape: a missing or broken folder fails here, before compute.
         init_config = load_model_config(init_model_source(section.init_from))
         init_base = init_config.to_dict()
@@ -101,8 +109,6 @@ def resolve_model_config(config: TrainConfig):
     except InputError as error:  # its message names the field: model.FIELD: ...
         raise InputError(f"{where}: {error}") from None
     if init_config is not None:  # the weights must fit the shape (a MoE preset with a dense folder, ...)
-        from llmtools.model.config import shape_mismatch
-
         mismatch = shape_mismatch(model_config, init_config)
         if mismatch:
             name, ours, theirs = mismatch
@@ -120,8 +126,6 @@ def resolve_model_config(config: TrainConfig):
 def _check_unvouched_ids(train, vocab_size: int) -> None:
     """Data without a sidecar names no tokenizer, so nothing vouches for its ids: one pass over each
     source's tokens (numpy's max, in C) before the first step, instead of an IndexError in the embedding."""
-    import numpy as np
-
     data = train
     while getattr(data, "parts", None) is None and getattr(data, "dataset", None) is not None:
         data = data.dataset  # the run's data (ledger) around the blended dataset
@@ -197,8 +201,6 @@ def make_plan(
             f"{model_config.max_position_embeddings}"
         )
 
-    from llmtools.train.sequence import check_sequence_parallel
-
     check_sequence_parallel(config, model_config, world_size, seq_length, where)
 
     valid = None
@@ -215,8 +217,6 @@ def make_plan(
             valid = None
     eval_byte_lengths = None
     if valid is not None:
-        from llmtools.tokenize.bytes import byte_lengths_for
-
         eval_byte_lengths, why = byte_lengths_for(valid.tokenizer)
         if why is not None:
             warnings.append(f"eval: no bits per byte: {why}")
@@ -238,8 +238,6 @@ def make_plan(
     )
     _plan_expert_parallel(config, model_config, ds_config, world_size, ds_source)
     if config.parallel.sequence > 1:
-        from llmtools.train.sequence import zero3_reduction
-
         zero3_reduction(ds_config, ds_source)
     _plan_precision_and_optimizer(config, ds_config, ds_source)
     _plan_compile(config, ds_config, ds_source)
@@ -267,10 +265,6 @@ def _load_eval_tasks(config: TrainConfig, train, model_config, warnings: list[st
     if not config.eval.every:
         warnings.append("eval.tasks are evaluated every eval.every steps, which is 0: not evaluated")
         return []
-    from llmtools.errors import LlmtoolsError
-    from llmtools.tokenize.loader import load_tokenizer
-    from llmtools.train.downstream import load_tasks
-
     identity = train.tokenizer or {}
     source = identity.get("source")
     if not source:
@@ -355,8 +349,6 @@ def _plan_expert_parallel(
                 "(llm-train fills this section from it)"
             )
         return
-    from llmtools.train.moe import check_expert_parallel, expert_parallel_ds_config
-
     check_expert_parallel(model_config, ep, world_size, where)
     stage = zero_stage(ds_config)
     if stage == 0:
@@ -395,8 +387,6 @@ def _plan_expert_parallel(
 
 def _plan_precision_and_optimizer(config: TrainConfig, ds_config: dict, ds_source: str) -> None:
     """What the precision and the optimizer cannot do with this ZeRO stage, named before compute."""
-    from llmtools.train.optim import check_optimizer
-
     where = config.source or "<train config>"
     stage = zero_stage(ds_config)
     if config.training.precision == "fp16" and stage == 0:
@@ -412,8 +402,6 @@ def _plan_compile(config: TrainConfig, ds_config: dict, ds_source: str) -> None:
     """training.compile: what cannot be compiled, refused before compute (one line)."""
     if not config.training.compile:
         return
-    import shutil
-
     where = config.source or "<train config>"
     cc = os.environ.get("CC") or "cc"
     if not (shutil.which(cc) or shutil.which("gcc") or shutil.which("clang")):

@@ -1,7 +1,9 @@
 """Resuming a run: which config keys may change between two runs, which may not, and applying the changes.
 
 A resumed run is the run it claims to be. Its config is compared key by key with the one its checkpoint
-was trained with (``meta.json[config]``); every difference is looked up in :data:`POLICY`:
+was trained with (``meta.json[config]``); every difference is looked up in :data:`POLICY`, which gathers the
+rules the config's fields declare beside themselves (:mod:`llmtools.train.resume_rules`) and those of the
+values the run resolves (:data:`RESOLVED_RULES`):
 
 - ``apply``: the new value is used from the first resumed step on, and announced on stderr and as a
   ``config_change`` event in ``metrics.jsonl``;
@@ -26,109 +28,69 @@ stands at that step; nothing is re-warmed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmtools.ckpt import rng
 from llmtools.errors import InputError, RuntimeFailure
-
-APPLY, RESET_DATA, RESHARD, NEVER, DERIVED = "apply", "reset-data", "reshard", "never", "derived"
-
-# What a refused key says the user can do instead.
-NEW_RUN = "start a new run from these weights, -o NEW_RUN --init-from {checkpoint}"
-OTHER_RUN = "train it as a new run, -o NEW_RUN"
+from llmtools.model.config import SHAPE_FIELDS
+from llmtools.model.presets import load_model_config
+from llmtools.train.config import SECTION_TYPES, TrainConfig, config_key
+from llmtools.train.engine import param_groups
+from llmtools.train.optimizers import OPTIMIZERS
+from llmtools.train.resume_rules import (
+    APPLY,
+    DERIVED,
+    EACH_KEY,
+    NEVER,
+    NEW_RUN,
+    OTHER_RUN,
+    RESET_DATA,
+    RESHARD,
+    Rule,
+    has_rules,
+    rule_of,
+    whole_rule,
+)
+from llmtools.train.tasks import TASKS
 
 # ZeRO stages DeepSpeed's universal checkpoint converts between (it refuses ZeRO-0 and ZeRO-3 here).
 RESHARDABLE_STAGES = {1, 2}
 
-
-@dataclass(frozen=True)
-class Rule:
-    kind: str
-    note: str  # how an applied change takes effect, or why a change is refused
-    way: str = ""  # for ``never``: what to do instead
-
-
-# Looked up by the exact key first, then by ``section.*``. Every config key must be covered
-# (tests/writer/test_resume_policy.py checks it), so a new key forces a decision here.
-POLICY: dict[str, Rule] = {
-    "model.preset": Rule(DERIVED, "a name; the model's fields are compared one by one"),
-    "model.init_from": Rule(APPLY, "no effect on a resumed run: its weights come from the checkpoint"),
-    "model.expert_parallel": Rule(
-        APPLY, "DeepSpeed's universal conversion re-spreads the experts over the new groups"
-    ),
-    "model.initializer_range": Rule(
-        APPLY, "no effect on a resumed run: its weights come from the checkpoint"
-    ),
-    "model.router_aux_loss_coef": Rule(
-        APPLY, "the router's auxiliary loss weighs this from the next step on"
-    ),
-    "model.router_z_loss_coef": Rule(APPLY, "the router's z-loss weighs this from the next step on"),
-    "model.*": Rule(NEVER, "a different model cannot continue this checkpoint", OTHER_RUN),
+# Keys the run resolves rather than reads from its config (see view()).
+RESOLVED_RULES = {
     "tokenizer": Rule(NEVER, "token ids would mean something else (a different tokenizer)", OTHER_RUN),
-    "data.cache_dir": Rule(APPLY, "only where the sample-index cache is kept"),
-    "parallel.sequence": Rule(
-        APPLY, "ZeRO partitions span every rank under any degree: the same world size loads as is"
-    ),
-    "parallel.tensor": Rule(NEVER, "tensor parallelism is not supported (1 only)", OTHER_RUN),
-    "data.reset_position_ids": Rule(APPLY, "positions of the next samples; the data position is unchanged"),
-    "data.reset_attention_mask": Rule(APPLY, "attention of the next samples; the data position is unchanged"),
-    "data.eod_mask_loss": Rule(APPLY, "loss of the next samples; the data position is unchanged"),
     "data.plan": Rule(RESET_DATA, "another sample plan under this data"),
-    "data.*": Rule(RESET_DATA, "the data position belongs to the old data"),
-    "training.train_steps": Rule(APPLY, "the run now ends at this step"),
-    "training.train_tokens": Rule(APPLY, "the run now ends after this many tokens"),
-    "training.micro_batch_size": Rule(APPLY, "same samples per step, another accumulation"),
-    "training.global_batch_size": Rule(
-        NEVER, "the data position and the schedule are counted in batches of the old size", NEW_RUN
-    ),
-    "training.precision": Rule(NEVER, "the optimizer state was saved in the old precision's layout", NEW_RUN),
-    "training.clip_grad": Rule(APPLY, "set in the optimizer from the next step on"),
-    "training.seed": Rule(RESET_DATA, "the RNG streams restart from the new seed"),
-    "training.activation_checkpointing": Rule(APPLY, "same results, other memory and speed"),
-    # Same parameters and optimizer state either way; only the kernels change, whose sums may round
-    # differently (within the compile-equality test's tolerance), so a switch is exact up to rounding.
-    "training.compile": Rule(
-        APPLY, "the same model in fused kernels from the next step on (rounding may differ)"
-    ),
-    "optimizer.name": Rule(NEVER, "the optimizer state belongs to the old optimizer", NEW_RUN),
-    "optimizer.lr": Rule(APPLY, "the schedule continues at this step with the new peak"),
-    "optimizer.betas": Rule(APPLY, "set in the optimizer from the next step on; its moments are kept"),
-    "optimizer.eps": Rule(APPLY, "set in the optimizer from the next step on"),
-    "optimizer.weight_decay": Rule(APPLY, "set for the decayed parameters from the next step on"),
-    "optimizer.momentum": Rule(APPLY, "Muon's momentum from the next step on; its buffers are kept"),
-    "optimizer.nesterov": Rule(APPLY, "Muon uses it from the next step on"),
-    "optimizer.ns_steps": Rule(APPLY, "Muon orthogonalizes with this many iterations from the next step on"),
-    "optimizer.muon_lr": Rule(
-        APPLY, "the schedule continues at this step with the new peak for the matrices"
-    ),
-    "optimizer.muon_adjust_lr": Rule(APPLY, "Muon scales each matrix's step this way from the next step on"),
-    # Only an fp16 run reads the section (view() leaves it out otherwise), and DeepSpeed restores its
-    # loss scaler, settings and current scale, from the checkpoint: a new value would be ignored.
-    "fp16.*": Rule(
-        NEVER, "DeepSpeed restores its loss scaler, settings included, from the checkpoint", NEW_RUN
-    ),
-    "schedule.*": Rule(APPLY, "the learning rate follows the new curve from this step on"),
-    "eval.*": Rule(APPLY, "from the next step on"),
-    "logging.*": Rule(APPLY, "from the next step on"),
-    "checkpoint.*": Rule(APPLY, "from the next step on"),
-    "health.*": Rule(APPLY, "from the next step on"),
-    "distributed.*": Rule(APPLY, "the process groups of this run use it"),
-    "task": Rule(NEVER, "another training task", OTHER_RUN),
-    "lora": Rule(NEVER, "other adapters than the checkpoint holds", OTHER_RUN),
-    "dpo": Rule(NEVER, "preference settings where the checkpoint had none (another task)", OTHER_RUN),
-    "dpo.beta": Rule(APPLY, "the preference loss and rewards use it from the next step on"),
-    "dpo.loss": Rule(APPLY, "the preference loss from the next step on"),
-    "dpo.label_smoothing": Rule(APPLY, "the preference loss uses it from the next step on"),
-    "dpo.reference": Rule(
-        APPLY, "read from there; used only if computed from the run's starting weights and data"
-    ),
     "world_size": Rule(
         APPLY, "resharded through a DeepSpeed universal checkpoint; RNG streams are not restored"
     ),
     "zero_optimization.stage": Rule(RESHARD, "the optimizer state is partitioned for the old stage"),
 }
+
+
+def _config_rules() -> dict[str, Rule]:
+    """The rules the config's fields declare (llmtools.train.resume_rules), keyed ``section.key`` (``task``,
+    ``lora`` for a top-level field; ``model.*`` for the model's inline fields)."""
+    rules = {f.name: rule_of(f) for f in dataclasses.fields(TrainConfig) if rule_of(f) is not None}
+    for name, section in SECTION_TYPES.items():
+        if not has_rules(section):
+            continue
+        if whole_rule(section) is not None:
+            rules[name] = whole_rule(section)
+        for f in dataclasses.fields(section):
+            if EACH_KEY in f.metadata:  # a mapping of inline keys: its own exceptions, then the rest
+                rules.update({f"{name}.{key}": rule for key, rule in f.metadata[EACH_KEY].items()})
+                rules[f"{name}.*"] = rule_of(f)
+            else:
+                rules[f"{name}.{config_key(f)}"] = rule_of(f)
+    return rules
+
+
+# Looked up by the exact key first, then by ``section.*``.
+POLICY: dict[str, Rule] = {**_config_rules(), **RESOLVED_RULES}
 
 # A data change the task's data ledger takes over (its own checks refuse what cannot be continued).
 CONTINUED_BY_LEDGER = Rule(
@@ -139,10 +101,8 @@ _FLAGS = {
     RESET_DATA: "pass --reset-data to continue the step count and schedule on the new data from its beginning",
     RESHARD: "pass --reshard to convert the optimizer state through a DeepSpeed universal checkpoint",
 }
-_SECTIONS = (
-    "model", "data", "training", "fp16", "optimizer", "schedule", "eval", "logging", "checkpoint", "health",
-    "distributed", "dpo", "parallel",
-)  # fmt: skip
+# Sections compared key by key (their fields declare rules); any other top-level value is compared whole.
+_SECTIONS = {name for name, cls in SECTION_TYPES.items() if has_rules(cls)}
 _TOKENIZER_IDENTITY = ("hash", "vocab_size", "eod_id")
 
 
@@ -173,8 +133,6 @@ def _show(value: Any) -> str:
 # ------------------------------------------------------------------------------------------ views
 def _model_fields(model: dict) -> dict:
     """Every model field with derived ones filled in, so both sides compare alike."""
-    from llmtools.model.presets import load_model_config
-
     fields = {k: v for k, v in model.items() if k not in ("preset", "init_from")}
     try:
         fields = load_model_config(dict(fields)).to_dict(full=True)
@@ -283,15 +241,14 @@ def review(
             f"{first.rule.note} ({_way(first.rule, checkpoint)}){also}"
         )
     step = int(meta.get("step") or 0)
+    task = TASKS.get(now.get("task"))
     for change in changes:
         _check_applicable(change, where, step, own_scheduler)
-        if change.key == "model.init_from" and now.get("task") == "dpo":
-            # DPO measures its rewards against a reference computed from the starting weights: refused
-            # here, before that reference is computed or config.yaml rewritten
+        refusal = task.refuse_resumed_change(change.key, change.old, change.new) if task else None
+        if refusal:  # the task's own reason, before it computes anything or config.yaml is rewritten
             raise InputError(
                 f"{where}[{change.key}]: checkpoint has {_show(change.old)}, the config has {_show(change.new)}; "
-                "a DPO run's reference was computed from the weights it started from: resume with "
-                f"model.init_from {_show(change.old)}, or {OTHER_RUN} with the new starting weights"
+                f"{refusal}"
             )
         _check_reshardable(change, where, now.get("optimizer.name"))
     return changes
@@ -300,8 +257,6 @@ def review(
 def _order(key: str) -> int:
     # Refusals name the most fundamental key first: the model's shape, the rest of the model, then the
     # tokenizer, precision, data ...
-    from llmtools.model.config import SHAPE_FIELDS
-
     if key.startswith("model.") and key[len("model.") :] in SHAPE_FIELDS:
         return 0
     first = (
@@ -328,7 +283,9 @@ def _way(rule: Rule, checkpoint: str | Path) -> str:
 def _check_reshardable(change: Change, where: Path, optimizer: str | None) -> None:
     """Resharding goes through DeepSpeed's universal checkpoint, which carries Adam's moments (exp_avg,
     exp_avg_sq) and nothing else: Lion's, Muon's or Adafactor's state cannot cross it."""
-    if change.key not in ("world_size", "zero_optimization.stage") or optimizer in (None, "adamw"):
+    if change.key not in ("world_size", "zero_optimization.stage") or optimizer is None:
+        return
+    if optimizer in OPTIMIZERS and OPTIMIZERS[optimizer].reshardable:
         return
     raise InputError(
         f"{where}[{change.key}]: checkpoint has {_show(change.old)}, the config has {_show(change.new)}; "
@@ -379,13 +336,11 @@ def decayed_groups(engine, config, groups: list[dict]) -> list[dict]:
     splits named groups, whose names keep ``no_decay``."""
     if groups and all(isinstance(g.get("name"), str) for g in groups):
         return [g for g in groups if "no_decay" not in g["name"]]
-    from llmtools.train.engine import param_groups
-
     module = getattr(engine, "module", None)
     if module is None:
         return [g for g in groups if g.get("weight_decay", 0.0) != 0.0]
     if config.optimizer.name == "muon":
-        from llmtools.train.optim import muon_param_groups
+        from llmtools.train.optim import muon_param_groups  # torch: imported once a model exists
 
         fresh = muon_param_groups(module, 1.0)
     else:
@@ -451,8 +406,6 @@ def apply(engine, changes: list[Change], config) -> list[str]:
         step = scheduler.last_epoch + 1
         notes.append(f"learning rate at step {step}: {before[0]:.6g} -> {scheduler._last_lr[0]:.6g}")
     if "training.seed" in keys:
-        from llmtools.ckpt import rng
-
         rng.seed_all(config.training.seed)
         notes.append(f"RNG streams restarted from seed {config.training.seed}")
     return notes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from llmtools.train.config import ScheduleSection
+from llmtools.train.config_sections import ScheduleSection
 
 
 def lr_factor(step: int, schedule: ScheduleSection, total_steps: int) -> float:

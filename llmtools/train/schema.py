@@ -106,6 +106,8 @@ def train_config_schema() -> dict:
         if f.default is not dataclasses.MISSING:
             entry["default"] = f.default
         properties[f.name] = entry
+    for name in config_module.TASK_SECTIONS:  # given only with its task
+        properties[name] = {"anyOf": [properties[name], {"type": "null"}]}
 
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -90,7 +90,7 @@ def test_grad_norm_spike_is_skipped(byte_data, tmp_path, monkeypatch):
 
 
 def test_health_gate_unit():
-    from llmtools.train.config import HealthSection
+    from llmtools.train.config_sections import HealthSection
 
     norms = iter([1.0, 1.1, 0.9, 1.0, 50.0, 1.0, float("nan"), 1.0])
     gate = HealthGate(
@@ -116,7 +116,7 @@ def test_health_gate_unit():
 
 
 def test_loss_spike_gate_unit():
-    from llmtools.train.config import HealthSection
+    from llmtools.train.config_sections import HealthSection
 
     gate = HealthGate(HealthSection(loss_spike_factor=2, spike_window=3, spike_action="skip"), lambda: 1.0)
     decisions = []

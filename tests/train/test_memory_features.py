@@ -44,7 +44,7 @@ def test_adafactor_trains(byte_data, tmp_path, stage):
 def test_adafactor_state_is_factored():
     import torch
 
-    from llmtools.train.config import OptimizerSection
+    from llmtools.train.config_sections import OptimizerSection
     from llmtools.train.optim import build_optimizer
 
     weight = torch.nn.Parameter(torch.randn(64, 32))

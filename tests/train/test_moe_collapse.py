@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from llmtools.train.config import HealthSection
+from llmtools.train.config_sections import HealthSection
 from llmtools.train.health import routing_collapse
 from tests.train.conftest import TINY
 from tests.train.test_exactness import llm_train, write_config

@@ -62,7 +62,7 @@ def test_norms_can_be_turned_off(byte_data, tmp_path):
 
 
 def test_update_ratio_spike_detection_per_unit_lr():
-    from llmtools.train.config import HealthSection
+    from llmtools.train.config_sections import HealthSection
     from llmtools.train.health import HealthGate
 
     gate = HealthGate(HealthSection(update_spike_factor=4, spike_window=3), lambda: None)

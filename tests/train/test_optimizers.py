@@ -148,7 +148,7 @@ def test_muon_is_torch_muon_on_matrices_and_adamw_elsewhere():
     import torch
 
     from llmtools.model import LlamaForCausalLM, load_model_config
-    from llmtools.train.config import OptimizerSection
+    from llmtools.train.config_sections import OptimizerSection
     from llmtools.train.optim import build_optimizer, muon_param_groups
 
     shape = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
@@ -341,7 +341,8 @@ def test_resume_policy_applies_muon_settings_to_muon_groups_only(byte_data):
     import torch
 
     from llmtools.train.optim import build_optimizer
-    from llmtools.train.resume import APPLY, Change, Rule, apply
+    from llmtools.train.resume import Change, apply
+    from llmtools.train.resume_rules import APPLY, Rule
     from llmtools.train.schedule import build_lr_scheduler
 
     old = config_for(byte_data["mix"], "muon", optimizer__lr=1e-3)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from llmtools.train.config import ScheduleSection
+from llmtools.train.config_sections import ScheduleSection
 from llmtools.train.schedule import lr_factor
 
 

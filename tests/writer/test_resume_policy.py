@@ -9,8 +9,10 @@ import math
 import pytest
 import yaml
 
-from llmtools.train.config import SECTION_TYPES, ScheduleSection, all_keys
-from llmtools.train.resume import DERIVED, POLICY, rule_for
+from llmtools.train.config import SECTION_TYPES, all_keys
+from llmtools.train.config_sections import ScheduleSection
+from llmtools.train.resume import POLICY, rule_for
+from llmtools.train.resume_rules import DERIVED
 from llmtools.train.schedule import lr_factor
 from tests.writer.conftest import STEPS, records, run, snapshot, train_args
 

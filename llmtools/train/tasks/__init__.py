@@ -2,7 +2,9 @@
 
 Each task implements :class:`~llmtools.train.tasks.base.Task` (its data for a split, the loss of a
 micro-batch, the metrics it adds, its client state). The trainer builds one with :func:`make_task`
-and calls it; it never tests a task's name. A new task is a module here and a row in :data:`TASKS`.
+and calls it; it never tests a task's name. A new task is a module here and a row in :data:`TASKS`: its own
+section of the train config (``section``, ``section_type``, whose fields declare their resume rules) and
+what it refuses on resume (``refuse_resumed_change``) come with its class.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "check_task",
     "make_task",
     "score_tokens",
+    "task_sections",
 ]
 
 TASKS: dict[str, type[Task]] = {task.name: task for task in (PretrainTask, SftTask, DpoTask)}
@@ -52,10 +55,15 @@ def check_task(value, where: str) -> str:
     return value
 
 
+def task_sections() -> dict[str, type]:
+    """The tasks' own sections of the train config: ``name -> section class``."""
+    return {task.section: task.section_type for task in TASKS.values() if task.section is not None}
+
+
 def check_sections(config: TrainConfig) -> None:
     """A task's own section of the train config (``dpo:``) is allowed only with that task."""
     for task in TASKS.values():
-        if task.section and getattr(config, task.section, None) is not None and config.task != task.name:
+        if task.section and task.section in config.task_sections and config.task != task.name:
             raise InputError(
                 f"{config.source or '<train config>'}: {task.section}: only with task: {task.name} "
                 f"(this config has task: {config.task})"

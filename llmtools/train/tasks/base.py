@@ -154,9 +154,17 @@ class Task(ABC):
     and throughput count them all."""
     section: ClassVar[str | None] = None
     """The task's own section of the train config (``dpo:``), allowed only with this task."""
+    section_type: ClassVar[type | None] = None
+    """The dataclass of that section (its fields declare their resume rules, llmtools.train.resume_rules)."""
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
+
+    @classmethod
+    def refuse_resumed_change(cls, key: str, old: Any, new: Any) -> str | None:
+        """Why a resumed run of this task cannot take a config change the resume rules allow, with the way
+        out (the message's tail after the key and both values); None: it can."""
+        return None
 
     @property
     def where(self) -> str:

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
 from llmtools.errors import InputError
+from llmtools.train.resume_rules import APPLY, NEVER, OTHER_RUN, Rule, config_section, ruled
 from llmtools.train.tasks.base import LossOutput, RunContext, Task
 from llmtools.train.tasks.sft import EpochOrder
 
@@ -54,17 +54,26 @@ METRICS = (
 MAX_BETA = 100.0
 
 
-@dataclass
+@config_section(
+    whole=Rule(NEVER, "preference settings where the checkpoint had none (another task)", OTHER_RUN)
+)
 class DpoSection:
     """``dpo:`` in the train config (only with ``task: dpo``): the preference loss and its reference."""
 
-    beta: float = 0.1
+    beta: float = ruled(Rule(APPLY, "the preference loss and rewards use it from the next step on"), 0.1)
     """How far the policy may move from the reference: higher keeps it closer (IPO: the tau of the paper)."""
-    loss: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+    loss: Literal["sigmoid", "ipo", "hinge"] = ruled(
+        Rule(APPLY, "the preference loss from the next step on"), "sigmoid"
+    )
     """sigmoid (DPO), ipo, or hinge (SLiC)."""
-    label_smoothing: float = 0.0
+    label_smoothing: float = ruled(Rule(APPLY, "the preference loss uses it from the next step on"), 0.0)
     """Assumed share of flipped preference labels, in [0, 0.5) (conservative DPO; sigmoid only)."""
-    reference: str | None = None
+    reference: str | None = ruled(
+        Rule(APPLY, "read from there; used only if computed from the run's starting weights and data"),
+        None,
+        # an input of the run, and where it is read from does not change the weights
+        metadata={"input": True, "fingerprint": False},
+    )
     """A stored reference folder to use (another run's RUN/reference); refused unless computed from the same
     starting weights, model config, data and seq_length. Default: RUN/reference, computed when missing."""
 
@@ -243,12 +252,24 @@ class DpoTask(Task):
     metric_names = METRICS
     sequences_per_sample = 2
     section = "dpo"
+    section_type = DpoSection
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.settings: DpoSection = config.dpo or DpoSection()
+        self.settings: DpoSection = config.task_sections.get(self.section) or DpoSection()
         self.data: PrefTrainData | None = None
         self.reference_weights: str | None = None  # sha256 of the weights the reference was computed from
+
+    @classmethod
+    def refuse_resumed_change(cls, key: str, old: Any, new: Any) -> str | None:
+        if key == "model.init_from":
+            # DPO measures its rewards against a reference computed from the starting weights: refused
+            # here, before that reference is computed or config.yaml rewritten
+            return (
+                "a DPO run's reference was computed from the weights it started from: resume with "
+                f"model.init_from {old!r}, or {OTHER_RUN} with the new starting weights"
+            )
+        return None
 
     def open_data(self, split: str, samples_for: Callable[[int], int]) -> PrefTrainData:
         """The one ``llm-prep pref`` prefix, cycled for as many pairs as the run needs."""
