@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llmtools.errors import InputError, UsageError
+from llmtools.formats.pref_layout import KEYS, PREF_FORMAT, SIDES
 from llmtools.prep.chat_template import (
     MAX_RENDER_SECONDS,
     ChatTemplate,
@@ -68,20 +69,12 @@ from llmtools.prep.sft import (
     system_turn,
 )
 
-PREF_FORMAT = "llmtools.pref"
-SIDES = ("chosen", "rejected")
-KEYS = ("chosen_input_ids", "chosen_loss_mask", "rejected_input_ids", "rejected_loss_mask")
 ENCODE_BATCH = 128  # pairs rendered per tokenizer call (two renderings each)
 TRUNCATION = (
     "prompt first: a prompt over max_prompt_length keeps its last max_prompt_length tokens; then a pair whose "
     "prompt has max_length tokens or more is dropped, and a sequence over max_length keeps its first "
     "max_length tokens (overflow=drop drops the pair instead)"
 )
-
-
-def side_prefix(prefix: str, side: str) -> str:
-    """``PREFIX_chosen`` / ``PREFIX_rejected``: each an llm-prep sft prefix (``_input_ids``, ``_loss_mask``)."""
-    return f"{prefix}_{side}"
 
 
 @dataclass

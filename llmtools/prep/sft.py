@@ -12,7 +12,7 @@ Output (schema ``schemas/sft-sidecar.schema.json``): MMIDIDX datasets with one d
 a target, i.e. ``labels = input_ids[1:]`` is trained where ``loss_mask[1:] == 1``. With ``--pack``
 ``segment_ids`` (uint16) numbers the samples inside each sequence 1, 2, 3, ...: attention must
 stay within a segment and position ids restart at each new segment
-(:func:`position_ids_from_segments`).
+(:func:`llmtools.formats.sft_layout.position_ids_from_segments`).
 
 The whole rendering is tokenized in one call (as ``apply_chat_template(tokenize=True)`` does, so the
 ids are the same) and the character offsets of ``tokenizers`` map assistant spans to tokens. For
@@ -37,6 +37,7 @@ import numpy as np
 
 from llmtools.errors import InputError, UsageError
 from llmtools.formats import jsonfile
+from llmtools.formats.sft_layout import KEYS, SFT_FORMAT
 from llmtools.prep.chat_template import (
     MAX_RENDER_SECONDS,
     ChatTemplate,
@@ -49,8 +50,6 @@ from llmtools.prep.chat_template import (
 FORMATS = ("messages", "prompt-response", "alpaca")
 OVERFLOW = ("truncate", "drop")
 ROLES = ("system", "user", "assistant")
-SFT_FORMAT = "llmtools.sft"
-KEYS = ("input_ids", "loss_mask", "segment_ids")
 ENCODE_BATCH = 256  # renderings tokenized per call
 
 
@@ -471,26 +470,6 @@ class Packer:
         segments = np.concatenate([np.full(x.size, k + 1, dtype=np.int64) for k, x in enumerate(self.ids)])
         self.emit(np.concatenate(self.ids), np.concatenate(self.masks), segments)
         self.ids, self.masks = [], []
-
-
-def position_ids_from_segments(segment_ids: np.ndarray) -> np.ndarray:
-    """Position ids that restart at 0 at every new segment (what a packed sequence is trained with)."""
-    segment_ids = np.asarray(segment_ids)
-    n = segment_ids.size
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.flatnonzero(np.concatenate([[True], segment_ids[1:] != segment_ids[:-1]]))
-    base = np.zeros(n, dtype=np.int64)
-    base[starts] = starts
-    return np.arange(n, dtype=np.int64) - np.maximum.accumulate(base)
-
-
-def segment_attention_mask(segment_ids: np.ndarray) -> np.ndarray:
-    """``allowed[q, k]``: causal attention that never crosses a segment (sample) boundary."""
-    segment_ids = np.asarray(segment_ids)
-    n = segment_ids.size
-    same = segment_ids[:, None] == segment_ids[None, :]
-    return same & np.tri(n, dtype=bool)
 
 
 def build_sft(config: SftConfig, progress: bool | None = None) -> SftResult:
