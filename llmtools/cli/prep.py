@@ -249,7 +249,7 @@ def json2bin_cmd(
         log_interval=log_interval,
     )
     claim(
-        config.outputs(),
+        config.output().claimed(),
         inputs=input_paths([*all_inputs, tokenizer, tokenizer_model, vocab_file, merge_file]),
         force=force,
     )
@@ -482,10 +482,9 @@ def sample_corpus_cmd(
     ),
 ) -> None:
     from llmtools.cli.outputs import claim
-    from llmtools.formats.outputs import marker_path
-    from llmtools.prep.sample_corpus import corpus_paths, write_sample_corpus
+    from llmtools.prep.sample_corpus import corpus_output, write_sample_corpus
 
-    claim([p for path in corpus_paths(output, style) for p in (path, marker_path(path))], force=force)
+    claim(corpus_output(output, style).claimed(), force=force)
     for path in write_sample_corpus(output, docs=docs, seed=seed, styles=style, force=force):
         emit(str(path))
 
@@ -511,10 +510,9 @@ def sample_task_cmd(
     force: bool = typer.Option(False, "--force", help="Replace a task file written by llmtools."),
 ) -> None:
     from llmtools.cli.outputs import claim
-    from llmtools.formats.outputs import marker_path
-    from llmtools.prep.sample_corpus import write_arith_task
+    from llmtools.prep.sample_corpus import arith_task_output, write_arith_task
 
-    claim([output, marker_path(output)], force=force)
+    claim(arith_task_output(output).claimed(), force=force)
     emit(str(write_arith_task(output, examples=examples, seed=seed, force=force)))
 
 

@@ -98,7 +98,7 @@ def pref_cmd(
                         system_key=system_key, system_prompt=system_prompt, max_length=max_length,
                         max_prompt_length=max_prompt_length, overflow=overflow, split=split, skip_bad=skip_bad,
                         force=force, template_timeout=template_timeout)  # fmt: skip
-    claim(config.outputs(), inputs=input_paths([*inputs, tokenizer, chat_template]), force=force)
+    claim(config.output().claimed(), inputs=input_paths([*inputs, tokenizer, chat_template]), force=force)
     result = build_pref(config)
     report("llm-prep pref", result, as_json, quiet)
 
