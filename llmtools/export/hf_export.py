@@ -23,10 +23,8 @@ provenance that ``llm-prep hf2bin`` reads back). The folder appears only when co
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,6 +33,8 @@ import numpy as np
 
 from llmtools.errors import InputError, UsageError
 from llmtools.export.hf_card import dataset_card
+from llmtools.export.hf_rows import BATCH_ROWS, MixSamples, PageReleaser, PrefixBlocks, PrefixDocuments
+from llmtools.export.hf_shards import ArrowShardWriter, ParquetShardWriter
 from llmtools.formats import jsonfile
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
 from llmtools.formats.sidecar import read_sidecar
@@ -44,10 +44,6 @@ FORMATS = ("arrow", "parquet")
 MANIFEST_NAME = "llmtools.json"
 MANIFEST_FORMAT = "llmtools.hf-export"
 DEFAULT_SHARD_SIZE = 500 * 10**6
-# ~1000 rows per record batch is what `datasets` itself writes; cap the tokens too so one batch of
-# very long documents stays a few MB.
-BATCH_ROWS = 1000
-BATCH_TOKENS = 1 << 22
 
 _SIZE_UNITS = {
     "": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -148,322 +144,6 @@ class ExportResult:
             "columns": self.columns,
             "files": self.files,
         }
-
-
-# --------------------------------------------------------------------------------------------------
-# Row sources: each yields (columns dict of pyarrow arrays, tokens in the batch); they know the
-# total token count in advance for the progress bar.
-# --------------------------------------------------------------------------------------------------
-def _list_array(values: np.ndarray, offsets: np.ndarray):
-    """A ``list<values.dtype>`` array over ``values`` without copying them (int32 offsets, like `datasets`)."""
-    import pyarrow as pa
-
-    if offsets[-1] > np.iinfo(np.int32).max:
-        raise InputError(
-            f"one record batch would hold {int(offsets[-1])} tokens, more than a list column can"
-        )
-    values = np.ascontiguousarray(values)
-    value_type = pa.from_numpy_dtype(values.dtype)
-    child = pa.Array.from_buffers(value_type, values.size, [None, pa.py_buffer(values)])
-    offs = pa.py_buffer(np.ascontiguousarray(offsets, dtype=np.int32))
-    return pa.ListArray.from_buffers(pa.list_(value_type), offsets.size - 1, [None, offs], children=[child])
-
-
-class _PageReleaser:
-    """A private read-only mmap of the ``.bin`` whose already-exported pages we hand back to the OS.
-
-    File-backed pages count in a process's RSS until unmapped or dropped; dropping the ones behind
-    us keeps the resident set flat however large the source (the data stays in the page cache).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.size = path.stat().st_size
-        self._handle = open(path, "rb")  # noqa: SIM115 - closed in close()
-        self._map = mmap.mmap(self._handle.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
-        self._released = 0
-
-    def array(self, dtype: np.dtype) -> np.ndarray:
-        if self._map is None:
-            return np.empty(0, dtype=dtype)
-        return np.frombuffer(self._map, dtype=dtype, count=self.size // dtype.itemsize)
-
-    def release_before(self, byte: int) -> None:
-        """Drop the mapped pages below ``byte`` (rounded down to a page)."""
-        end = (byte // mmap.PAGESIZE) * mmap.PAGESIZE
-        if self._map is not None and hasattr(mmap, "MADV_DONTNEED") and end - self._released >= (1 << 24):
-            self._map.madvise(mmap.MADV_DONTNEED, self._released, end - self._released)
-            self._released = end
-
-    def close(self) -> None:
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # an exported array still points into it; the GC unmaps it later
-                pass
-        self._handle.close()
-
-
-class PrefixDocuments:
-    """One row per document of a ``.bin/.idx`` prefix (empty documents included, as empty lists).
-
-    The index is checked as it streams (pointers against lengths, document order), so a corrupt
-    index is reported with its byte offset instead of exporting garbage.
-    """
-
-    def __init__(self, reader: IndexedDatasetReader, out_dtype: np.dtype, batch_rows: int) -> None:
-        self.reader = reader
-        self.out_dtype = out_dtype
-        self.batch_rows = batch_rows
-        self.total_tokens = reader.num_tokens
-        self.num_rows = reader.num_documents
-        self.with_sequence_lengths = _has_multi_sequence_documents(reader)
-
-    def columns(self) -> dict[str, np.dtype | str]:
-        cols: dict[str, np.dtype | str] = {"input_ids": self.out_dtype}
-        if self.with_sequence_lengths:
-            cols["sequence_lengths"] = np.dtype(np.int32)
-        return cols
-
-    def batches(self, releaser: _PageReleaser) -> Iterator[tuple[dict, int]]:
-        # The reader validated the index on open: documents are runs of sequences laid end to end.
-        reader = self.reader
-        itemsize = reader.dtype.itemsize
-        flat = releaser.array(reader.dtype)
-        doc_idx = reader.document_indices
-        position = 0  # token position in .bin where the next document starts
-        a = 0
-        while a < self.num_rows:
-            b = self._batch_end(a)
-            seqs = np.asarray(doc_idx[a : b + 1], dtype=np.int64)
-            s0, s1 = int(seqs[0]), int(seqs[-1])
-            lengths = np.asarray(reader.sequence_lengths[s0:s1], dtype=np.int64)
-            cum = np.zeros(lengths.size + 1, dtype=np.int64)
-            np.cumsum(lengths, out=cum[1:])
-            offsets = cum[seqs - s0]
-            values = flat[position : position + int(cum[-1])]
-            cols = {"input_ids": _list_array(_cast_ids(values, self.out_dtype, reader.bin_file), offsets)}
-            if self.with_sequence_lengths:
-                cols["sequence_lengths"] = _list_array(lengths.astype(np.int32), seqs - s0)
-            position += int(cum[-1])
-            yield cols, int(cum[-1])
-            releaser.release_before(position * itemsize)
-            a = b
-
-    def _batch_end(self, a: int) -> int:
-        """End of the batch starting at document ``a``: ``batch_rows`` rows, or fewer when they are long."""
-        b = min(a + self.batch_rows, self.num_rows)
-        doc_idx, reader = self.reader.document_indices, self.reader
-        while b > a + 1:
-            s0, s1 = int(doc_idx[a]), int(doc_idx[b])
-            if s1 <= s0 or int(reader.sequence_lengths[s0:s1].sum(dtype=np.int64)) <= BATCH_TOKENS:
-                break
-            b = a + (b - a) // 2
-        return b
-
-
-class PrefixBlocks:
-    """The Hugging Face ``group_texts`` recipe: all tokens concatenated and cut into ``seq_length``
-    blocks; the remainder shorter than a block is dropped (as the recipe does)."""
-
-    def __init__(
-        self, reader: IndexedDatasetReader, out_dtype: np.dtype, seq_length: int, batch_rows: int
-    ) -> None:
-        self.reader = reader
-        self.out_dtype = out_dtype
-        self.seq_length = seq_length
-        self.num_rows = reader.num_tokens // seq_length
-        if self.num_rows == 0:  # an empty export that exits 0 would look like a result
-            raise InputError(
-                f"{reader.bin_file}: --seq-length {seq_length} is longer than all of its {reader.num_tokens} "
-                "tokens: no block could be written"
-            )
-        self.total_tokens = self.num_rows * seq_length
-        self.dropped_tokens = reader.num_tokens - self.total_tokens
-        self.rows_per_batch = max(1, min(batch_rows, BATCH_TOKENS // seq_length))
-
-    def columns(self) -> dict[str, np.dtype | str]:
-        return {"input_ids": self.out_dtype, "labels": self.out_dtype}
-
-    def batches(self, releaser: _PageReleaser) -> Iterator[tuple[dict, int]]:
-        flat = releaser.array(self.reader.dtype)
-        n = self.seq_length
-        for lo in range(0, self.num_rows, self.rows_per_batch):
-            hi = min(lo + self.rows_per_batch, self.num_rows)
-            values = _cast_ids(flat[lo * n : hi * n], self.out_dtype, self.reader.bin_file)
-            ids = _list_array(values, np.arange(hi - lo + 1, dtype=np.int64) * n)
-            yield {"input_ids": ids, "labels": ids}, (hi - lo) * n
-            releaser.release_before(hi * n * self.reader.dtype.itemsize)
-
-
-class MixSamples:
-    """The samples of a ``mix.json`` plan in plan order, exactly as the training dataset yields them.
-
-    Each row is one training sample of ``seq_length + 1`` tokens (Megatron's samples overlap by one
-    token: it trains on ``tokens[:-1] -> tokens[1:]``); ``labels == input_ids`` so a Hugging Face
-    causal-LM model, which shifts the labels itself, computes exactly the same loss.
-    """
-
-    def __init__(self, dataset, out_dtype: np.dtype, batch_rows: int) -> None:
-        self.dataset = dataset
-        self.out_dtype = out_dtype
-        self.row_length = int(dataset.seq_length) + 1
-        self.num_rows = len(dataset)
-        self.total_tokens = self.num_rows * self.row_length
-        self.rows_per_batch = max(1, min(batch_rows, BATCH_TOKENS // self.row_length))
-
-    def columns(self) -> dict[str, np.dtype | str]:
-        return {"input_ids": self.out_dtype, "labels": self.out_dtype}
-
-    def batches(self, releaser: _PageReleaser | None) -> Iterator[tuple[dict, int]]:
-        n = self.row_length
-        for lo in range(0, self.num_rows, self.rows_per_batch):
-            hi = min(lo + self.rows_per_batch, self.num_rows)
-            block = np.asarray(self.dataset.batch(np.arange(lo, hi, dtype=np.int64)))
-            values = _cast_ids(block.reshape(-1), self.out_dtype, "mix sample")
-            ids = _list_array(values, np.arange(hi - lo + 1, dtype=np.int64) * n)
-            yield {"input_ids": ids, "labels": ids}, (hi - lo) * n
-
-
-def _cast_ids(values: np.ndarray, dtype: np.dtype, origin) -> np.ndarray:
-    if values.dtype == dtype:
-        return values
-    if values.size and not np.can_cast(values.dtype, dtype):
-        lo, hi = int(values.min()), int(values.max())
-        info = np.iinfo(dtype)
-        if lo < info.min or hi > info.max:
-            raise InputError(
-                f"{origin}: token id {hi if hi > info.max else lo} does not fit {dtype} (vocabulary size wrong?)"
-            )
-    return values.astype(dtype)
-
-
-def _has_multi_sequence_documents(reader: IndexedDatasetReader, chunk: int = 1 << 22) -> bool:
-    """True when some document is not exactly one non-empty sequence (``--split-sentences`` output)."""
-    if reader.num_sequences == reader.num_documents and reader.num_sequences == 0:
-        return False
-    doc_idx = reader.document_indices
-    for lo in range(0, doc_idx.size - 1, chunk):
-        part = np.asarray(doc_idx[lo : lo + chunk + 1])
-        if np.any(np.diff(part) > 1):
-            return True
-    for lo in range(0, reader.num_sequences, chunk):
-        if np.any(np.asarray(reader.sequence_lengths[lo : lo + chunk]) == 0):
-            return True
-    return False
-
-
-# --------------------------------------------------------------------------------------------------
-# Shard writers
-# --------------------------------------------------------------------------------------------------
-class _ShardWriter:
-    """Writes record batches into ``num_shards`` shards of equal row counts (as ``save_to_disk`` does),
-    under temporary names, renamed to their final names by :meth:`finish`."""
-
-    suffix = ""
-
-    def __init__(self, folder: Path, schema, num_rows: int, num_shards: int, split: str) -> None:
-        self.folder = folder
-        self.schema = schema
-        self.split = split
-        self.rows_per_shard = max(1, -(-num_rows // max(1, num_shards)))
-        self.shards: list[Path] = []
-        self._writer = None
-        self._rows = 0
-
-    def write(self, batch) -> None:
-        offset = 0
-        while offset < batch.num_rows:
-            if self._writer is None or self._rows >= self.rows_per_shard:
-                self._close_shard()
-                self._open_shard(self.folder / f"shard-{len(self.shards):05d}{self.suffix}.part")
-                self._rows = 0
-            take = min(batch.num_rows - offset, self.rows_per_shard - self._rows)
-            part = batch if take == batch.num_rows else batch.slice(offset, take)  # zero-copy
-            self._writer.write_batch(part)
-            self._rows += take
-            offset += take
-
-    def _open_shard(self, path: Path) -> None:
-        raise NotImplementedError
-
-    def _close_shard(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-    def finish(self) -> list[Path]:
-        if not self.shards:  # an empty source still gives a valid, empty dataset
-            self._open_shard(self.folder / f"shard-00000{self.suffix}.part")
-        self._close_shard()
-        final = []
-        for i, path in enumerate(self.shards):
-            target = self.folder / self.final_name(i, len(self.shards))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(path, target)
-            final.append(target)
-        return final
-
-    def final_name(self, i: int, n: int) -> str:
-        raise NotImplementedError
-
-
-def _sink(path: Path):
-    """A file to write a shard into: pyarrow's own (no Python in the write path) when the path is UTF-8
-    text, which is all pyarrow takes; a Python file otherwise (a path is any bytes the filesystem allows)."""
-    import pyarrow as pa
-
-    try:
-        text = os.fsdecode(path)
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return open(path, "wb")  # noqa: SIM115 - closed in _close_shard
-    return pa.OSFile(text, "wb")
-
-
-class ArrowShardWriter(_ShardWriter):
-    """``datasets``' on-disk layout: Arrow streaming IPC files ``data-XXXXX-of-NNNNN.arrow``."""
-
-    suffix = ".arrow"
-
-    def _open_shard(self, path: Path) -> None:
-        import pyarrow as pa
-
-        self._sink = _sink(path)
-        self._writer = pa.ipc.new_stream(self._sink, self.schema)
-        self.shards.append(path)
-
-    def _close_shard(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._sink.close()
-            self._writer = None
-
-    def final_name(self, i: int, n: int) -> str:
-        return f"data-{i:05d}-of-{n:05d}.arrow"
-
-
-class ParquetShardWriter(_ShardWriter):
-    """Parquet shards named as on the Hub (``data/train-00000-of-00002.parquet``)."""
-
-    suffix = ".parquet"
-
-    def _open_shard(self, path: Path) -> None:
-        import pyarrow.parquet as pq
-
-        # Parquet stores uint16 as 4-byte INT32: zstd wins back the space at ~2x the speed of the default
-        # dictionary encoding (measured on token ids: 12M vs 7M tokens/s, same size).
-        self._sink = _sink(path)
-        self._writer = pq.ParquetWriter(self._sink, self.schema, compression="zstd", use_dictionary=False)
-        self.shards.append(path)
-
-    def _close_shard(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._sink.close()
-            self._writer = None
-
-    def final_name(self, i: int, n: int) -> str:
-        return f"data/{self.split}-{i:05d}-of-{n:05d}.parquet"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -609,7 +289,7 @@ def _export_hf(config: ExportConfig) -> ExportResult:
             int(_estimated_bytes(rows, columns) // config.shard_size) + 1
         )  # the rule save_to_disk uses
         writer = writer_cls(tmp, schema, rows.num_rows, num_shards, config.split)
-        releaser = _PageReleaser(reader.bin_file) if reader is not None else None
+        releaser = PageReleaser(reader.bin_file) if reader is not None else None
         bar = Progress(rows.total_tokens, "export", unit="tok", enabled=config.progress is not False)
         try:
             for cols, ntok in rows.batches(releaser):
