@@ -75,7 +75,7 @@ def merge_cmd(
         items.append(os.path.join(glob.escape(input_dir), "*"))
     if not items:
         raise UsageError("give the datasets to merge: PREFIX... (globs, @list.txt) or --input DIR")
-    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.cli.claim import claim, input_paths
     from llmtools.formats.pathlists import expand_prefixes
     from llmtools.prep.merge import merge_output
 

@@ -90,7 +90,7 @@ def pref_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary on stderr."),
 ) -> None:
-    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.cli.claim import claim, input_paths
     from llmtools.prep.pref import PrefConfig, build_pref
 
     config = PrefConfig(inputs=inputs, tokenizer=tokenizer, output_prefix=output, chat_template=chat_template,

@@ -85,7 +85,7 @@ def sft_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary on stderr."),
 ) -> None:
-    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.cli.claim import claim, input_paths
     from llmtools.prep.sft import SftConfig, build_sft
 
     config = SftConfig(inputs=inputs, tokenizer=tokenizer, output_prefix=output, format=fmt,

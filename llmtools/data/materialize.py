@@ -70,7 +70,7 @@ def materialize(
         written = commit_with_sidecars([writer], {prefix: sidecar} if tok is not None else {}, last, group)
     sidecars = [p for p in written if mix_json is None or p != Path(mix_path)]
     if tok is None:  # ...but markers say llmtools wrote it (what --force may replace)
-        from llmtools.formats.outputs import write_marker
+        from llmtools.formats.output_marks import write_marker
 
         for path in (bin_path(prefix), idx_path(prefix)):
             write_marker(path, "llm-mix --materialize", mix=str(mix_path) if mix_path else None)

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, idx_path
-from llmtools.formats.outputs import marker_path, write_marker
+from llmtools.formats.output_marks import marker_path, write_marker
 from llmtools.formats.sidecar import commit_with_sidecars, sidecar_path
 from llmtools.fsutil import TMP_MARK, AtomicGroup, check_writable, disk_full_error
 from llmtools.locks import lock_output

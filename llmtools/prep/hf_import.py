@@ -343,7 +343,7 @@ class Hf2BinConfig:
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        from llmtools.formats.outputs import check_output_prefix
+        from llmtools.formats.output_marks import check_output_prefix
 
         check_output_prefix(self.output_prefix, "--output")
         if self.json_keys is not None:

@@ -54,7 +54,7 @@ from llmtools.formats.sidecar import build_sidecar
 from llmtools.prep.dataset_output import DatasetOutput
 from llmtools.prep.encode_guard import batch_places, encode_located
 from llmtools.prep.partitions import PartitionedWriter
-from llmtools.prep.shards import ShardPlan, ShardSpec
+from llmtools.prep.shards import ShardAssignment, ShardSpec
 from llmtools.prep.sources import DocumentSource, join_texts
 from llmtools.tokenize.megatron import MegatronTokenizerArgs
 
@@ -115,7 +115,7 @@ class Json2BinConfig:
                 "--special-tokens with --tokenizer-type: Megatron's flags decide what special-token strings "
                 "become (--legacy-tokenizer for the legacy system's behaviour)"
             )
-        from llmtools.formats.outputs import check_output_prefix
+        from llmtools.formats.output_marks import check_output_prefix
 
         check_output_prefix(self.output_prefix, "--output")
         if not self.json_keys or any(not k for k in self.json_keys):
@@ -423,7 +423,7 @@ def json2bin(
 
 
 def _json2bin(config: Json2BinConfig, source: DocumentSource | None, output: DatasetOutput) -> Json2BinResult:
-    shard_plan: ShardPlan | None = None
+    assignment: ShardAssignment | None = None
     if source is None:
         from llmtools.prep.jsonl import JsonlSource, expand_inputs
 
@@ -433,8 +433,8 @@ def _json2bin(config: Json2BinConfig, source: DocumentSource | None, output: Dat
         if config.shard is not None:
             from llmtools.prep.shards import plan_shards
 
-            shard_plan = plan_shards(expand_inputs(inputs), config.shard)
-            inputs = shard_plan.mine  # may be none: the shard is then an empty dataset
+            assignment = plan_shards(expand_inputs(inputs), config.shard)
+            inputs = assignment.mine  # may be none: the shard is then an empty dataset
         source = JsonlSource(inputs, skip_bad=config.skip_bad, chunk_bytes=config.chunk_bytes)
     elif config.shard is not None:
         raise UsageError("--shard applies to JSONL inputs; this source cannot be sharded")
@@ -463,7 +463,7 @@ def _json2bin(config: Json2BinConfig, source: DocumentSource | None, output: Dat
         paths=[],
         workers=config.workers,
         dtype=dtype.name,
-        shard=shard_plan.record() if shard_plan is not None else None,
+        shard=assignment.record() if assignment is not None else None,
     )
     skipped: dict[str, int] = {}
     progress = _Progress(config.progress, source.total_bytes, config.log_interval)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader, bin_path, idx_path, strip_suffix
-from llmtools.formats.outputs import check_output_prefix, marker_path
+from llmtools.formats.output_marks import check_output_prefix, marker_path
 from llmtools.formats.pathlists import expand_prefixes
 from llmtools.formats.sidecar import build_sidecar, read_sidecar, sidecar_path
 from llmtools.prep.dataset_output import DatasetOutput

@@ -129,7 +129,7 @@ class PrefConfig:
             )
         if len({self.prompt_key, self.chosen_key, self.rejected_key}) != 3:
             raise UsageError("--prompt-key, --chosen-key, --rejected-key: must be three different keys")
-        from llmtools.formats.outputs import check_output_prefix
+        from llmtools.formats.output_marks import check_output_prefix
 
         check_output_prefix(self.output_prefix, "--output")
 

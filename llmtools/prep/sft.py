@@ -96,7 +96,7 @@ class SftConfig:
             raise UsageError(f"--max-length: must be at least 1, got {self.max_length}")
         if self.pack and self.max_length is None:
             raise UsageError("--pack: needs --max-length (the length of a packed sequence)")
-        from llmtools.formats.outputs import check_output_prefix
+        from llmtools.formats.output_marks import check_output_prefix
 
         check_output_prefix(self.output_prefix, "--output")
 

@@ -88,7 +88,7 @@ def iter_jsonl_texts(inputs: Sequence[str], keys: Sequence[str], skip_bad: bool 
 
 def outputs(output: str | os.PathLike) -> list[Path]:
     """What :func:`train_tokenizer` writes: the tokenizer and its marker."""
-    from llmtools.formats.outputs import marker_path
+    from llmtools.formats.output_marks import marker_path
 
     return [Path(output), marker_path(output)]
 
@@ -102,7 +102,7 @@ def train_tokenizer(
 ) -> dict:
     """Train from JSONL ``inputs`` and write ``output`` (tokenizer.json) atomically, with the marker that
     says llmtools wrote it (``tokenizer.json.llmtools.json``). Returns a summary."""
-    from llmtools.formats.outputs import write_marker
+    from llmtools.formats.output_marks import write_marker
     from llmtools.fsutil import check_writable, write_text_atomic
     from llmtools.locks import lock_output
 

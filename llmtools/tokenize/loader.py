@@ -66,7 +66,7 @@ def _load(spec: str | os.PathLike, backend: str, special_tokens: str, defer_prob
         raise UsageError(f"--backend: unknown backend {backend!r} (choose one of {', '.join(BACKENDS)})")
     text = str(spec)
     if text == "byte":
-        from llmtools.tokenize.byte import ByteTokenizer
+        from llmtools.tokenize.byte_tokenizer import ByteTokenizer
 
         return ByteTokenizer(policy=special_tokens)
     path = Path(text)

@@ -215,7 +215,7 @@ def make_plan(
             valid = None
     eval_byte_lengths = None
     if valid is not None:
-        from llmtools.tokenize.bytes import byte_lengths_for
+        from llmtools.tokenize.token_bytes import byte_lengths_for
 
         eval_byte_lengths, why = byte_lengths_for(valid.tokenizer)
         if why is not None:

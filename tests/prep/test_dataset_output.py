@@ -10,7 +10,7 @@ import pytest
 
 from llmtools.errors import OutputExistsError
 from llmtools.formats.indexed import IndexedDatasetReader
-from llmtools.formats.outputs import marker_path, not_ours
+from llmtools.formats.output_marks import marker_path, not_ours
 from llmtools.formats.sidecar import build_sidecar
 from llmtools.fsutil import TMP_MARK
 from llmtools.prep.dataset_output import DatasetOutput

@@ -21,7 +21,7 @@ sample-corpus JSONL, sidecar-less           with its size and sha256: an edited 
 ==========================================  ===========================================================
 
 :func:`not_ours` says why a path is not one of ours (None when it is); the decision of what a command may
-replace is :func:`llmtools.cli.outputs.claim`'s.
+replace is :func:`llmtools.cli.claim.claim`'s.
 """
 
 from __future__ import annotations
