@@ -31,14 +31,20 @@ from pathlib import Path
 
 import numpy as np
 
+from llmtools import __version__
+from llmtools.data.dataset import BlendedGPTDataset
 from llmtools.errors import InputError, UsageError
 from llmtools.export.hf_card import dataset_card
 from llmtools.export.hf_rows import BATCH_ROWS, MixSamples, PageReleaser, PrefixBlocks, PrefixDocuments
 from llmtools.export.hf_shards import ArrowShardWriter, ParquetShardWriter
 from llmtools.formats import jsonfile
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
+from llmtools.formats.mix import read_mix
 from llmtools.formats.sidecar import read_sidecar
 from llmtools.fsutil import atomic_dir, check_writable
+from llmtools.locks import lock_output
+from llmtools.progress import Progress
+from llmtools.tokenize import load_tokenizer
 
 FORMATS = ("arrow", "parquet")
 MANIFEST_NAME = "llmtools.json"
@@ -165,8 +171,6 @@ class _Detokenizer:
     """Adds the ``text`` column; drops the EOD that ``--append-eod`` added so texts come back as written."""
 
     def __init__(self, spec: str, sidecar: dict | None, strip_eod: bool) -> None:
-        from llmtools.tokenize import load_tokenizer
-
         self.tokenizer = load_tokenizer(spec)
         known = (sidecar or {}).get("tokenizer") or {}
         mine = self.tokenizer.identity()
@@ -194,8 +198,6 @@ class _Detokenizer:
 
 def input_files(config: ExportConfig) -> list[Path]:
     """What an export reads: the prefix's files, or the mix.json, its cache and its sources' files."""
-    from llmtools.formats.mix import read_mix
-
     if not config.is_mix:
         prefix = strip_suffix(config.source)
         return [Path(f"{prefix}{suffix}") for suffix in (".bin", ".idx", ".json")]
@@ -234,9 +236,6 @@ def open_source(config: ExportConfig):
 
 def _open_mix(config: ExportConfig):
     """A mix.json is always exported as its training samples (``--packed`` is implied)."""
-    from llmtools.data.dataset import BlendedGPTDataset
-    from llmtools.formats.mix import read_mix
-
     plan = read_mix(config.source)
     dataset = BlendedGPTDataset.from_mix(str(config.source), split=config.split)
     if config.seq_length is not None and config.seq_length != dataset.seq_length:
@@ -260,8 +259,6 @@ def _open_mix(config: ExportConfig):
 
 def export_hf(config: ExportConfig) -> ExportResult:
     """Export ``config.source`` to ``config.output``; the folder appears only once complete."""
-    from llmtools.locks import lock_output
-
     with lock_output(config.output):  # one writer per output folder, from the existence check on
         return _export_hf(config)
 
@@ -281,7 +278,6 @@ def _export_hf(config: ExportConfig) -> ExportResult:
     schema = features.arrow_schema
     mode = "packed" if config.packed else "documents"
     result = ExportResult(config.output, config.format, mode, columns=list(columns))
-    from llmtools.progress import Progress
 
     with atomic_dir(config.output, force=config.force) as tmp:
         writer_cls = ArrowShardWriter if config.format == "arrow" else ParquetShardWriter
@@ -361,8 +357,6 @@ def _write_save_to_disk_metadata(
 
 
 def _manifest(config: ExportConfig, result: ExportResult, rows, provenance: dict, features) -> dict:
-    from llmtools import __version__
-
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": 1,

@@ -43,6 +43,7 @@ class ShardWriter:
     def _close_shard(self) -> None:
         if self._writer is not None:
             self._writer.close()
+            self._sink.close()  # the file under the writer (see _sink), opened by _open_shard
             self._writer = None
 
     def finish(self) -> list[Path]:
@@ -86,12 +87,6 @@ class ArrowShardWriter(ShardWriter):
         self._writer = pa.ipc.new_stream(self._sink, self.schema)
         self.shards.append(path)
 
-    def _close_shard(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._sink.close()
-            self._writer = None
-
     def final_name(self, i: int, n: int) -> str:
         return f"data-{i:05d}-of-{n:05d}.arrow"
 
@@ -109,12 +104,6 @@ class ParquetShardWriter(ShardWriter):
         self._sink = _sink(path)
         self._writer = pq.ParquetWriter(self._sink, self.schema, compression="zstd", use_dictionary=False)
         self.shards.append(path)
-
-    def _close_shard(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._sink.close()
-            self._writer = None
 
     def final_name(self, i: int, n: int) -> str:
         return f"data/{self.split}-{i:05d}-of-{n:05d}.parquet"

@@ -22,6 +22,7 @@ import numpy as np
 
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.indexed import dtype_for_vocab
+from llmtools.formats.output_marks import check_output_prefix
 from llmtools.formats.sidecar import build_sidecar
 from llmtools.prep.dataset_output import DatasetOutput
 from llmtools.prep.hf_open import BATCH_ROWS, ArrowSource, open_hf
@@ -343,8 +344,6 @@ class Hf2BinConfig:
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        from llmtools.formats.output_marks import check_output_prefix
-
         check_output_prefix(self.output_prefix, "--output")
         if self.json_keys is not None:
             self.json_keys = tuple(self.json_keys)

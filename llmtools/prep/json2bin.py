@@ -48,15 +48,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from llmtools import interrupt
 from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure, UsageError
 from llmtools.formats.indexed import dtype_for_vocab
+from llmtools.formats.output_marks import check_output_prefix
 from llmtools.formats.sidecar import build_sidecar
 from llmtools.prep.dataset_output import DatasetOutput
 from llmtools.prep.encode_guard import batch_places, encode_located
+from llmtools.prep.jsonl import JsonlSource, expand_inputs
 from llmtools.prep.partitions import PartitionedWriter
-from llmtools.prep.shards import ShardAssignment, ShardSpec
+from llmtools.prep.shards import ShardAssignment, ShardSpec, plan_shards
 from llmtools.prep.sources import DocumentSource, join_texts
-from llmtools.tokenize.megatron import MegatronTokenizerArgs
+from llmtools.progress import Progress
+from llmtools.tokenize import load_tokenizer
+from llmtools.tokenize.megatron import MegatronTokenizerArgs, load_megatron_tokenizer
 
 MAX_WORKERS = 1024  # processes or threads: more is a typo (and a fork bomb), not a machine
 
@@ -115,7 +120,6 @@ class Json2BinConfig:
                 "--special-tokens with --tokenizer-type: Megatron's flags decide what special-token strings "
                 "become (--legacy-tokenizer for the legacy system's behaviour)"
             )
-        from llmtools.formats.output_marks import check_output_prefix
 
         check_output_prefix(self.output_prefix, "--output")
         if not self.json_keys or any(not k for k in self.json_keys):
@@ -259,8 +263,6 @@ _WORKER: dict = {}
 
 
 def _init_worker(tokenizer, keys, append_eod, dtype, skip_bad, parent: int) -> None:
-    from llmtools import interrupt
-
     # SIGTERM/SIGINT reach the whole process group (Ctrl-C, Slurm): the parent alone decides; it kills
     # its workers when it stops.
     interrupt.reset_in_child()
@@ -425,14 +427,10 @@ def json2bin(
 def _json2bin(config: Json2BinConfig, source: DocumentSource | None, output: DatasetOutput) -> Json2BinResult:
     assignment: ShardAssignment | None = None
     if source is None:
-        from llmtools.prep.jsonl import JsonlSource, expand_inputs
-
         if not config.inputs:
             raise UsageError("json2bin: give at least one INPUT (a JSONL file, a glob, or - for stdin)")
         inputs = config.inputs
         if config.shard is not None:
-            from llmtools.prep.shards import plan_shards
-
             assignment = plan_shards(expand_inputs(inputs), config.shard)
             inputs = assignment.mine  # may be none: the shard is then an empty dataset
         source = JsonlSource(inputs, skip_bad=config.skip_bad, chunk_bytes=config.chunk_bytes)
@@ -441,12 +439,8 @@ def _json2bin(config: Json2BinConfig, source: DocumentSource | None, output: Dat
     # gigatoken encodes in this process on its thread pool, sized (once, at first use) from this variable.
     os.environ["RAYON_NUM_THREADS"] = str(config.workers)
     if config.megatron is not None:
-        from llmtools.tokenize.megatron import load_megatron_tokenizer
-
         tok = load_megatron_tokenizer(config.megatron, backend=config.backend, defer_probe=True)
     else:
-        from llmtools.tokenize import load_tokenizer
-
         tok = load_tokenizer(
             config.tokenizer, backend=config.backend, special_tokens=config.special_tokens, defer_probe=True
         )
@@ -561,7 +555,6 @@ class _Progress:
 
     def __init__(self, enabled: bool | None, total: int | None, log_interval: int | None = None) -> None:
         # Megatron's lines (--log-interval) replace ours, on a terminal or not; -q silences both.
-        from llmtools.progress import Progress
 
         self.log_interval = log_interval if enabled is not False else None
         self.docs = self.tokens = self.nbytes = 0

@@ -51,6 +51,7 @@ import numpy as np
 
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.indexed import dtype_for_vocab
+from llmtools.formats.output_marks import check_output_prefix
 from llmtools.formats.pref_layout import KEYS, PREF_FORMAT, SIDES
 from llmtools.formats.sidecar import build_sidecar
 from llmtools.prep.chat_template import (
@@ -129,7 +130,6 @@ class PrefConfig:
             )
         if len({self.prompt_key, self.chosen_key, self.rejected_key}) != 3:
             raise UsageError("--prompt-key, --chosen-key, --rejected-key: must be three different keys")
-        from llmtools.formats.output_marks import check_output_prefix
 
         check_output_prefix(self.output_prefix, "--output")
 

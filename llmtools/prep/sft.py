@@ -37,6 +37,7 @@ import numpy as np
 from llmtools.errors import InputError, UsageError
 from llmtools.formats import jsonfile
 from llmtools.formats.indexed import dtype_for_vocab
+from llmtools.formats.output_marks import check_output_prefix
 from llmtools.formats.sft_layout import KEYS, SFT_FORMAT
 from llmtools.formats.sidecar import build_sidecar
 from llmtools.prep.chat_template import (
@@ -48,6 +49,10 @@ from llmtools.prep.chat_template import (
     split_note,
 )
 from llmtools.prep.dataset_output import DatasetOutput
+from llmtools.prep.encode_guard import guarded
+from llmtools.prep.hf_import import file_inputs
+from llmtools.prep.hf_open import looks_like_hf, open_hf
+from llmtools.prep.jsonl import JsonlSource
 from llmtools.tokenize import load_tokenizer
 
 FORMATS = ("messages", "prompt-response", "alpaca")
@@ -96,7 +101,6 @@ class SftConfig:
             raise UsageError(f"--max-length: must be at least 1, got {self.max_length}")
         if self.pack and self.max_length is None:
             raise UsageError("--pack: needs --max-length (the length of a packed sequence)")
-        from llmtools.formats.output_marks import check_output_prefix
 
         check_output_prefix(self.output_prefix, "--output")
 
@@ -287,7 +291,6 @@ class SampleEncoder:
         (``file:line`` of each rendering): a tokenizer failure is an :class:`InputError` naming it."""
         if places is None:
             return self._encode_rendered(rendered)
-        from llmtools.prep.encode_guard import guarded
 
         return guarded(
             lambda: self._encode_rendered(rendered),
@@ -360,8 +363,6 @@ def iter_records(config, inputs: list[dict], skipped: dict[str, int]) -> Iterato
     Malformed lines are yielded as :class:`BadSample` (the caller decides: stop or count).
     ``inputs`` gets the sidecar entries of what was read.
     """
-    from llmtools.prep.hf_open import looks_like_hf
-
     for spec in config.inputs:
         if spec != "-" and looks_like_hf(spec):
             yield from _hf_records(spec, config, inputs)
@@ -370,8 +371,6 @@ def iter_records(config, inputs: list[dict], skipped: dict[str, int]) -> Iterato
 
 
 def _jsonl_records(spec: str, config, inputs: list[dict], skipped: dict[str, int]):
-    from llmtools.prep.jsonl import JsonlSource
-
     source = JsonlSource([spec], skip_bad=config.skip_bad)
     for chunk in source.batches():
         rows = chunk.data.split(b"\n")
@@ -431,9 +430,6 @@ def _lone_surrogate(value, path: str) -> str | None:
 
 
 def _hf_records(spec: str, config, inputs: list[dict]):
-    from llmtools.prep.hf_import import file_inputs
-    from llmtools.prep.hf_open import open_hf
-
     table = open_hf(spec, config.split)
     have = set(table.schema.names)
     needed, optional = config.hf_columns()
