@@ -42,7 +42,7 @@ def check_writable(paths, force: bool) -> None:
     """Refuse to overwrite any existing output unless ``force`` (an empty folder holds nothing to lose).
 
     The library's own guard; what ``--force`` may replace is decided before, by the CLI
-    (:func:`llmtools.cli.outputs.claim`).
+    (:func:`llmtools.cli.claim.claim`).
     """
     for path in paths:
         path = Path(path)

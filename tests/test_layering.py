@@ -209,3 +209,20 @@ def test_the_rules_catch_what_they_are_meant_to():
     assert "llmtools/ckpt/x.py:7: ckpt -> train" in _report(bad)
     found = cycles([arrow("ckpt", "model"), arrow("model", "ckpt"), arrow("train", "ckpt")])
     assert len(found) == 1 and "packages ckpt, model import each other" in found[0]
+
+
+# What training reads never imports offline preparation: the file layouts they share live in formats/.
+NEVER_IMPORT_PREP = {"data", "train"}
+
+
+def prep_arrows(all_arrows: list[Arrow]) -> list[Arrow]:
+    return [a for a in all_arrows if a.source in NEVER_IMPORT_PREP and a.ours and a.target == "prep"]
+
+
+def test_data_and_train_never_import_prep():
+    found = prep_arrows(arrows())
+    assert not found, "data/ and train/ import prep/ (file layouts belong in formats/):\n" + "\n".join(
+        f"  {a}" for a in found
+    )
+    control = [Arrow("llmtools/data/x.py", 3, "data", "prep", True, "llmtools.prep.sft")]
+    assert prep_arrows(control) == control

@@ -251,7 +251,7 @@ def convert_(
     ),
 ) -> None:
     from llmtools.ckpt.convert import ConvertConfig, convert
-    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.cli.claim import claim, input_paths
 
     config = ConvertConfig(
         checkpoint=checkpoint,
@@ -357,7 +357,7 @@ def import_hf_(
     force: bool = typer.Option(False, "--force", help="Replace an earlier output of llmtools."),
 ) -> None:
     from llmtools.ckpt.convert import import_hf
-    from llmtools.cli.outputs import claim
+    from llmtools.cli.claim import claim
 
     if not hf_dir.is_dir():
         raise InputError(f"{hf_dir}: not a folder")

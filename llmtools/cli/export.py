@@ -64,7 +64,7 @@ def hf(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of the output path."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
 ) -> None:
-    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.cli.claim import claim, input_paths
     from llmtools.export.hf_export import ExportConfig, export_hf, input_files, parse_size
 
     config = ExportConfig(

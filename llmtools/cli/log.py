@@ -126,7 +126,7 @@ def tb(
     ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No counts on stderr."),
 ) -> None:
-    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.cli.claim import claim, input_paths
     from llmtools.logs.tb import TbConfig, convert
 
     claim([logdir], inputs=input_paths(logs), adds=True)
@@ -186,7 +186,7 @@ MLFLOW_HELP = TRACK_HELP.format(
 def _upload(
     tracker: str, logs, folder, project, tracking_uri, fmt, pattern, follow, poll, seq_length, as_json, quiet
 ):
-    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.cli.claim import claim, input_paths
     from llmtools.logs.upload import UploadConfig, upload
 
     claim([folder], inputs=input_paths(logs), adds=True)
@@ -279,7 +279,7 @@ def plot(
     force: bool = typer.Option(False, "--force", help="Replace a PNG llmtools drew earlier."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No counts on stderr."),
 ) -> None:
-    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.cli.claim import claim, input_paths
     from llmtools.errors import InputError
     from llmtools.logs.plot import PlotConfig, plot_runs
     from llmtools.logs.runs import collect_curves

@@ -169,12 +169,12 @@ def mix(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
 ) -> None:
     from llmtools.cli import mix_args
-    from llmtools.cli.outputs import claim
+    from llmtools.cli.claim import claim
     from llmtools.data import mix as lib
     from llmtools.data.mix_json import plan_to_json
     from llmtools.errors import UsageError
     from llmtools.formats.indexed import strip_suffix
-    from llmtools.formats.outputs import marker_path
+    from llmtools.formats.output_marks import marker_path
 
     if output is None and not explain:
         raise UsageError("-o/--output mix.json is required (or --explain for a dry run)")

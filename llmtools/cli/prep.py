@@ -167,7 +167,7 @@ def json2bin_cmd(
 ) -> None:
     import os
 
-    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.cli.claim import claim, input_paths
     from llmtools.errors import UsageError
     from llmtools.prep.json2bin import Json2BinConfig, json2bin
     from llmtools.prep.shards import parse_shard, shard_from_environment
@@ -249,7 +249,7 @@ def json2bin_cmd(
         log_interval=log_interval,
     )
     claim(
-        config.outputs(),
+        config.output().claimed(),
         inputs=input_paths([*all_inputs, tokenizer, tokenizer_model, vocab_file, merge_file]),
         force=force,
     )
@@ -438,7 +438,7 @@ def tokenizer_train_cmd(
     force: bool = typer.Option(False, "--force", help="Replace an earlier tokenizer written by llmtools."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of the path."),
 ) -> None:
-    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.cli.claim import claim, input_paths
     from llmtools.prep.tokenizer_train import TrainConfig, outputs, train_tokenizer
 
     keys = _keys(json_keys)
@@ -481,11 +481,10 @@ def sample_corpus_cmd(
         False, "--force", help="Replace an earlier sample corpus written by llmtools."
     ),
 ) -> None:
-    from llmtools.cli.outputs import claim
-    from llmtools.formats.outputs import marker_path
-    from llmtools.prep.sample_corpus import corpus_paths, write_sample_corpus
+    from llmtools.cli.claim import claim
+    from llmtools.prep.sample_corpus import corpus_output, write_sample_corpus
 
-    claim([p for path in corpus_paths(output, style) for p in (path, marker_path(path))], force=force)
+    claim(corpus_output(output, style).claimed(), force=force)
     for path in write_sample_corpus(output, docs=docs, seed=seed, styles=style, force=force):
         emit(str(path))
 
@@ -510,11 +509,10 @@ def sample_task_cmd(
     seed: int = typer.Option(1234, "--seed", help="Seed; the same seed gives the same bytes."),
     force: bool = typer.Option(False, "--force", help="Replace a task file written by llmtools."),
 ) -> None:
-    from llmtools.cli.outputs import claim
-    from llmtools.formats.outputs import marker_path
-    from llmtools.prep.sample_corpus import write_arith_task
+    from llmtools.cli.claim import claim
+    from llmtools.prep.sample_corpus import arith_task_output, write_arith_task
 
-    claim([output, marker_path(output)], force=force)
+    claim(arith_task_output(output).claimed(), force=force)
     emit(str(write_arith_task(output, examples=examples, seed=seed, force=force)))
 
 

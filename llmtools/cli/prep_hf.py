@@ -64,7 +64,7 @@ def hf2bin_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary on stderr."),
 ) -> None:
-    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.cli.claim import claim, input_paths
     from llmtools.prep.hf_import import Hf2BinConfig, hf2bin, hf2bin_outputs
 
     keys = [k.strip() for item in json_keys or [] for k in item.split(",") if k.strip()] or None

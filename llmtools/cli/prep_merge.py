@@ -75,16 +75,13 @@ def merge_cmd(
         items.append(os.path.join(glob.escape(input_dir), "*"))
     if not items:
         raise UsageError("give the datasets to merge: PREFIX... (globs, @list.txt) or --input DIR")
-    from llmtools.cli.outputs import claim, input_paths
-    from llmtools.formats.indexed import strip_suffix
-    from llmtools.formats.outputs import marker_path
+    from llmtools.cli.claim import claim, input_paths
     from llmtools.formats.pathlists import expand_prefixes
+    from llmtools.prep.merge import merge_output
 
-    prefix = strip_suffix(output)
     sources = [f"{p}{suffix}" for p in expand_prefixes(items) for suffix in DATASET_FILES]
-    outputs = [f"{prefix}{suffix}" for suffix in DATASET_FILES]
-    markers = [marker_path(path) for path in outputs[:2]]  # the pair's marks when no input has a sidecar
-    claim([*outputs, *markers], inputs=input_paths([*items, *sources]), force=force)
+    # the pair's markers are claimed too: they are written when no input has a sidecar
+    claim(merge_output(output).claimed(), inputs=input_paths([*items, *sources]), force=force)
     result = merge(items, output, force=force, partial=partial, progress=False if quiet else None)
     for note in result.notes:
         log(f"llm-prep merge: note: {note}")

@@ -90,7 +90,7 @@ def pref_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary on stderr."),
 ) -> None:
-    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.cli.claim import claim, input_paths
     from llmtools.prep.pref import PrefConfig, build_pref
 
     config = PrefConfig(inputs=inputs, tokenizer=tokenizer, output_prefix=output, chat_template=chat_template,
@@ -98,7 +98,7 @@ def pref_cmd(
                         system_key=system_key, system_prompt=system_prompt, max_length=max_length,
                         max_prompt_length=max_prompt_length, overflow=overflow, split=split, skip_bad=skip_bad,
                         force=force, template_timeout=template_timeout)  # fmt: skip
-    claim(config.outputs(), inputs=input_paths([*inputs, tokenizer, chat_template]), force=force)
+    claim(config.output().claimed(), inputs=input_paths([*inputs, tokenizer, chat_template]), force=force)
     result = build_pref(config)
     report("llm-prep pref", result, as_json, quiet)
 

@@ -85,7 +85,7 @@ def sft_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary on stderr."),
 ) -> None:
-    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.cli.claim import claim, input_paths
     from llmtools.prep.sft import SftConfig, build_sft
 
     config = SftConfig(inputs=inputs, tokenizer=tokenizer, output_prefix=output, format=fmt,
@@ -93,7 +93,7 @@ def sft_cmd(
                        response_key=response_key, system_key=system_key, system_prompt=system_prompt,
                        max_length=max_length, overflow=overflow, pack=pack, append_eod=append_eod, split=split,
                        skip_bad=skip_bad, force=force, template_timeout=template_timeout)  # fmt: skip
-    claim(config.outputs(), inputs=input_paths([*inputs, tokenizer, chat_template]), force=force)
+    claim(config.output().claimed(), inputs=input_paths([*inputs, tokenizer, chat_template]), force=force)
     result = build_sft(config)
     report("llm-prep sft", result, as_json, quiet)
 

@@ -225,9 +225,9 @@ def _claim_run_dir(run_dir: Path, given: list[Path], cfg, force: bool) -> None:
     """A new run writes (and --force first removes) a run folder's metrics, config and checkpoints: only
     over an earlier run of ours, never over an input. Without --force an earlier run of ours is left to
     prepare_run_dir, whose refusal says how to continue it."""
-    from llmtools.cli.outputs import claim, input_paths
+    from llmtools.cli.claim import claim, input_paths
     from llmtools.formats.indexed import strip_suffix
-    from llmtools.formats.outputs import RUN_FILES, RUN_FOLDERS, RUN_PARTS, not_ours, run_folder_entries
+    from llmtools.formats.output_marks import RUN_FILES, RUN_FOLDERS, RUN_PARTS, not_ours, run_folder_entries
 
     data = cfg.data
     prefixes = [strip_suffix(p) for p in (data.prefixes or [])]

@@ -12,7 +12,7 @@ import numpy as np
 
 from llmtools.formats.fingerprint import sha256_file
 from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, idx_path, strip_suffix
-from llmtools.formats.outputs import write_marker
+from llmtools.formats.output_marks import write_marker
 from llmtools.formats.sidecar import build_sidecar, commit_with_sidecars
 
 

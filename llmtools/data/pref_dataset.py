@@ -22,7 +22,7 @@ import numpy as np
 from llmtools.data.sft_dataset import SftDataset
 from llmtools.errors import InputError
 from llmtools.formats.indexed import bin_path, exists, idx_path
-from llmtools.prep.pref import KEYS, side_prefix
+from llmtools.formats.pref_layout import KEYS, side_prefix
 
 
 class PrefDataset:

@@ -24,7 +24,7 @@ import numpy as np
 
 from llmtools.errors import InputError
 from llmtools.formats.indexed import IndexedDatasetReader, exists
-from llmtools.prep.sft import KEYS, position_ids_from_segments
+from llmtools.formats.sft_layout import KEYS, position_ids_from_segments
 
 
 class SftDataset:

@@ -23,31 +23,32 @@ provenance that ``llm-prep hf2bin`` reads back). The folder appears only when co
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
+from llmtools import __version__
+from llmtools.data.dataset import BlendedGPTDataset
 from llmtools.errors import InputError, UsageError
 from llmtools.export.hf_card import dataset_card
+from llmtools.export.hf_rows import BATCH_ROWS, MixSamples, PageReleaser, PrefixBlocks, PrefixDocuments
 from llmtools.formats import jsonfile
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
+from llmtools.formats.mix import MixFile, read_mix
 from llmtools.formats.sidecar import read_sidecar
 from llmtools.fsutil import atomic_dir, check_writable
+from llmtools.locks import lock_output
+from llmtools.progress import Progress
+from llmtools.tokenize import load_tokenizer
 
 FORMATS = ("arrow", "parquet")
 MANIFEST_NAME = "llmtools.json"
 MANIFEST_FORMAT = "llmtools.hf-export"
 DEFAULT_SHARD_SIZE = 500 * 10**6
-# ~1000 rows per record batch is what `datasets` itself writes; cap the tokens too so one batch of
-# very long documents stays a few MB.
-BATCH_ROWS = 1000
-BATCH_TOKENS = 1 << 22
 
 _SIZE_UNITS = {
     "": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -151,208 +152,6 @@ class ExportResult:
 
 
 # --------------------------------------------------------------------------------------------------
-# Row sources: each yields (columns dict of pyarrow arrays, tokens in the batch); they know the
-# total token count in advance for the progress bar.
-# --------------------------------------------------------------------------------------------------
-def _list_array(values: np.ndarray, offsets: np.ndarray):
-    """A ``list<values.dtype>`` array over ``values`` without copying them (int32 offsets, like `datasets`)."""
-    import pyarrow as pa
-
-    if offsets[-1] > np.iinfo(np.int32).max:
-        raise InputError(
-            f"one record batch would hold {int(offsets[-1])} tokens, more than a list column can"
-        )
-    values = np.ascontiguousarray(values)
-    value_type = pa.from_numpy_dtype(values.dtype)
-    child = pa.Array.from_buffers(value_type, values.size, [None, pa.py_buffer(values)])
-    offs = pa.py_buffer(np.ascontiguousarray(offsets, dtype=np.int32))
-    return pa.ListArray.from_buffers(pa.list_(value_type), offsets.size - 1, [None, offs], children=[child])
-
-
-class _PageReleaser:
-    """A private read-only mmap of the ``.bin`` whose already-exported pages we hand back to the OS.
-
-    File-backed pages count in a process's RSS until unmapped or dropped; dropping the ones behind
-    us keeps the resident set flat however large the source (the data stays in the page cache).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.size = path.stat().st_size
-        self._handle = open(path, "rb")  # noqa: SIM115 - closed in close()
-        self._map = mmap.mmap(self._handle.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
-        self._released = 0
-
-    def array(self, dtype: np.dtype) -> np.ndarray:
-        if self._map is None:
-            return np.empty(0, dtype=dtype)
-        return np.frombuffer(self._map, dtype=dtype, count=self.size // dtype.itemsize)
-
-    def release_before(self, byte: int) -> None:
-        """Drop the mapped pages below ``byte`` (rounded down to a page)."""
-        end = (byte // mmap.PAGESIZE) * mmap.PAGESIZE
-        if self._map is not None and hasattr(mmap, "MADV_DONTNEED") and end - self._released >= (1 << 24):
-            self._map.madvise(mmap.MADV_DONTNEED, self._released, end - self._released)
-            self._released = end
-
-    def close(self) -> None:
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # an exported array still points into it; the GC unmaps it later
-                pass
-        self._handle.close()
-
-
-class PrefixDocuments:
-    """One row per document of a ``.bin/.idx`` prefix (empty documents included, as empty lists).
-
-    The index is checked as it streams (pointers against lengths, document order), so a corrupt
-    index is reported with its byte offset instead of exporting garbage.
-    """
-
-    def __init__(self, reader: IndexedDatasetReader, out_dtype: np.dtype, batch_rows: int) -> None:
-        self.reader = reader
-        self.out_dtype = out_dtype
-        self.batch_rows = batch_rows
-        self.total_tokens = reader.num_tokens
-        self.num_rows = reader.num_documents
-        self.with_sequence_lengths = _has_multi_sequence_documents(reader)
-
-    def columns(self) -> dict[str, np.dtype | str]:
-        cols: dict[str, np.dtype | str] = {"input_ids": self.out_dtype}
-        if self.with_sequence_lengths:
-            cols["sequence_lengths"] = np.dtype(np.int32)
-        return cols
-
-    def batches(self, releaser: _PageReleaser) -> Iterator[tuple[dict, int]]:
-        # The reader validated the index on open: documents are runs of sequences laid end to end.
-        reader = self.reader
-        itemsize = reader.dtype.itemsize
-        flat = releaser.array(reader.dtype)
-        doc_idx = reader.document_indices
-        position = 0  # token position in .bin where the next document starts
-        a = 0
-        while a < self.num_rows:
-            b = self._batch_end(a)
-            seqs = np.asarray(doc_idx[a : b + 1], dtype=np.int64)
-            s0, s1 = int(seqs[0]), int(seqs[-1])
-            lengths = np.asarray(reader.sequence_lengths[s0:s1], dtype=np.int64)
-            cum = np.zeros(lengths.size + 1, dtype=np.int64)
-            np.cumsum(lengths, out=cum[1:])
-            offsets = cum[seqs - s0]
-            values = flat[position : position + int(cum[-1])]
-            cols = {"input_ids": _list_array(_cast_ids(values, self.out_dtype, reader.bin_file), offsets)}
-            if self.with_sequence_lengths:
-                cols["sequence_lengths"] = _list_array(lengths.astype(np.int32), seqs - s0)
-            position += int(cum[-1])
-            yield cols, int(cum[-1])
-            releaser.release_before(position * itemsize)
-            a = b
-
-    def _batch_end(self, a: int) -> int:
-        """End of the batch starting at document ``a``: ``batch_rows`` rows, or fewer when they are long."""
-        b = min(a + self.batch_rows, self.num_rows)
-        doc_idx, reader = self.reader.document_indices, self.reader
-        while b > a + 1:
-            s0, s1 = int(doc_idx[a]), int(doc_idx[b])
-            if s1 <= s0 or int(reader.sequence_lengths[s0:s1].sum(dtype=np.int64)) <= BATCH_TOKENS:
-                break
-            b = a + (b - a) // 2
-        return b
-
-
-class PrefixBlocks:
-    """The Hugging Face ``group_texts`` recipe: all tokens concatenated and cut into ``seq_length``
-    blocks; the remainder shorter than a block is dropped (as the recipe does)."""
-
-    def __init__(
-        self, reader: IndexedDatasetReader, out_dtype: np.dtype, seq_length: int, batch_rows: int
-    ) -> None:
-        self.reader = reader
-        self.out_dtype = out_dtype
-        self.seq_length = seq_length
-        self.num_rows = reader.num_tokens // seq_length
-        if self.num_rows == 0:  # an empty export that exits 0 would look like a result
-            raise InputError(
-                f"{reader.bin_file}: --seq-length {seq_length} is longer than all of its {reader.num_tokens} "
-                "tokens: no block could be written"
-            )
-        self.total_tokens = self.num_rows * seq_length
-        self.dropped_tokens = reader.num_tokens - self.total_tokens
-        self.rows_per_batch = max(1, min(batch_rows, BATCH_TOKENS // seq_length))
-
-    def columns(self) -> dict[str, np.dtype | str]:
-        return {"input_ids": self.out_dtype, "labels": self.out_dtype}
-
-    def batches(self, releaser: _PageReleaser) -> Iterator[tuple[dict, int]]:
-        flat = releaser.array(self.reader.dtype)
-        n = self.seq_length
-        for lo in range(0, self.num_rows, self.rows_per_batch):
-            hi = min(lo + self.rows_per_batch, self.num_rows)
-            values = _cast_ids(flat[lo * n : hi * n], self.out_dtype, self.reader.bin_file)
-            ids = _list_array(values, np.arange(hi - lo + 1, dtype=np.int64) * n)
-            yield {"input_ids": ids, "labels": ids}, (hi - lo) * n
-            releaser.release_before(hi * n * self.reader.dtype.itemsize)
-
-
-class MixSamples:
-    """The samples of a ``mix.json`` plan in plan order, exactly as the training dataset yields them.
-
-    Each row is one training sample of ``seq_length + 1`` tokens (Megatron's samples overlap by one
-    token: it trains on ``tokens[:-1] -> tokens[1:]``); ``labels == input_ids`` so a Hugging Face
-    causal-LM model, which shifts the labels itself, computes exactly the same loss.
-    """
-
-    def __init__(self, dataset, out_dtype: np.dtype, batch_rows: int) -> None:
-        self.dataset = dataset
-        self.out_dtype = out_dtype
-        self.row_length = int(dataset.seq_length) + 1
-        self.num_rows = len(dataset)
-        self.total_tokens = self.num_rows * self.row_length
-        self.rows_per_batch = max(1, min(batch_rows, BATCH_TOKENS // self.row_length))
-
-    def columns(self) -> dict[str, np.dtype | str]:
-        return {"input_ids": self.out_dtype, "labels": self.out_dtype}
-
-    def batches(self, releaser: _PageReleaser | None) -> Iterator[tuple[dict, int]]:
-        n = self.row_length
-        for lo in range(0, self.num_rows, self.rows_per_batch):
-            hi = min(lo + self.rows_per_batch, self.num_rows)
-            block = np.asarray(self.dataset.batch(np.arange(lo, hi, dtype=np.int64)))
-            values = _cast_ids(block.reshape(-1), self.out_dtype, "mix sample")
-            ids = _list_array(values, np.arange(hi - lo + 1, dtype=np.int64) * n)
-            yield {"input_ids": ids, "labels": ids}, (hi - lo) * n
-
-
-def _cast_ids(values: np.ndarray, dtype: np.dtype, origin) -> np.ndarray:
-    if values.dtype == dtype:
-        return values
-    if values.size and not np.can_cast(values.dtype, dtype):
-        lo, hi = int(values.min()), int(values.max())
-        info = np.iinfo(dtype)
-        if lo < info.min or hi > info.max:
-            raise InputError(
-                f"{origin}: token id {hi if hi > info.max else lo} does not fit {dtype} (vocabulary size wrong?)"
-            )
-    return values.astype(dtype)
-
-
-def _has_multi_sequence_documents(reader: IndexedDatasetReader, chunk: int = 1 << 22) -> bool:
-    """True when some document is not exactly one non-empty sequence (``--split-sentences`` output)."""
-    if reader.num_sequences == reader.num_documents and reader.num_sequences == 0:
-        return False
-    doc_idx = reader.document_indices
-    for lo in range(0, doc_idx.size - 1, chunk):
-        part = np.asarray(doc_idx[lo : lo + chunk + 1])
-        if np.any(np.diff(part) > 1):
-            return True
-    for lo in range(0, reader.num_sequences, chunk):
-        if np.any(np.asarray(reader.sequence_lengths[lo : lo + chunk]) == 0):
-            return True
-    return False
-
-
-# --------------------------------------------------------------------------------------------------
 # Shard writers
 # --------------------------------------------------------------------------------------------------
 class _ShardWriter:
@@ -389,6 +188,7 @@ class _ShardWriter:
     def _close_shard(self) -> None:
         if self._writer is not None:
             self._writer.close()
+            self._sink.close()  # the file under the writer (see _sink), opened by _open_shard
             self._writer = None
 
     def finish(self) -> list[Path]:
@@ -432,12 +232,6 @@ class ArrowShardWriter(_ShardWriter):
         self._writer = pa.ipc.new_stream(self._sink, self.schema)
         self.shards.append(path)
 
-    def _close_shard(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._sink.close()
-            self._writer = None
-
     def final_name(self, i: int, n: int) -> str:
         return f"data-{i:05d}-of-{n:05d}.arrow"
 
@@ -455,12 +249,6 @@ class ParquetShardWriter(_ShardWriter):
         self._sink = _sink(path)
         self._writer = pq.ParquetWriter(self._sink, self.schema, compression="zstd", use_dictionary=False)
         self.shards.append(path)
-
-    def _close_shard(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._sink.close()
-            self._writer = None
 
     def final_name(self, i: int, n: int) -> str:
         return f"data/{self.split}-{i:05d}-of-{n:05d}.parquet"
@@ -485,8 +273,6 @@ class _Detokenizer:
     """Adds the ``text`` column; drops the EOD that ``--append-eod`` added so texts come back as written."""
 
     def __init__(self, spec: str, sidecar: dict | None, strip_eod: bool) -> None:
-        from llmtools.tokenize import load_tokenizer
-
         self.tokenizer = load_tokenizer(spec)
         known = (sidecar or {}).get("tokenizer") or {}
         mine = self.tokenizer.identity()
@@ -514,8 +300,6 @@ class _Detokenizer:
 
 def input_files(config: ExportConfig) -> list[Path]:
     """What an export reads: the prefix's files, or the mix.json, its cache and its sources' files."""
-    from llmtools.formats.mix import read_mix
-
     if not config.is_mix:
         prefix = strip_suffix(config.source)
         return [Path(f"{prefix}{suffix}") for suffix in (".bin", ".idx", ".json")]
@@ -554,9 +338,6 @@ def open_source(config: ExportConfig):
 
 def _open_mix(config: ExportConfig):
     """A mix.json is always exported as its training samples (``--packed`` is implied)."""
-    from llmtools.data.dataset import BlendedGPTDataset
-    from llmtools.formats.mix import MixFile
-
     mix = MixFile.read(config.source)
     plan = mix.data
     dataset = BlendedGPTDataset.from_mix(mix, split=config.split)
@@ -581,8 +362,6 @@ def _open_mix(config: ExportConfig):
 
 def export_hf(config: ExportConfig) -> ExportResult:
     """Export ``config.source`` to ``config.output``; the folder appears only once complete."""
-    from llmtools.locks import lock_output
-
     with lock_output(config.output):  # one writer per output folder, from the existence check on
         return _export_hf(config)
 
@@ -602,7 +381,6 @@ def _export_hf(config: ExportConfig) -> ExportResult:
     schema = features.arrow_schema
     mode = "packed" if config.packed else "documents"
     result = ExportResult(config.output, config.format, mode, columns=list(columns))
-    from llmtools.progress import Progress
 
     with atomic_dir(config.output, force=config.force) as tmp:
         writer_cls = ArrowShardWriter if config.format == "arrow" else ParquetShardWriter
@@ -610,7 +388,7 @@ def _export_hf(config: ExportConfig) -> ExportResult:
             int(_estimated_bytes(rows, columns) // config.shard_size) + 1
         )  # the rule save_to_disk uses
         writer = writer_cls(tmp, schema, rows.num_rows, num_shards, config.split)
-        releaser = _PageReleaser(reader.bin_file) if reader is not None else None
+        releaser = PageReleaser(reader.bin_file) if reader is not None else None
         bar = Progress(rows.total_tokens, "export", unit="tok", enabled=config.progress is not False)
         try:
             for cols, ntok in rows.batches(releaser):
@@ -682,8 +460,6 @@ def _write_save_to_disk_metadata(
 
 
 def _manifest(config: ExportConfig, result: ExportResult, rows, provenance: dict, features) -> dict:
-    from llmtools import __version__
-
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": 1,

@@ -18,7 +18,7 @@ from llmtools import __version__
 from llmtools.formats import jsonfile
 from llmtools.formats.indexed import strip_suffix
 from llmtools.formats.jsonfile import read_json_object
-from llmtools.fsutil import write_text_atomic
+from llmtools.fsutil import critical, write_text_atomic
 
 SCHEMA_VERSION = 1
 FORMAT = "llmtools.indexed-sidecar"
@@ -94,8 +94,6 @@ def commit_with_sidecars(writers, sidecars: dict, last: dict | None = None, grou
     signal cannot leave a ``.bin/.idx`` without its sidecar, or a file that names outputs which are not
     there. Each writer's index is written first (the slow part, still interruptible). Returns the
     sidecar paths, then the paths of ``last``."""
-    from llmtools.fsutil import critical
-
     for writer in writers:
         writer.finish()
     with critical():

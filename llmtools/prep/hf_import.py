@@ -21,9 +21,15 @@ from pathlib import Path
 import numpy as np
 
 from llmtools.errors import InputError, UsageError
-from llmtools.formats.indexed import IndexedDatasetWriter, dtype_for_vocab
+from llmtools.formats.indexed import dtype_for_vocab
+from llmtools.formats.output_marks import check_output_prefix
+from llmtools.formats.sidecar import build_sidecar
+from llmtools.prep.dataset_output import DatasetOutput
 from llmtools.prep.hf_open import BATCH_ROWS, ArrowSource, open_hf
+from llmtools.prep.json2bin import Json2BinConfig, json2bin
 from llmtools.prep.sources import BadRecord, DocBatch
+from llmtools.progress import Progress
+from llmtools.tokenize import load_tokenizer
 
 
 # --------------------------------------------------------------------------------------------------
@@ -136,6 +142,10 @@ class TokenImportConfig:
     def prefix(self) -> str:
         return f"{self.output_prefix}_{self.column}_document"
 
+    def output(self) -> DatasetOutput:
+        """The ``.bin/.idx`` pair and its sidecar, or markers when the tokenizer is unknown."""
+        return DatasetOutput([self.prefix], force=self.force, markable=True)
+
 
 @dataclass
 class TokenImportResult:
@@ -155,32 +165,22 @@ def is_token_column(path: str | os.PathLike, column: str, split: str | None = No
 
 def import_token_ids(config: TokenImportConfig) -> TokenImportResult:
     """Write the token-id lists of ``config.column`` as a Megatron ``.bin/.idx`` pair (+ sidecar)."""
-    from llmtools.locks import lock_output
-
     table = open_hf(config.source, config.split)
     table.check_columns([config.column])
     kind = table.schema.field(config.column).type
     if not _is_id_list(kind):
         raise InputError(f"{table.name}: column {config.column!r} is {kind}, not lists of token ids")
-    with lock_output(config.prefix):  # one writer per output prefix, from the existence check on
-        return _import_token_ids(config, table, kind)
+    with config.output() as output:
+        return _import_token_ids(config, table, kind, output)
 
 
-def _import_token_ids(config: TokenImportConfig, table, kind) -> TokenImportResult:
-    import pyarrow as pa
-
-    from llmtools.formats.indexed import bin_path, idx_path
-    from llmtools.formats.sidecar import commit_with_sidecars, sidecar_path
-    from llmtools.fsutil import check_writable
+def _import_token_ids(config: TokenImportConfig, table, kind, output: DatasetOutput) -> TokenImportResult:
+    import pyarrow as pa  # heavy: only once there is a column to read
 
     prefix = config.prefix
-    check_writable([bin_path(prefix), idx_path(prefix), sidecar_path(prefix)], config.force)
-
     original = ((table.manifest or {}).get("source") or {}).get("sidecar") or {}
     tokenizer = None
     if config.tokenizer:
-        from llmtools.tokenize import load_tokenizer
-
         tokenizer = load_tokenizer(config.tokenizer)
         identity = tokenizer.identity()
     else:
@@ -193,56 +193,51 @@ def _import_token_ids(config: TokenImportConfig, table, kind) -> TokenImportResu
     with_sentences = "sequence_lengths" in table.schema.names
     columns = [config.column] + (["sequence_lengths"] if with_sentences else [])
 
-    from llmtools.progress import Progress
-
     result = TokenImportResult(prefix, dtype=np.dtype(dtype).name)
     bar = Progress(table.num_rows, "hf2bin", unit="doc", enabled=config.progress is not False)
     row = empty = 0
     try:
-        with IndexedDatasetWriter(prefix, dtype) as writer:
-            for batch in table.batches(columns):
-                values, lengths = _flat_ids(batch.column(config.column), table.name, config.column, row)
-                _check_ids(values, lengths, vocab, dtype, table.name, row)
-                if config.append_eod:
-                    values, lengths = _append_eod(values, lengths, eod)
-                if with_sentences:
-                    _add_with_sentences(
-                        writer, values, lengths, batch.column("sequence_lengths"), table.name, row
-                    )
-                else:
-                    writer.add_documents(values, lengths)
-                result.documents += int(lengths.size)
-                empty += int(np.count_nonzero(lengths == 0))
-                result.tokens += int(values.size)
-                row += batch.num_rows
-                bar.update(batch.num_rows)
-            from llmtools.formats.sidecar import build_sidecar
-
-            sidecar = build_sidecar(
-                tokenizer=identity,
-                dtype=dtype,
-                inputs=file_inputs(table.files),
-                documents=result.documents,
-                sequences=writer.num_sequences,
-                tokens=result.tokens,
-                json_key=config.column,
-                append_eod=config.append_eod or original.get("append_eod", False),
-                special_tokens=original.get("special_tokens", "auto"),
-                empty_documents=empty,
+        writer = output.open(prefix, dtype)
+        for batch in table.batches(columns):
+            values, lengths = _flat_ids(batch.column(config.column), table.name, config.column, row)
+            _check_ids(values, lengths, vocab, dtype, table.name, row)
+            if config.append_eod:
+                values, lengths = _append_eod(values, lengths, eod)
+            if with_sentences:
+                _add_with_sentences(
+                    writer, values, lengths, batch.column("sequence_lengths"), table.name, row
+                )
+            else:
+                writer.add_documents(values, lengths)
+            result.documents += int(lengths.size)
+            empty += int(np.count_nonzero(lengths == 0))
+            result.tokens += int(values.size)
+            row += batch.num_rows
+            bar.update(batch.num_rows)
+        # The sidecar schema needs a tokenizer identity; without one the output is what Megatron makes:
+        # a .bin/.idx pair of unknown provenance, which every reader accepts.
+        if identity:
+            output.set_sidecar(
+                prefix,
+                build_sidecar(
+                    tokenizer=identity,
+                    dtype=dtype,
+                    inputs=file_inputs(table.files),
+                    documents=result.documents,
+                    sequences=writer.num_sequences,
+                    tokens=result.tokens,
+                    json_key=config.column,
+                    append_eod=config.append_eod or original.get("append_eod", False),
+                    special_tokens=original.get("special_tokens", "auto"),
+                    empty_documents=empty,
+                ),
             )
-            # The sidecar schema needs a tokenizer identity; without one the output is what Megatron makes:
-            # a .bin/.idx pair of unknown provenance, which every reader accepts.
-            written = commit_with_sidecars([writer], {prefix: sidecar} if identity else {})
+        result.files = [str(path) for path in output.commit()]
     except pa.ArrowInvalid as error:
         raise InputError(f"{table.name}: corrupt data near row {row} ({error})") from None
     finally:
         bar.close()
-    result.files = [str(bin_path(prefix)), str(idx_path(prefix)), *map(str, written)]
-    if not identity:  # markers say that we wrote it (what --force may replace)
-        from llmtools.formats.outputs import write_marker
-
-        for path in (bin_path(prefix), idx_path(prefix)):
-            write_marker(path, "hf2bin", source=str(config.source), column=config.column)
+    output.mark("hf2bin", source=str(config.source), column=config.column)  # what --force may replace
     return result
 
 
@@ -349,8 +344,6 @@ class Hf2BinConfig:
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        from llmtools.formats.outputs import check_output_prefix
-
         check_output_prefix(self.output_prefix, "--output")
         if self.json_keys is not None:
             self.json_keys = tuple(self.json_keys)
@@ -375,46 +368,34 @@ class Hf2BinResult:
                 "tokenized_columns": self.tokenized, "token_id_columns": self.copied}  # fmt: skip
 
 
+def hf2bin_output(config: Hf2BinConfig, table: ArrowSource, keys: Sequence[str]) -> DatasetOutput:
+    """What :func:`hf2bin` writes: json2bin's naming, one dataset per column (token-id columns without a
+    known tokenizer get markers instead of a sidecar)."""
+    prefixes = [f"{config.output_prefix}_{key}_document" for key in keys]
+    return DatasetOutput(prefixes, force=config.force, markable=True)
+
+
 def hf2bin_outputs(config: Hf2BinConfig) -> tuple[list[Path], list[Path]]:
     """(every file :func:`hf2bin` may write, the files it reads): for the CLI's output check."""
-    from llmtools.formats.indexed import bin_path, idx_path
-    from llmtools.formats.outputs import marker_path
-    from llmtools.formats.sidecar import sidecar_path
-
     table = open_hf(config.source, config.split)
     keys = list(config.json_keys) if config.json_keys else [_default_key(table)]
-    outputs = []
-    for key in keys:
-        prefix = f"{config.output_prefix}_{key}_document"
-        outputs += [bin_path(prefix), idx_path(prefix), sidecar_path(prefix)]
-        outputs += [marker_path(bin_path(prefix)), marker_path(idx_path(prefix))]
-    return outputs, [Path(str(config.source)), *table.files]
+    return hf2bin_output(config, table, keys).claimed(), [Path(str(config.source)), *table.files]
 
 
 def hf2bin(config: Hf2BinConfig) -> Hf2BinResult:
     """Text columns go through json2bin (same tokenization, checks and sidecar as JSONL); token-id
-    columns are written as they are."""
-    from llmtools.locks import lock_output
-
+    columns are written as they are (:func:`import_token_ids` and :func:`json2bin` each commit their
+    own datasets; this holds the lock of all of them and checks them first)."""
     table = open_hf(config.source, config.split)
     keys = list(config.json_keys) if config.json_keys else [_default_key(table)]
     table.check_columns(keys)
     ids = [k for k in keys if _is_id_list(table.schema.field(k).type)]
     texts = [k for k in keys if k not in ids]
-    prefixes = [f"{config.output_prefix}_{k}_document" for k in keys]
-    with lock_output(prefixes):  # one writer per output prefix, from the existence check on
-        return _hf2bin(config, prefixes, ids, texts)
+    with hf2bin_output(config, table, keys) as output:
+        return _hf2bin(config, output.prefixes, ids, texts)
 
 
 def _hf2bin(config: Hf2BinConfig, prefixes: list[str], ids: list[str], texts: list[str]) -> Hf2BinResult:
-    from llmtools.formats.indexed import bin_path, idx_path
-    from llmtools.formats.sidecar import sidecar_path
-    from llmtools.fsutil import check_writable
-
-    check_writable(
-        [p for prefix in prefixes for p in (bin_path(prefix), idx_path(prefix), sidecar_path(prefix))],
-        config.force,
-    )
     if texts and not config.tokenizer:
         raise UsageError(f"--tokenizer: needed to tokenize the text column {texts[0]!r}")
     result = Hf2BinResult(prefixes=prefixes, tokenized=texts, copied=ids)
@@ -428,8 +409,6 @@ def _hf2bin(config: Hf2BinConfig, prefixes: list[str], ids: list[str], texts: li
         result.documents = done.documents
         result.tokens[key] = done.tokens
     if texts:
-        from llmtools.prep.json2bin import Json2BinConfig, json2bin
-
         source = HFDocumentSource(config.source, texts, config.split)
         j2b = Json2BinConfig(tokenizer=config.tokenizer, output_prefix=config.output_prefix, json_keys=texts,
                              append_eod=config.append_eod, workers=config.workers, backend=config.backend,

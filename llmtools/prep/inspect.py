@@ -8,6 +8,7 @@ import numpy as np
 
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
+from llmtools.formats.sidecar import read_sidecar
 
 
 def inspect_prefix(prefix: str | os.PathLike, validate: bool = True) -> dict:
@@ -17,8 +18,6 @@ def inspect_prefix(prefix: str | os.PathLike, validate: bool = True) -> dict:
     pointers (the reader's own checks, on open), and with ``validate`` for token ids outside the
     sidecar's vocabulary or a sidecar whose counts disagree with the index.
     """
-    from llmtools.formats.sidecar import read_sidecar
-
     reader = IndexedDatasetReader(prefix)
     sidecar = read_sidecar(prefix)
     lengths = reader.document_lengths()

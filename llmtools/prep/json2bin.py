@@ -39,7 +39,6 @@ Plain API::
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
@@ -49,11 +48,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from llmtools import interrupt
 from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure, UsageError
+from llmtools.formats.indexed import dtype_for_vocab
+from llmtools.formats.output_marks import check_output_prefix
+from llmtools.formats.sidecar import build_sidecar
+from llmtools.prep.dataset_output import DatasetOutput
 from llmtools.prep.encode_guard import batch_places, encode_located
-from llmtools.prep.shards import ShardPlan, ShardSpec
+from llmtools.prep.jsonl import JsonlSource, expand_inputs
+from llmtools.prep.partitions import PartitionedWriter
+from llmtools.prep.shards import ShardAssignment, ShardSpec, plan_shards
 from llmtools.prep.sources import DocumentSource, join_texts
-from llmtools.tokenize.megatron import MegatronTokenizerArgs
+from llmtools.progress import Progress
+from llmtools.tokenize import load_tokenizer
+from llmtools.tokenize.megatron import MegatronTokenizerArgs, load_megatron_tokenizer
 
 MAX_WORKERS = 1024  # processes or threads: more is a typo (and a fork bomb), not a machine
 
@@ -112,7 +120,6 @@ class Json2BinConfig:
                 "--special-tokens with --tokenizer-type: Megatron's flags decide what special-token strings "
                 "become (--legacy-tokenizer for the legacy system's behaviour)"
             )
-        from llmtools.formats.outputs import check_output_prefix
 
         check_output_prefix(self.output_prefix, "--output")
         if not self.json_keys or any(not k for k in self.json_keys):
@@ -131,27 +138,11 @@ class Json2BinConfig:
         shard = self.shard.suffix if self.shard is not None else ""
         return f"{self.output_prefix}{shard}_{key}_document"
 
-    def outputs(self) -> list:
-        """Every file this run writes: ``.bin``, ``.idx`` and sidecar per key."""
-        from llmtools.formats.indexed import bin_path, idx_path
-        from llmtools.formats.sidecar import sidecar_path
-
+    def output(self) -> DatasetOutput:
+        """What this run writes: ``.bin``, ``.idx`` and sidecar per key (with --force, a killed run's
+        temporaries of them go too)."""
         prefixes = [self.prefix_for(key) for key in self.json_keys]
-        return [f(p) for p in prefixes for f in (bin_path, idx_path, sidecar_path)]
-
-
-def _remove_stale_temporaries(outputs) -> None:
-    """With --force: the ``NAME.tmp-*`` leftovers of an earlier killed run for these outputs go too."""
-    import shutil
-
-    from llmtools.fsutil import TMP_MARK
-
-    for path in outputs:
-        for stale in path.parent.glob(f"{path.name}{TMP_MARK}*"):
-            if stale.is_dir() and not stale.is_symlink():  # --partitions' folder of partial datasets
-                shutil.rmtree(stale, ignore_errors=True)
-            else:
-                stale.unlink(missing_ok=True)
+        return DatasetOutput(prefixes, force=self.force, clear_stale=True, durable=self.durable)
 
 
 def default_workers() -> int:
@@ -272,8 +263,6 @@ _WORKER: dict = {}
 
 
 def _init_worker(tokenizer, keys, append_eod, dtype, skip_bad, parent: int) -> None:
-    from llmtools import interrupt
-
     # SIGTERM/SIGINT reach the whole process group (Ctrl-C, Slurm): the parent alone decides; it kills
     # its workers when it stops.
     interrupt.reset_in_child()
@@ -427,50 +416,31 @@ def json2bin(
     UsageError (bad options, existing outputs without force, another writer at work on them),
     RuntimeFailure.
     """
-    from llmtools.locks import lock_output
-
     if config is None:
         config = Json2BinConfig(
             inputs=tuple(inputs or ()), tokenizer=str(tokenizer), output_prefix=str(output_prefix), **options
         )
-    # One writer per output prefix, from before the existence check to the last rename.
-    with lock_output([config.prefix_for(key) for key in config.json_keys]):
-        return _json2bin(config, source)
+    with config.output() as output:
+        return _json2bin(config, source, output)
 
 
-def _json2bin(config: Json2BinConfig, source: DocumentSource | None) -> Json2BinResult:
-    from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, dtype_for_vocab, idx_path
-    from llmtools.formats.sidecar import commit_with_sidecars
-    from llmtools.fsutil import check_writable
-
-    outputs = config.outputs()
-    check_writable(outputs, config.force)
-    if config.force:
-        _remove_stale_temporaries(outputs)
-    shard_plan: ShardPlan | None = None
+def _json2bin(config: Json2BinConfig, source: DocumentSource | None, output: DatasetOutput) -> Json2BinResult:
+    assignment: ShardAssignment | None = None
     if source is None:
-        from llmtools.prep.jsonl import JsonlSource, expand_inputs
-
         if not config.inputs:
             raise UsageError("json2bin: give at least one INPUT (a JSONL file, a glob, or - for stdin)")
         inputs = config.inputs
         if config.shard is not None:
-            from llmtools.prep.shards import plan_shards
-
-            shard_plan = plan_shards(expand_inputs(inputs), config.shard)
-            inputs = shard_plan.mine  # may be none: the shard is then an empty dataset
+            assignment = plan_shards(expand_inputs(inputs), config.shard)
+            inputs = assignment.mine  # may be none: the shard is then an empty dataset
         source = JsonlSource(inputs, skip_bad=config.skip_bad, chunk_bytes=config.chunk_bytes)
     elif config.shard is not None:
         raise UsageError("--shard applies to JSONL inputs; this source cannot be sharded")
     # gigatoken encodes in this process on its thread pool, sized (once, at first use) from this variable.
     os.environ["RAYON_NUM_THREADS"] = str(config.workers)
     if config.megatron is not None:
-        from llmtools.tokenize.megatron import load_megatron_tokenizer
-
         tok = load_megatron_tokenizer(config.megatron, backend=config.backend, defer_probe=True)
     else:
-        from llmtools.tokenize import load_tokenizer
-
         tok = load_tokenizer(
             config.tokenizer, backend=config.backend, special_tokens=config.special_tokens, defer_probe=True
         )
@@ -487,72 +457,57 @@ def _json2bin(config: Json2BinConfig, source: DocumentSource | None) -> Json2Bin
         paths=[],
         workers=config.workers,
         dtype=dtype.name,
-        shard=shard_plan.record() if shard_plan is not None else None,
+        shard=assignment.record() if assignment is not None else None,
     )
     skipped: dict[str, int] = {}
     progress = _Progress(config.progress, source.total_bytes, config.log_interval)
-    if config.partitions > 1 and not config.keep_sequential_samples:
-        from llmtools.prep.partitions import PartitionedWriter
-
-        writers = [
-            PartitionedWriter(config.prefix_for(k), dtype, config.partitions, durable=config.durable)
-            for k in config.json_keys
-        ]
-    else:  # one partition, or contiguous ones (--keep-sequential-samples): the input order
-        writers = [
-            IndexedDatasetWriter(config.prefix_for(k), dtype, durable=config.durable)
-            for k in config.json_keys
-        ]
     try:
-        with contextlib.ExitStack() as stack:  # the writers commit .bin/.idx only if the loop completes
-            for writer in writers:
-                stack.enter_context(writer)
-            for encoded in _encoded_stream(source, tok, config, dtype):
-                if encoded.bad:
-                    if not config.skip_bad:
-                        raise InputError(encoded.bad[0].message)
-                    for record in encoded.bad:
-                        skipped[record.kind] = skipped.get(record.kind, 0) + 1
-                if encoded.blank_lines:
-                    skipped["blank_line"] = skipped.get("blank_line", 0) + encoded.blank_lines
-                if encoded.documents:
-                    for key, writer in zip(config.json_keys, writers, strict=True):
-                        lengths = encoded.lengths[key]
-                        writer.add_documents(encoded.tokens[key], lengths)
-                        result.empty_documents[key] = result.empty_documents.get(key, 0) + int(
-                            (lengths == 0).sum()
-                        )
-                result.documents += encoded.documents
-                result.input_bytes += encoded.nbytes
-                progress.update(
-                    encoded.nbytes, encoded.documents, sum(int(t.size) for t in encoded.tokens.values())
+        # The writers commit .bin/.idx only if the loop completes.
+        if config.partitions > 1 and not config.keep_sequential_samples:
+            writers = [
+                output.enter(
+                    PartitionedWriter(config.prefix_for(k), dtype, config.partitions, durable=config.durable)
                 )
-            progress.close()
-            for key, value in source.skipped.items():
-                skipped[key] = skipped.get(key, 0) + value
-            result.skipped = skipped
-            result.backend = tok.backend  # known once gigatoken's probe has settled (see load_tokenizer)
-            inputs = source.inputs()
-            sidecars = {}
-            for key, writer in zip(config.json_keys, writers, strict=True):
-                result.tokens[key] = writer.num_tokens
-                result.empty_documents.setdefault(key, 0)
-                sidecar = build_sidecar(
-                    tok, key, config, dtype, inputs, writer, result.empty_documents[key], skipped
-                )
-                if result.shard is not None:
-                    sidecar["shard"] = result.shard
-                if config.megatron is not None:
-                    sidecar["megatron"] = config.megatron.record()
-                if config.partitions > 1:
-                    sidecar["partitions"] = {
-                        "count": config.partitions,
-                        "order": "input order (contiguous blocks)"
-                        if config.keep_sequential_samples
-                        else "Megatron's: document g in partition g % N, partitions concatenated",
-                    }
-                sidecars[config.prefix_for(key)] = sidecar
-            sidecar_paths = commit_with_sidecars(writers, sidecars)
+                for k in config.json_keys
+            ]
+        else:  # one partition, or contiguous ones (--keep-sequential-samples): the input order
+            writers = [output.open(config.prefix_for(k), dtype) for k in config.json_keys]
+        for encoded in _encoded_stream(source, tok, config, dtype):
+            if encoded.bad:
+                if not config.skip_bad:
+                    raise InputError(encoded.bad[0].message)
+                for record in encoded.bad:
+                    skipped[record.kind] = skipped.get(record.kind, 0) + 1
+            if encoded.blank_lines:
+                skipped["blank_line"] = skipped.get("blank_line", 0) + encoded.blank_lines
+            if encoded.documents:
+                for key, writer in zip(config.json_keys, writers, strict=True):
+                    lengths = encoded.lengths[key]
+                    writer.add_documents(encoded.tokens[key], lengths)
+                    result.empty_documents[key] = result.empty_documents.get(key, 0) + int(
+                        (lengths == 0).sum()
+                    )
+            result.documents += encoded.documents
+            result.input_bytes += encoded.nbytes
+            progress.update(
+                encoded.nbytes, encoded.documents, sum(int(t.size) for t in encoded.tokens.values())
+            )
+        progress.close()
+        for key, value in source.skipped.items():
+            skipped[key] = skipped.get(key, 0) + value
+        result.skipped = skipped
+        result.backend = tok.backend  # known once gigatoken's probe has settled (see load_tokenizer)
+        inputs = source.inputs()
+        for key, writer in zip(config.json_keys, writers, strict=True):
+            result.tokens[key] = writer.num_tokens
+            result.empty_documents.setdefault(key, 0)
+            output.set_sidecar(
+                config.prefix_for(key),
+                json2bin_sidecar(
+                    tok, key, config, dtype, inputs, writer, result.empty_documents[key], result
+                ),
+            )
+        result.paths = [str(path) for path in output.commit()]
     except (LlmtoolsError, OSError):
         raise
     except Exception as error:  # noqa: BLE001 - a worker or tokenizer failure: one line, exit 1
@@ -560,15 +515,25 @@ def _json2bin(config: Json2BinConfig, source: DocumentSource | None) -> Json2Bin
     finally:
         progress.close()
     result.seconds = time.perf_counter() - started
-    for prefix, sidecar in zip(result.prefixes, sidecar_paths, strict=True):
-        result.paths += [str(bin_path(prefix)), str(idx_path(prefix)), str(sidecar)]
     return result
 
 
-def build_sidecar(tok, key, config, dtype, inputs, writer, empty, skipped) -> dict:
-    from llmtools.formats import sidecar
-
-    return sidecar.build_sidecar(
+def json2bin_sidecar(tok, key, config, dtype, inputs, writer, empty, result: Json2BinResult) -> dict:
+    """The sidecar of one key's dataset, complete: the common record, then what this run adds (the
+    shard, Megatron's tokenizer flags, the partition order)."""
+    blocks: dict = {}
+    if result.shard is not None:
+        blocks["shard"] = result.shard
+    if config.megatron is not None:
+        blocks["megatron"] = config.megatron.record()
+    if config.partitions > 1:
+        blocks["partitions"] = {
+            "count": config.partitions,
+            "order": "input order (contiguous blocks)"
+            if config.keep_sequential_samples
+            else "Megatron's: document g in partition g % N, partitions concatenated",
+        }
+    return build_sidecar(
         tokenizer=tok.identity(),
         dtype=dtype,
         inputs=inputs,
@@ -579,7 +544,8 @@ def build_sidecar(tok, key, config, dtype, inputs, writer, empty, skipped) -> di
         append_eod=config.append_eod,
         special_tokens=config.special_tokens if config.megatron is None else tok.policy,
         empty_documents=empty,
-        skipped=skipped,
+        skipped=result.skipped,
+        **blocks,
     )
 
 
@@ -589,7 +555,6 @@ class _Progress:
 
     def __init__(self, enabled: bool | None, total: int | None, log_interval: int | None = None) -> None:
         # Megatron's lines (--log-interval) replace ours, on a terminal or not; -q silences both.
-        from llmtools.progress import Progress
 
         self.log_interval = log_interval if enabled is not False else None
         self.docs = self.tokens = self.nbytes = 0

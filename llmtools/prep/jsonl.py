@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmtools import _native
 from llmtools.errors import InputError
 from llmtools.formats import jsonfile
 from llmtools.formats.pathlists import expand_lists
@@ -110,8 +111,6 @@ class JsonlChunk:
     def _parse_native(self, keys: Sequence[str]) -> DocBatch | None:
         """Every key of every line extracted by the compiled scanner, or None (no compiler, or a line
         that is not plain): the Python paths then decide, so the outcome is the same either way."""
-        from llmtools import _native
-
         lib = _native.load()
         if lib is None or not self.data:
             return None
@@ -195,8 +194,6 @@ class JsonlChunk:
 def count_newlines(data: bytes) -> int:
     """``data.count(b"\\n")``, in C without the GIL when the compiled helpers are there (the reader
     runs beside the encoder threads)."""
-    from llmtools import _native
-
     lib = _native.load()
     return lib.llm_count_newlines(data, len(data)) if lib is not None else data.count(b"\n")
 

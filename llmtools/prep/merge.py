@@ -31,16 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmtools.errors import InputError, UsageError
-from llmtools.formats.indexed import (
-    IndexedDatasetReader,
-    IndexedDatasetWriter,
-    bin_path,
-    idx_path,
-    strip_suffix,
-)
+from llmtools.formats.indexed import IndexedDatasetReader, bin_path, idx_path, strip_suffix
+from llmtools.formats.output_marks import check_output_prefix, marker_path
 from llmtools.formats.pathlists import expand_prefixes
-from llmtools.formats.sidecar import commit_with_sidecars, read_sidecar, sidecar_path
+from llmtools.formats.sidecar import build_sidecar, read_sidecar, sidecar_path
+from llmtools.prep.dataset_output import DatasetOutput
 from llmtools.prep.shards import MAX_SHARDS
+from llmtools.progress import Progress
 
 MEGATRON_EQUIVALENT = "Megatron-LM tools/merge_datasets.py (IndexedDatasetBuilder.add_index + finalize)"
 
@@ -112,21 +109,8 @@ def merge(
     """Concatenate the datasets named by ``inputs`` (prefixes, globs, ``@list`` files), in that order,
     into ``output_prefix.{bin,idx,json}``. Raises InputError (bad or incompatible inputs) and
     UsageError (no inputs, existing outputs without ``force``, another writer at work on them)."""
-    from llmtools.locks import lock_output
-
     output_prefix = strip_suffix(output_prefix)
-    from llmtools.formats.outputs import check_output_prefix
-
     check_output_prefix(output_prefix, "-o/--output")
-    # One writer per output prefix, from before the existence check to the last rename.
-    with lock_output(output_prefix):
-        return _merge(inputs, output_prefix, force, partial, durable, progress)
-
-
-def _merge(inputs, output_prefix: str, force: bool, partial: bool, durable: bool, progress) -> MergeResult:
-    from llmtools.fsutil import check_writable
-    from llmtools.prep.json2bin import _remove_stale_temporaries
-
     prefixes = expand_prefixes(inputs)
     if not prefixes:
         raise UsageError("merge: give at least one dataset PREFIX (or a glob, or @list.txt)")
@@ -134,11 +118,19 @@ def _merge(inputs, output_prefix: str, force: bool, partial: bool, durable: bool
     for prefix in prefixes:
         if os.path.realpath(bin_path(prefix)) == out_real:
             raise UsageError(f"{prefix}: is both an input and the output; choose another -o")
-    outputs = [bin_path(output_prefix), idx_path(output_prefix), sidecar_path(output_prefix)]
-    check_writable(outputs, force)
-    if force:
-        _remove_stale_temporaries(outputs)
+    with merge_output(output_prefix, force, durable) as output:
+        return _merge(prefixes, output_prefix, partial, output, progress)
 
+
+def merge_output(output_prefix: str, force: bool = False, durable: bool = True) -> DatasetOutput:
+    """What a merge writes: the ``.bin/.idx`` pair and its sidecar, or markers when no input has one
+    (with --force, a killed run's temporaries of them go too)."""
+    return DatasetOutput(
+        [strip_suffix(output_prefix)], force=force, clear_stale=True, markable=True, durable=durable
+    )
+
+
+def _merge(prefixes, output_prefix: str, partial: bool, output: DatasetOutput, progress) -> MergeResult:
     started = time.perf_counter()
     parts = [_open_part(prefix) for prefix in prefixes]  # every header and .bin length, before writing
     dtype = parts[0].dtype
@@ -155,41 +147,35 @@ def _merge(inputs, output_prefix: str, force: bool, partial: bool, durable: bool
     result = MergeResult(prefix=output_prefix, paths=[], inputs=len(parts), dtype=dtype)
     merged_from = []
     empty = 0
-    from llmtools.progress import Progress
-
     bar = Progress(sum(p.bin_bytes for p in parts), "merge", unit="B", enabled=progress is not False)
+    with_sidecar = any(p.sidecar is not None for p in parts)
     try:
-        with IndexedDatasetWriter(output_prefix, dtype, durable=durable) as writer:
-            for part in parts:
-                reader = IndexedDatasetReader(part.prefix)
-                added = writer.add_index(reader)
-                del reader
-                empty += added["empty_documents"]
-                merged_from.append(_provenance(part, added))
-                bar.update(added["bin_bytes"])
-            sidecars = {}
-            if any(p.sidecar is not None for p in parts):
-                sidecars[output_prefix] = _merged_sidecar(
-                    parts, tokenizer, writer, empty, merged_from, coverage, dtype
-                )
-            # .bin/.idx and the sidecar as one step: a signal cannot leave the dataset without its sidecar
-            written = commit_with_sidecars([writer], sidecars)
+        writer = output.open(output_prefix, dtype)
+        for part in parts:
+            reader = IndexedDatasetReader(part.prefix)
+            added = writer.add_index(reader)
+            del reader
+            empty += added["empty_documents"]
+            merged_from.append(_provenance(part, added))
+            bar.update(added["bin_bytes"])
+        if with_sidecar:
+            output.set_sidecar(
+                output_prefix, _merged_sidecar(parts, tokenizer, writer, empty, merged_from, coverage, dtype)
+            )
+        # .bin/.idx and the sidecar as one step: a signal cannot leave the dataset without its sidecar
+        result.paths = [str(path) for path in output.commit()]
     finally:
         bar.close()
     result.documents, result.sequences = writer.num_documents, writer.num_sequences
     result.tokens, result.bin_bytes = writer.num_tokens, sum(p.bin_bytes for p in parts)
-    result.paths = [str(bin_path(output_prefix)), str(idx_path(output_prefix)), *map(str, written)]
-    from llmtools.formats.outputs import marker_path, write_marker
-
     # With --force, an earlier merge's sidecar or markers describe other data: only this run's are kept.
-    if sidecars:
+    if with_sidecar:
         for path in result.paths[:2]:
             marker_path(path).unlink(missing_ok=True)
     else:
         notes.append("no input has a sidecar (made by Megatron?): none written for the output either")
         sidecar_path(output_prefix).unlink(missing_ok=True)
-        for path in result.paths:  # ...but markers say llmtools wrote the pair (what --force may replace)
-            write_marker(path, "llm-prep merge")
+        output.mark("llm-prep merge")  # ...markers say llmtools wrote the pair (what --force may replace)
     result.notes = notes
     result.seconds = time.perf_counter() - started
     return result
@@ -352,8 +338,6 @@ def _common(parts: list[_Part], key: str):
 
 
 def _merged_sidecar(parts, tokenizer, writer, empty, merged_from, coverage, dtype) -> dict:
-    from llmtools.formats.sidecar import build_sidecar
-
     inputs, skipped = [], {}
     for part in parts:
         side = part.sidecar or {}

@@ -45,12 +45,15 @@ The first stops the run with ``file:line: what is wrong`` (exit 2, no output); `
 from __future__ import annotations
 
 import os
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from llmtools.errors import InputError, UsageError
+from llmtools.formats.indexed import dtype_for_vocab
+from llmtools.formats.output_marks import check_output_prefix
+from llmtools.formats.pref_layout import KEYS, PREF_FORMAT, SIDES
+from llmtools.formats.sidecar import build_sidecar
 from llmtools.prep.chat_template import (
     MAX_RENDER_SECONDS,
     ChatTemplate,
@@ -58,6 +61,7 @@ from llmtools.prep.chat_template import (
     split_markers,
     split_note,
 )
+from llmtools.prep.dataset_output import DatasetOutput
 from llmtools.prep.sft import (
     OVERFLOW,
     BadSample,
@@ -67,21 +71,14 @@ from llmtools.prep.sft import (
     kind_name,
     system_turn,
 )
+from llmtools.tokenize import load_tokenizer
 
-PREF_FORMAT = "llmtools.pref"
-SIDES = ("chosen", "rejected")
-KEYS = ("chosen_input_ids", "chosen_loss_mask", "rejected_input_ids", "rejected_loss_mask")
 ENCODE_BATCH = 128  # pairs rendered per tokenizer call (two renderings each)
 TRUNCATION = (
     "prompt first: a prompt over max_prompt_length keeps its last max_prompt_length tokens; then a pair whose "
     "prompt has max_length tokens or more is dropped, and a sequence over max_length keeps its first "
     "max_length tokens (overflow=drop drops the pair instead)"
 )
-
-
-def side_prefix(prefix: str, side: str) -> str:
-    """``PREFIX_chosen`` / ``PREFIX_rejected``: each an llm-prep sft prefix (``_input_ids``, ``_loss_mask``)."""
-    return f"{prefix}_{side}"
 
 
 @dataclass
@@ -133,7 +130,6 @@ class PrefConfig:
             )
         if len({self.prompt_key, self.chosen_key, self.rejected_key}) != 3:
             raise UsageError("--prompt-key, --chosen-key, --rejected-key: must be three different keys")
-        from llmtools.formats.outputs import check_output_prefix
 
         check_output_prefix(self.output_prefix, "--output")
 
@@ -144,12 +140,9 @@ class PrefConfig:
     def keys(self) -> tuple[str, ...]:
         return KEYS
 
-    def outputs(self) -> list:
-        """Every file this run writes: ``.bin``, ``.idx`` and sidecar per dataset."""
-        from llmtools.formats.indexed import bin_path, idx_path
-        from llmtools.formats.sidecar import sidecar_path
-
-        return [p(self.prefix_for(k)) for k in self.keys for p in (bin_path, idx_path, sidecar_path)]
+    def output(self) -> DatasetOutput:
+        """What this run writes: ``.bin``, ``.idx`` and sidecar per dataset."""
+        return DatasetOutput([self.prefix_for(k) for k in self.keys], force=self.force)
 
     def hf_columns(self) -> tuple[list[str], list[str]]:
         """The columns an HF dataset input must have, and those read when present."""
@@ -352,19 +345,11 @@ def truncate_pair(
 def build_pref(config: PrefConfig) -> PrefResult:
     """Run the whole pipeline; outputs appear only if it succeeds (one writer per output prefix), all four
     datasets and their sidecars committed as one step."""
-    from llmtools.locks import lock_output
-
-    with lock_output([config.prefix_for(k) for k in KEYS]):
-        return _build_pref(config)
+    with config.output() as output:
+        return _build_pref(config, output)
 
 
-def _build_pref(config: PrefConfig) -> PrefResult:
-    from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, dtype_for_vocab, idx_path
-    from llmtools.formats.sidecar import commit_with_sidecars
-    from llmtools.fsutil import check_writable
-    from llmtools.tokenize import load_tokenizer
-
-    check_writable(config.outputs(), config.force)
+def _build_pref(config: PrefConfig, output: DatasetOutput) -> PrefResult:
     tokenizer = load_tokenizer(config.tokenizer, backend="tokenizers", special_tokens="split")
     template = load_chat_template(config.chat_template, config.tokenizer, time_limit=config.template_timeout)
     encoder = SampleEncoder(tokenizer, template)
@@ -379,77 +364,69 @@ def _build_pref(config: PrefConfig) -> PrefResult:
             raise InputError(f"{place}: {error}") from None
         result.skipped[error.kind] = result.skipped.get(error.kind, 0) + 1
 
-    with ExitStack() as stack:
-        writers = {
-            k: stack.enter_context(IndexedDatasetWriter(config.prefix_for(k), dtypes[k])) for k in KEYS
-        }
+    writers = {k: output.open(config.prefix_for(k), dtypes[k]) for k in KEYS}
 
-        def add(place: str, chosen, rejected) -> None:
-            try:
-                p = shared_prompt_length(chosen, rejected)
-            except BadSample as error:
-                bad(place, error)
-                return
-            kept = truncate_pair(chosen, rejected, p, config, result)
-            if kept is None:
-                return
-            sides, p = kept
-            for side, (ids, mask) in zip(SIDES, sides, strict=True):
-                writers[f"{side}_input_ids"].add_document(ids)
-                writers[f"{side}_loss_mask"].add_document(mask)
-                _add(result, f"{side}_tokens", ids.size)
-                _add(result, f"{side}_target_tokens", mask.sum())
-            result.pairs += 1
-            result.prompt_tokens += p
+    def add(place: str, chosen, rejected) -> None:
+        try:
+            p = shared_prompt_length(chosen, rejected)
+        except BadSample as error:
+            bad(place, error)
+            return
+        kept = truncate_pair(chosen, rejected, p, config, result)
+        if kept is None:
+            return
+        sides, p = kept
+        for side, (ids, mask) in zip(SIDES, sides, strict=True):
+            writers[f"{side}_input_ids"].add_document(ids)
+            writers[f"{side}_loss_mask"].add_document(mask)
+            _add(result, f"{side}_tokens", ids.size)
+            _add(result, f"{side}_target_tokens", mask.sum())
+        result.pairs += 1
+        result.prompt_tokens += p
 
-        def flush(pending: list) -> None:
-            encoded = encoder.encode_rendered(
-                [r for _, pair in pending for r in pair], [place for place, _ in pending for _ in (0, 1)]
-            )
-            for k, (place, _) in enumerate(pending):
-                add(place, encoded[2 * k], encoded[2 * k + 1])
+    def flush(pending: list) -> None:
+        encoded = encoder.encode_rendered(
+            [r for _, pair in pending for r in pair], [place for place, _ in pending for _ in (0, 1)]
+        )
+        for k, (place, _) in enumerate(pending):
+            add(place, encoded[2 * k], encoded[2 * k + 1])
 
-        pending: list[tuple[str, tuple]] = []  # rendered pairs waiting to be tokenized as one batch
-        for place, record in iter_records(config, inputs, result.skipped):
-            try:
-                if isinstance(record, BadSample):
-                    raise record
-                pair = to_pair(record, config)
-                pending.append(
+    pending: list[tuple[str, tuple]] = []  # rendered pairs waiting to be tokenized as one batch
+    for place, record in iter_records(config, inputs, result.skipped):
+        try:
+            if isinstance(record, BadSample):
+                raise record
+            pair = to_pair(record, config)
+            pending.append(
+                (
+                    place,
                     (
-                        place,
-                        (
-                            render_side(encoder, pair.prompt, pair.chosen),
-                            render_side(encoder, pair.prompt, pair.rejected),
-                        ),
-                    )
+                        render_side(encoder, pair.prompt, pair.chosen),
+                        render_side(encoder, pair.prompt, pair.rejected),
+                    ),
                 )
-            except BadSample as error:
-                bad(place, error)
-                continue
-            if len(pending) >= ENCODE_BATCH:
-                flush(pending)
-                pending = []
-        if pending:
+            )
+        except BadSample as error:
+            bad(place, error)
+            continue
+        if len(pending) >= ENCODE_BATCH:
             flush(pending)
-        if result.pairs == 0:
-            counted = {k: v for k, v in result.skipped.items() if v}
-            detail = ", ".join(f"{k} {v}" for k, v in sorted(counted.items()))
-            if result.dropped_too_long:
-                detail = ", ".join(filter(None, [detail, f"dropped as too long {result.dropped_too_long}"]))
-            raise InputError(
-                f"{', '.join(config.inputs)}: no usable pairs" + (f" ({detail})" if detail else "")
-            )
-        # A signal cannot leave one side without the other, or a dataset without its sidecar.
-        sidecars = {
-            config.prefix_for(key): build_pref_sidecar(
-                key, config, tokenizer, template, dtypes[key], inputs, result
-            )
-            for key in KEYS
-        }
-        written = commit_with_sidecars(writers.values(), sidecars)
-    for prefix, sidecar in zip(sidecars, written, strict=True):
-        result.paths += [str(bin_path(prefix)), str(idx_path(prefix)), str(sidecar)]
+            pending = []
+    if pending:
+        flush(pending)
+    if result.pairs == 0:
+        counted = {k: v for k, v in result.skipped.items() if v}
+        detail = ", ".join(f"{k} {v}" for k, v in sorted(counted.items()))
+        if result.dropped_too_long:
+            detail = ", ".join(filter(None, [detail, f"dropped as too long {result.dropped_too_long}"]))
+        raise InputError(f"{', '.join(config.inputs)}: no usable pairs" + (f" ({detail})" if detail else ""))
+    # A signal cannot leave one side without the other, or a dataset without its sidecar.
+    for key in KEYS:
+        output.set_sidecar(
+            config.prefix_for(key),
+            build_pref_sidecar(key, config, tokenizer, template, dtypes[key], inputs, result),
+        )
+    result.paths = [str(path) for path in output.commit()]
     return result
 
 
@@ -463,8 +440,6 @@ def build_pref_sidecar(
     result: PrefResult,
 ) -> dict:
     """An ordinary indexed-dataset sidecar plus the ``pref`` block (schema ``pref-sidecar.schema.json``)."""
-    from llmtools.formats.sidecar import build_sidecar
-
     side = key.split("_", 1)[0]
     return build_sidecar(
         tokenizer=tokenizer.identity(),

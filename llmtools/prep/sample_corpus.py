@@ -21,6 +21,7 @@ from pathlib import Path
 
 from llmtools.errors import UsageError
 from llmtools.formats import jsonfile
+from llmtools.prep.dataset_output import DatasetOutput
 
 STYLES = ("stories", "arith")
 
@@ -121,32 +122,40 @@ def write_sample_corpus(
     force: bool = False,
 ) -> list[Path]:
     """Write ``{output_dir}/{style}.jsonl`` (``{"text": ...}`` per line) for each style; returns the paths."""
-    from llmtools.formats.outputs import marker_path, write_marker
-    from llmtools.fsutil import atomic_group, check_writable
-    from llmtools.locks import lock_output
-
     if docs < 1:
         raise UsageError(f"--docs: must be at least 1, got {docs}")
     styles = list(dict.fromkeys(styles))
     for style in styles:
         if style not in GENERATORS:
             raise UsageError(f"--style: unknown style {style!r} (choose from {', '.join(STYLES)})")
-    paths = corpus_paths(output_dir, styles)
-    with lock_output(paths):  # one writer per output, from the existence check on
-        check_writable([p for path in paths for p in (path, marker_path(path))], force)
-        with atomic_group() as group:  # all styles or none
-            for style, path in zip(styles, paths, strict=True):
-                with open(group.path(path), "w", encoding="utf-8") as handle:
-                    for text in generate(style, docs, seed):
-                        handle.write(jsonfile.dumps({"text": text}, ensure_ascii=False) + "\n")
-        for style, path in zip(styles, paths, strict=True):
-            write_marker(path, "sample-corpus", style=style, docs=docs, seed=seed)
-    return paths
+    with corpus_output(output_dir, styles, docs, seed, force) as output:  # all styles or none
+        for style, path in zip(styles, output.files, strict=True):
+            with open(output.path(path), "w", encoding="utf-8") as handle:
+                for text in generate(style, docs, seed):
+                    handle.write(jsonfile.dumps({"text": text}, ensure_ascii=False) + "\n")
+        return output.commit()
 
 
-def corpus_paths(output_dir: str | os.PathLike, styles: Sequence[str] = STYLES) -> list[Path]:
-    """``{output_dir}/{style}.jsonl`` for each style (each gets a ``.llmtools.json`` marker beside it)."""
-    return [Path(output_dir) / f"{style}.jsonl" for style in dict.fromkeys(styles)]
+def corpus_output(
+    output_dir: str | os.PathLike,
+    styles: Sequence[str] = STYLES,
+    docs: int = 2000,
+    seed: int = 1234,
+    force: bool = False,
+) -> DatasetOutput:
+    """The files of a sample corpus: ``{output_dir}/{style}.jsonl`` for each style, each marked."""
+    return DatasetOutput(
+        files={
+            Path(output_dir) / f"{style}.jsonl": {
+                "kind": "sample-corpus",
+                "style": style,
+                "docs": docs,
+                "seed": seed,
+            }
+            for style in dict.fromkeys(styles)
+        },
+        force=force,
+    )
 
 
 def arith_sums_task(examples: int = 100, seed: int = 1234) -> Iterator[dict]:
@@ -169,18 +178,19 @@ def write_arith_task(
     path: str | os.PathLike, examples: int = 100, seed: int = 1234, force: bool = False
 ) -> Path:
     """Write :func:`arith_sums_task` to ``path`` (JSONL), with its marker."""
-    from llmtools.formats.outputs import marker_path, write_marker
-    from llmtools.fsutil import atomic_group, check_writable
-    from llmtools.locks import lock_output
-
     if examples < 1:
         raise UsageError(f"--examples: must be at least 1, got {examples}")
-    path = Path(path)
-    with lock_output([path]):
-        check_writable([path, marker_path(path)], force)
-        with atomic_group() as group:
-            with open(group.path(path), "w", encoding="utf-8") as handle:
-                for item in arith_sums_task(examples, seed):
-                    handle.write(jsonfile.dumps(item) + "\n")
-        write_marker(path, "sample-task", task="arith-sums", examples=examples, seed=seed)
-    return path
+    with arith_task_output(path, examples, seed, force) as output:
+        with open(output.path(path), "w", encoding="utf-8") as handle:
+            for item in arith_sums_task(examples, seed):
+                handle.write(jsonfile.dumps(item) + "\n")
+        output.commit()
+    return Path(path)
+
+
+def arith_task_output(
+    path: str | os.PathLike, examples: int = 100, seed: int = 1234, force: bool = False
+) -> DatasetOutput:
+    """The task file of :func:`write_arith_task`, marked."""
+    record = {"kind": "sample-task", "task": "arith-sums", "examples": examples, "seed": seed}
+    return DatasetOutput(files={Path(path): record}, force=force)

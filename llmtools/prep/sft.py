@@ -12,7 +12,7 @@ Output (schema ``schemas/sft-sidecar.schema.json``): MMIDIDX datasets with one d
 a target, i.e. ``labels = input_ids[1:]`` is trained where ``loss_mask[1:] == 1``. With ``--pack``
 ``segment_ids`` (uint16) numbers the samples inside each sequence 1, 2, 3, ...: attention must
 stay within a segment and position ids restart at each new segment
-(:func:`position_ids_from_segments`).
+(:func:`llmtools.formats.sft_layout.position_ids_from_segments`).
 
 The whole rendering is tokenized in one call (as ``apply_chat_template(tokenize=True)`` does, so the
 ids are the same) and the character offsets of ``tokenizers`` map assistant spans to tokens. For
@@ -30,13 +30,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from llmtools.errors import InputError, UsageError
 from llmtools.formats import jsonfile
+from llmtools.formats.indexed import dtype_for_vocab
+from llmtools.formats.output_marks import check_output_prefix
+from llmtools.formats.sft_layout import KEYS, SFT_FORMAT
+from llmtools.formats.sidecar import build_sidecar
 from llmtools.prep.chat_template import (
     MAX_RENDER_SECONDS,
     ChatTemplate,
@@ -45,12 +48,16 @@ from llmtools.prep.chat_template import (
     split_markers,
     split_note,
 )
+from llmtools.prep.dataset_output import DatasetOutput
+from llmtools.prep.encode_guard import guarded
+from llmtools.prep.hf_import import file_inputs
+from llmtools.prep.hf_open import looks_like_hf, open_hf
+from llmtools.prep.jsonl import JsonlSource
+from llmtools.tokenize import load_tokenizer
 
 FORMATS = ("messages", "prompt-response", "alpaca")
 OVERFLOW = ("truncate", "drop")
 ROLES = ("system", "user", "assistant")
-SFT_FORMAT = "llmtools.sft"
-KEYS = ("input_ids", "loss_mask", "segment_ids")
 ENCODE_BATCH = 256  # renderings tokenized per call
 
 
@@ -94,19 +101,15 @@ class SftConfig:
             raise UsageError(f"--max-length: must be at least 1, got {self.max_length}")
         if self.pack and self.max_length is None:
             raise UsageError("--pack: needs --max-length (the length of a packed sequence)")
-        from llmtools.formats.outputs import check_output_prefix
 
         check_output_prefix(self.output_prefix, "--output")
 
     def prefix_for(self, key: str) -> str:
         return f"{self.output_prefix}_{key}_document"
 
-    def outputs(self) -> list:
-        """Every file this run writes: ``.bin``, ``.idx`` and sidecar per dataset."""
-        from llmtools.formats.indexed import bin_path, idx_path
-        from llmtools.formats.sidecar import sidecar_path
-
-        return [p(self.prefix_for(k)) for k in self.keys for p in (bin_path, idx_path, sidecar_path)]
+    def output(self) -> DatasetOutput:
+        """What this run writes: ``.bin``, ``.idx`` and sidecar per dataset."""
+        return DatasetOutput([self.prefix_for(k) for k in self.keys], force=self.force)
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -288,7 +291,6 @@ class SampleEncoder:
         (``file:line`` of each rendering): a tokenizer failure is an :class:`InputError` naming it."""
         if places is None:
             return self._encode_rendered(rendered)
-        from llmtools.prep.encode_guard import guarded
 
         return guarded(
             lambda: self._encode_rendered(rendered),
@@ -361,8 +363,6 @@ def iter_records(config, inputs: list[dict], skipped: dict[str, int]) -> Iterato
     Malformed lines are yielded as :class:`BadSample` (the caller decides: stop or count).
     ``inputs`` gets the sidecar entries of what was read.
     """
-    from llmtools.prep.hf_open import looks_like_hf
-
     for spec in config.inputs:
         if spec != "-" and looks_like_hf(spec):
             yield from _hf_records(spec, config, inputs)
@@ -371,8 +371,6 @@ def iter_records(config, inputs: list[dict], skipped: dict[str, int]) -> Iterato
 
 
 def _jsonl_records(spec: str, config, inputs: list[dict], skipped: dict[str, int]):
-    from llmtools.prep.jsonl import JsonlSource
-
     source = JsonlSource([spec], skip_bad=config.skip_bad)
     for chunk in source.batches():
         rows = chunk.data.split(b"\n")
@@ -432,9 +430,6 @@ def _lone_surrogate(value, path: str) -> str | None:
 
 
 def _hf_records(spec: str, config, inputs: list[dict]):
-    from llmtools.prep.hf_import import file_inputs
-    from llmtools.prep.hf_open import open_hf
-
     table = open_hf(spec, config.split)
     have = set(table.schema.names)
     needed, optional = config.hf_columns()
@@ -473,40 +468,13 @@ class Packer:
         self.ids, self.masks = [], []
 
 
-def position_ids_from_segments(segment_ids: np.ndarray) -> np.ndarray:
-    """Position ids that restart at 0 at every new segment (what a packed sequence is trained with)."""
-    segment_ids = np.asarray(segment_ids)
-    n = segment_ids.size
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.flatnonzero(np.concatenate([[True], segment_ids[1:] != segment_ids[:-1]]))
-    base = np.zeros(n, dtype=np.int64)
-    base[starts] = starts
-    return np.arange(n, dtype=np.int64) - np.maximum.accumulate(base)
-
-
-def segment_attention_mask(segment_ids: np.ndarray) -> np.ndarray:
-    """``allowed[q, k]``: causal attention that never crosses a segment (sample) boundary."""
-    segment_ids = np.asarray(segment_ids)
-    n = segment_ids.size
-    same = segment_ids[:, None] == segment_ids[None, :]
-    return same & np.tri(n, dtype=bool)
-
-
 def build_sft(config: SftConfig, progress: bool | None = None) -> SftResult:
     """Run the whole pipeline; outputs appear only if it succeeds (one writer per output prefix)."""
-    from llmtools.locks import lock_output
-
-    with lock_output([config.prefix_for(k) for k in config.keys]):
-        return _build_sft(config, progress)
+    with config.output() as output:
+        return _build_sft(config, output)
 
 
-def _build_sft(config: SftConfig, progress: bool | None) -> SftResult:
-    from llmtools.formats.indexed import IndexedDatasetWriter, bin_path, dtype_for_vocab, idx_path
-    from llmtools.fsutil import check_writable
-    from llmtools.tokenize import load_tokenizer
-
-    check_writable(config.outputs(), config.force)
+def _build_sft(config: SftConfig, output: DatasetOutput) -> SftResult:
     tokenizer = load_tokenizer(config.tokenizer, backend="tokenizers", special_tokens="split")
     template = load_chat_template(config.chat_template, config.tokenizer, time_limit=config.template_timeout)
     if config.append_eod and tokenizer.eod_id is None:
@@ -517,75 +485,67 @@ def _build_sft(config: SftConfig, progress: bool | None) -> SftResult:
     result = SftResult()
     result.split_markers = split_markers(template, tokenizer)
     inputs: list[dict] = []
-    with ExitStack() as stack:
-        writers = {
-            k: stack.enter_context(IndexedDatasetWriter(config.prefix_for(k), dtypes[k])) for k in config.keys
-        }
+    writers = {k: output.open(config.prefix_for(k), dtypes[k]) for k in config.keys}
 
-        def write(ids: np.ndarray, mask: np.ndarray, segments: np.ndarray | None = None) -> None:
-            writers["input_ids"].add_document(ids)
-            writers["loss_mask"].add_document(mask)
-            if segments is not None:
-                writers["segment_ids"].add_document(segments)
-            result.sequences += 1
+    def write(ids: np.ndarray, mask: np.ndarray, segments: np.ndarray | None = None) -> None:
+        writers["input_ids"].add_document(ids)
+        writers["loss_mask"].add_document(mask)
+        if segments is not None:
+            writers["segment_ids"].add_document(segments)
+        result.sequences += 1
 
-        packer = Packer(config.max_length, write) if config.pack else None
+    packer = Packer(config.max_length, write) if config.pack else None
 
-        def add(ids: np.ndarray, mask: np.ndarray) -> None:
-            if config.append_eod:
-                ids = np.append(ids, tokenizer.eod_id)
-                mask = np.append(mask, np.uint8(1))
-            if config.max_length is not None and ids.size > config.max_length:
-                if config.overflow == "drop" or not mask[: config.max_length].any():
-                    result.dropped_too_long += 1
-                    return
-                ids, mask = ids[: config.max_length], mask[: config.max_length]
-                result.truncated += 1
-            result.samples += 1
-            result.tokens += int(ids.size)
-            result.target_tokens += int(mask.sum())
-            if packer is not None:
-                packer.add(ids, mask)
-            else:
-                write(ids, mask)
-
-        pending: list[tuple[str, list]] = []  # rendered, waiting to be tokenized as one batch
-        places: list[str] = []
-        for place, record in iter_records(config, inputs, result.skipped):
-            try:
-                if isinstance(record, BadSample):
-                    raise record
-                pending.append(encoder.render(to_messages(record, config)))
-                places.append(place)
-            except BadSample as bad:
-                if not config.skip_bad:
-                    raise InputError(f"{place}: {bad}") from None
-                result.skipped[bad.kind] = result.skipped.get(bad.kind, 0) + 1
-                continue
-            if len(pending) >= ENCODE_BATCH:
-                for ids, mask in encoder.encode_rendered(pending, places):
-                    add(ids, mask)
-                pending, places = [], []
-        for ids, mask in encoder.encode_rendered(pending, places) if pending else []:
-            add(ids, mask)
+    def add(ids: np.ndarray, mask: np.ndarray) -> None:
+        if config.append_eod:
+            ids = np.append(ids, tokenizer.eod_id)
+            mask = np.append(mask, np.uint8(1))
+        if config.max_length is not None and ids.size > config.max_length:
+            if config.overflow == "drop" or not mask[: config.max_length].any():
+                result.dropped_too_long += 1
+                return
+            ids, mask = ids[: config.max_length], mask[: config.max_length]
+            result.truncated += 1
+        result.samples += 1
+        result.tokens += int(ids.size)
+        result.target_tokens += int(mask.sum())
         if packer is not None:
-            packer.flush()
-        if result.samples == 0:
-            raise InputError(
-                f"{', '.join(config.inputs)}: no usable samples"
-                + (f" (skipped: {_fmt_counts(result.skipped)})" if result.skipped else "")
-            )
-        from llmtools.formats.sidecar import commit_with_sidecars
+            packer.add(ids, mask)
+        else:
+            write(ids, mask)
 
-        sidecars = {
-            config.prefix_for(key): build_sft_sidecar(
-                key, config, tokenizer, template, dtypes[key], inputs, result
-            )
-            for key in config.keys
-        }
-        written = commit_with_sidecars(writers.values(), sidecars)
-    for prefix, sidecar in zip(sidecars, written, strict=True):
-        result.paths += [str(bin_path(prefix)), str(idx_path(prefix)), str(sidecar)]
+    pending: list[tuple[str, list]] = []  # rendered, waiting to be tokenized as one batch
+    places: list[str] = []
+    for place, record in iter_records(config, inputs, result.skipped):
+        try:
+            if isinstance(record, BadSample):
+                raise record
+            pending.append(encoder.render(to_messages(record, config)))
+            places.append(place)
+        except BadSample as bad:
+            if not config.skip_bad:
+                raise InputError(f"{place}: {bad}") from None
+            result.skipped[bad.kind] = result.skipped.get(bad.kind, 0) + 1
+            continue
+        if len(pending) >= ENCODE_BATCH:
+            for ids, mask in encoder.encode_rendered(pending, places):
+                add(ids, mask)
+            pending, places = [], []
+    for ids, mask in encoder.encode_rendered(pending, places) if pending else []:
+        add(ids, mask)
+    if packer is not None:
+        packer.flush()
+    if result.samples == 0:
+        raise InputError(
+            f"{', '.join(config.inputs)}: no usable samples"
+            + (f" (skipped: {_fmt_counts(result.skipped)})" if result.skipped else "")
+        )
+    for key in config.keys:
+        output.set_sidecar(
+            config.prefix_for(key),
+            build_sft_sidecar(key, config, tokenizer, template, dtypes[key], inputs, result),
+        )
+    result.paths = [str(path) for path in output.commit()]
     return result
 
 
@@ -597,8 +557,6 @@ def build_sft_sidecar(
     key, config: SftConfig, tokenizer, template: ChatTemplate, dtype, inputs, result
 ) -> dict:
     """An ordinary indexed-dataset sidecar plus the ``sft`` block (schema ``sft-sidecar.schema.json``)."""
-    from llmtools.formats.sidecar import build_sidecar
-
     return build_sidecar(
         tokenizer=tokenizer.identity(),
         dtype=dtype,

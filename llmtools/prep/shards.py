@@ -139,7 +139,10 @@ def plan_id(paths: Sequence[str], sizes: Sequence[int], count: int) -> str:
 
 
 @dataclass
-class ShardPlan:
+class ShardAssignment:
+    """Which shard each input belongs to (``plan`` names the assignment: the same for every task of an
+    array); ``mine`` are the inputs of this task's shard."""
+
     spec: ShardSpec
     paths: list[str]  # every input, sorted
     sizes: list[int]
@@ -165,7 +168,7 @@ class ShardPlan:
         }
 
 
-def plan_shards(paths: Sequence[str], spec: ShardSpec) -> ShardPlan:
+def plan_shards(paths: Sequence[str], spec: ShardSpec) -> ShardAssignment:
     """Sort the (expanded) inputs by path and assign them; stdin and repeated files are refused."""
     if "-" in paths:
         raise UsageError(f"--shard {spec}: stdin ('-') cannot be sharded; give files")
@@ -174,4 +177,6 @@ def plan_shards(paths: Sequence[str], spec: ShardSpec) -> ShardPlan:
         if a == b:
             raise InputError(f"{a}: named twice among the inputs (each input must belong to one shard)")
     sizes = input_sizes(ordered)
-    return ShardPlan(spec, ordered, sizes, assign(sizes, spec.count), plan_id(ordered, sizes, spec.count))
+    return ShardAssignment(
+        spec, ordered, sizes, assign(sizes, spec.count), plan_id(ordered, sizes, spec.count)
+    )

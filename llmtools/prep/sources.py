@@ -17,6 +17,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from llmtools.errors import InputError
+
 
 @dataclass
 class BadRecord:
@@ -89,8 +91,6 @@ class DocBatch:
     def parse(self, keys: Sequence[str], skip_bad: bool = False, flat: bool = False) -> DocBatch:
         missing = [k for k in keys if k not in self.texts]
         if missing:
-            from llmtools.errors import InputError
-
             raise InputError(f"{self.source}: no column {missing[0]!r} (have {', '.join(self.texts)})")
         return self
 

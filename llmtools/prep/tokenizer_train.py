@@ -12,7 +12,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmtools.errors import UsageError
+from llmtools.errors import InputError, UsageError
+from llmtools.formats.output_marks import marker_path, write_marker
+from llmtools.fsutil import check_writable, write_text_atomic
+from llmtools.locks import lock_output
+from llmtools.prep.jsonl import JsonlSource
+from llmtools.progress import Progress, on_terminal
 
 DEFAULT_EOD = "<|endoftext|>"
 
@@ -50,8 +55,6 @@ def build_tokenizer(texts: Iterable[str], config: TrainConfig):
     """Train on ``texts`` and return the ``tokenizers.Tokenizer``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from llmtools.progress import on_terminal
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -70,10 +73,6 @@ def build_tokenizer(texts: Iterable[str], config: TrainConfig):
 
 def iter_jsonl_texts(inputs: Sequence[str], keys: Sequence[str], skip_bad: bool = False) -> Iterator[str]:
     """Every text of every key in JSONL inputs (same reader and errors as json2bin)."""
-    from llmtools.errors import InputError
-    from llmtools.prep.jsonl import JsonlSource
-    from llmtools.progress import Progress, on_terminal
-
     source = JsonlSource(inputs, skip_bad=skip_bad)
     # Plain lines while the input is read; on a terminal the trainer draws its own bars instead.
     with Progress(source.total_bytes, "tokenizer: read", unit="B", enabled=not on_terminal()) as bar:
@@ -88,8 +87,6 @@ def iter_jsonl_texts(inputs: Sequence[str], keys: Sequence[str], skip_bad: bool 
 
 def outputs(output: str | os.PathLike) -> list[Path]:
     """What :func:`train_tokenizer` writes: the tokenizer and its marker."""
-    from llmtools.formats.outputs import marker_path
-
     return [Path(output), marker_path(output)]
 
 
@@ -102,10 +99,6 @@ def train_tokenizer(
 ) -> dict:
     """Train from JSONL ``inputs`` and write ``output`` (tokenizer.json) atomically, with the marker that
     says llmtools wrote it (``tokenizer.json.llmtools.json``). Returns a summary."""
-    from llmtools.formats.outputs import write_marker
-    from llmtools.fsutil import check_writable, write_text_atomic
-    from llmtools.locks import lock_output
-
     with lock_output(output):  # one writer per output, from the existence check on
         check_writable(outputs(output), force)
         tok = build_tokenizer(iter_jsonl_texts(inputs, config.json_keys, skip_bad), config)

@@ -29,13 +29,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from llmtools.errors import UsageError
+
 SPECIAL_POLICIES = ("auto", "split", "plain")
 
 
 def check_policy(policy: str) -> str:
     if policy not in SPECIAL_POLICIES:
-        from llmtools.errors import UsageError
-
         raise UsageError(
             f"--special-tokens: unknown policy {policy!r} (choose one of {', '.join(SPECIAL_POLICIES)})"
         )

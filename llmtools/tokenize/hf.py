@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 
+from llmtools.errors import UsageError
 from llmtools.tokenize.base import Tokenizer, as_str_list, flatten
 from llmtools.tokenize.checks import check_vocabulary
 
@@ -198,8 +199,6 @@ class HFTokenizer(Tokenizer):
             return
         self.fallback_reason = reason
         if self._required:
-            from llmtools.errors import UsageError
-
             raise UsageError(f"--backend gigatoken: {reason}")
 
     def _json_for_gigatoken(self) -> str:

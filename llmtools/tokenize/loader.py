@@ -23,6 +23,9 @@ from pathlib import Path
 from llmtools.errors import InputError, UsageError
 from llmtools.formats import jsonfile
 from llmtools.tokenize.base import Tokenizer, check_policy
+from llmtools.tokenize.byte_tokenizer import ByteTokenizer
+from llmtools.tokenize.hf import HFTokenizer
+from llmtools.tokenize.spm import SentencePieceTokenizer
 
 BACKENDS = ("auto", "tokenizers", "gigatoken")
 HF_FOLDER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
@@ -66,8 +69,6 @@ def _load(spec: str | os.PathLike, backend: str, special_tokens: str, defer_prob
         raise UsageError(f"--backend: unknown backend {backend!r} (choose one of {', '.join(BACKENDS)})")
     text = str(spec)
     if text == "byte":
-        from llmtools.tokenize.byte import ByteTokenizer
-
         return ByteTokenizer(policy=special_tokens)
     path = Path(text)
     if not path.exists():
@@ -141,8 +142,6 @@ def _special_id(tok, names) -> int | None:
 
 def _load_hf_json(path: Path, backend: str, policy: str, defer_probe: bool = False) -> Tokenizer:
 
-    from llmtools.tokenize.hf import HFTokenizer
-
     try:
         tok = _tokenizer_from_file(path)
     except Exception as error:  # noqa: BLE001 - tokenizers raises bare Exception on bad files
@@ -174,8 +173,6 @@ def _load_hf_folder(
     """``add_special_tokens=False`` leaves out what the post-processor adds (BOS/EOS), as Megatron-LM's
     HuggingFaceTokenizer does by default since core_v0.15; ``extra_special`` adds special tokens
     (``--tokenizer-special-tokens``) after the vocabulary, in order."""
-    from llmtools.tokenize.hf import HFTokenizer
-
     files = [path / f for f in HF_FOLDER_FILES if (path / f).exists()]
     common = {
         "kind": "hf-folder",
@@ -283,8 +280,6 @@ def _load_gpt2(
     import tokenizers
     from tokenizers import decoders, models, pre_tokenizers
 
-    from llmtools.tokenize.hf import HFTokenizer
-
     merges = merges if merges is not None else _merges_for(vocab)
     try:
         tok = tokenizers.Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
@@ -314,8 +309,6 @@ def _load_gpt2(
 
 
 def _load_sentencepiece(path: Path, policy: str) -> Tokenizer:
-    from llmtools.tokenize.spm import SentencePieceTokenizer
-
     try:
         return SentencePieceTokenizer(path, source=str(path), hash=file_sha256([path]), policy=policy)
     except (RuntimeError, OSError) as error:

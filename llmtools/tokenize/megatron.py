@@ -35,7 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmtools.errors import InputError, UsageError
+from llmtools.tokenize import loader
 from llmtools.tokenize.base import Tokenizer
+from llmtools.tokenize.spm import SentencePieceTokenizer
+from llmtools.tokenize.tiktoken_megatron import MegatronTikTokenizer
 
 CORE_SYSTEM = (
     "megatron-core tokenizers (preprocess_data.py default in core_v0.15.0-core_v0.16.1; tested with 0.16.1)"
@@ -165,8 +168,6 @@ def load_megatron_tokenizer(
     args: MegatronTokenizerArgs, backend: str = "auto", defer_probe: bool = False
 ) -> Tokenizer:
     """The tokenizer ``tools/preprocess_data.py`` builds from these flags, giving the same ids."""
-    from llmtools.tokenize import loader
-
     kind = args.tokenizer_type
     if kind == "GPT2BPETokenizer":
         vocab, merges = _existing(args.vocab_file, "--vocab-file"), _existing(args.merge_file, "--merge-file")
@@ -202,8 +203,6 @@ def load_megatron_tokenizer(
         if tok.eod_id is None and not args.legacy:
             tok.eod_id = _sep_id(folder)  # megatron-core makes the SEP token the EOS when there is no EOS
     elif kind == "TikTokenizer":
-        from llmtools.tokenize.tiktoken_megatron import MegatronTikTokenizer
-
         path = _existing(args.tokenizer_model, "--tokenizer-model")
         params = json.dumps(
             {
@@ -226,8 +225,6 @@ def load_megatron_tokenizer(
             special_tokens=args.special_tokens or None,
         )
     else:  # the SentencePiece types
-        from llmtools.tokenize.spm import SentencePieceTokenizer
-
         path = _existing(args.tokenizer_model, "--tokenizer-model")
         bos = args.legacy and kind == "Llama2Tokenizer"  # the legacy Llama-2 wrapper prepends BOS
         try:

@@ -6,7 +6,7 @@ over every scored token of every rank, so each is exactly its definition over th
 * ``eval_loss`` = total cross-entropy in nats / tokens (``eval_ppl`` = exp of it);
 * ``eval_accuracy`` = tokens whose top-1 prediction is the label / tokens;
 * ``eval_bpb`` (bits per byte) = total cross-entropy / ln 2 / the UTF-8 bytes those tokens stand for
-  (:mod:`llmtools.tokenize.bytes`; absent when the data's tokenizer cannot be reloaded).
+  (:mod:`llmtools.tokenize.token_bytes`; absent when the data's tokenizer cannot be reloaded).
 
 A task that scores no tokens reports the mean of its micro-batch losses. The task's own metrics
 (``metric_names``) are means over micro-batches and ranks.

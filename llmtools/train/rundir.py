@@ -16,7 +16,7 @@ from pathlib import Path
 
 from llmtools.errors import UsageError
 from llmtools.formats import jsonfile
-from llmtools.formats.outputs import RUN_CONFIG_HEADER, run_folder_entries
+from llmtools.formats.output_marks import RUN_CONFIG_HEADER, run_folder_entries
 from llmtools.fsutil import write_text_atomic
 from llmtools.train.plan import TrainPlan
 
@@ -47,7 +47,7 @@ def clear_run_dir(run_dir: Path) -> None:
     """--force without --resume: remove the earlier run's files (rank 0, with the run folder locked)."""
     import shutil
 
-    for path in run_folder_entries(run_dir):  # what the CLI checked --force may replace (cli/outputs)
+    for path in run_folder_entries(run_dir):  # what the CLI checked --force may replace (cli/claim.py)
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:

@@ -12,8 +12,9 @@ from llmtools.data.pref_dataset import PrefDataset
 from llmtools.data.sft_dataset import SftDataset
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader
+from llmtools.formats.pref_layout import KEYS
 from llmtools.prep.chat_template import load_chat_template
-from llmtools.prep.pref import KEYS, PrefConfig, build_pref
+from llmtools.prep.pref import PrefConfig, build_pref
 from llmtools.tokenize import load_tokenizer
 from tests.conftest import REPO, shared
 

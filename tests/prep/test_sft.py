@@ -9,13 +9,8 @@ import pytest
 
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.indexed import IndexedDatasetReader
-from llmtools.prep.sft import (
-    SftConfig,
-    build_sft,
-    mask_from_offsets,
-    position_ids_from_segments,
-    segment_attention_mask,
-)
+from llmtools.formats.sft_layout import position_ids_from_segments, segment_attention_mask
+from llmtools.prep.sft import SftConfig, build_sft, mask_from_offsets
 from llmtools.tokenize import load_tokenizer
 from tests.conftest import REPO, shared
 

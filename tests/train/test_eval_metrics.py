@@ -59,7 +59,7 @@ def test_bits_per_byte_and_accuracy_equal_the_hand_computation(byte_data):
 
     from llmtools.model import LlamaForCausalLM, load_model_config
     from llmtools.tokenize import load_tokenizer
-    from llmtools.tokenize.bytes import token_byte_lengths
+    from llmtools.tokenize.token_bytes import token_byte_lengths
     from llmtools.train.evaluate import evaluate
     from llmtools.train.tasks.pretrain import PretrainTask
 
@@ -110,7 +110,7 @@ def test_bits_per_byte_and_accuracy_equal_the_hand_computation(byte_data):
 )
 def test_byte_table_is_exact_for_byte_level_tokenizers(spec):
     from llmtools.tokenize import load_tokenizer
-    from llmtools.tokenize.bytes import token_byte_lengths
+    from llmtools.tokenize.token_bytes import token_byte_lengths
 
     tokenizer = load_tokenizer(spec if spec == "byte" else shared(spec))
     table = token_byte_lengths(tokenizer)
@@ -123,7 +123,7 @@ def test_byte_table_is_exact_for_byte_level_tokenizers(spec):
 def test_sentencepiece_counts_its_dummy_prefix():
     """SentencePiece prepends a space to each text: one byte more per document than the text (documented)."""
     from llmtools.tokenize import load_tokenizer
-    from llmtools.tokenize.bytes import token_byte_lengths
+    from llmtools.tokenize.token_bytes import token_byte_lengths
 
     tokenizer = load_tokenizer(shared("tokenizers/mistral-v1/tokenizer.model"))
     table = token_byte_lengths(tokenizer)
@@ -133,7 +133,7 @@ def test_sentencepiece_counts_its_dummy_prefix():
 
 def test_byte_table_needs_the_recorded_tokenizer(tmp_path):
     from llmtools.tokenize import load_tokenizer
-    from llmtools.tokenize.bytes import byte_lengths_for
+    from llmtools.tokenize.token_bytes import byte_lengths_for
 
     identity = load_tokenizer(shared("tokenizers/gpt2/tokenizer.json")).identity()
     table, why = byte_lengths_for(identity)

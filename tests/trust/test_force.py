@@ -2,7 +2,7 @@
 
 The cases the issue names run as real processes; the same rule in each of the other commands runs through
 their real ``main`` in this process (arguments, the helper and the error mapping included), which is
-enough to show each command asks the one helper (:func:`llmtools.cli.outputs.claim`).
+enough to show each command asks the one helper (:func:`llmtools.cli.claim.claim`).
 """
 
 from __future__ import annotations
@@ -226,7 +226,8 @@ def test_a_folder_holding_only_a_reference_pass_is_a_run_of_ours(env, train_file
     ``reference`` folder llmtools did not write is kept, --force or not."""
     import numpy as np
 
-    from llmtools.formats import outputs, reference
+    from llmtools.formats import output_marks as outputs
+    from llmtools.formats import reference
 
     assert outputs.REFERENCE_META == reference.META_FILE
     run_dir = tmp_path / "run"

@@ -196,8 +196,8 @@ class PrefTrainData:
 
     def __init__(self, prefix: str, seq_length: int, num_samples: int, seed: int = 1234) -> None:
         from llmtools.data.pref_dataset import PrefDataset
+        from llmtools.formats.pref_layout import side_prefix
         from llmtools.formats.sidecar import read_sidecar
-        from llmtools.prep.pref import side_prefix
 
         self.dataset = PrefDataset(prefix)
         if len(self.dataset) == 0:

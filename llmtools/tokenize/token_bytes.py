@@ -22,7 +22,9 @@ import json
 
 import numpy as np
 
+from llmtools.errors import LlmtoolsError
 from llmtools.tokenize.base import Tokenizer
+from llmtools.tokenize.loader import load_tokenizer
 
 _BYTE_PIECE = ("<0x", ">")
 
@@ -76,9 +78,6 @@ def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
 def byte_lengths_for(identity: dict | None) -> tuple[np.ndarray | None, str | None]:
     """The table for the tokenizer a sidecar names (its ``tokenizer`` record), or (None, why not): the
     tokenizer is reloaded from its recorded source and must still have the recorded hash."""
-    from llmtools.errors import LlmtoolsError
-    from llmtools.tokenize.loader import load_tokenizer
-
     if not identity or not identity.get("source"):
         return None, "the data records no tokenizer"
     source = str(identity["source"])

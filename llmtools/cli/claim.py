@@ -9,7 +9,7 @@ why) an output that
 
 * is an input, contains an input, or lies inside an input folder (whatever ``--force`` says);
 * exists and is not an earlier output of ours, even with ``--force`` (a file without our mark, a
-  non-empty folder we did not write: :func:`llmtools.formats.outputs.not_ours`);
+  non-empty folder we did not write: :func:`llmtools.formats.output_marks.not_ours`);
 * is an output of ours of another kind than the command writes (``kinds``), or a training run, a part of
   one or one of its checkpoints, which only ``llm-train`` replaces (even with ``--force``);
 * exists, without ``--force``;
@@ -25,7 +25,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from llmtools.errors import UsageError
-from llmtools.formats.outputs import RUN_CHECKPOINT_KIND, RUN_ENTRY_KIND, RUN_KIND, kind_of, not_ours
+from llmtools.formats.output_marks import RUN_CHECKPOINT_KIND, RUN_ENTRY_KIND, RUN_KIND, kind_of, not_ours
 from llmtools.fsutil import TMP_MARK
 
 PathLike = str | os.PathLike
@@ -81,7 +81,7 @@ def claim(
 
     ``adds``: the command adds to an existing output and replaces only files of its own in it
     (``llm-log tb``'s log folder): only the overlap with the inputs is checked. ``kinds``: the kinds of
-    output (:func:`llmtools.formats.outputs.kind_of`) this command writes; an earlier output of ours of
+    output (:func:`llmtools.formats.output_marks.kind_of`) this command writes; an earlier output of ours of
     another kind is not replaced. A training run, its entries and its checkpoints are replaced only by a
     command that names their kinds (``llm-train``), whatever ``kinds`` a command omits.
     """

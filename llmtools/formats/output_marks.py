@@ -21,7 +21,7 @@ sample-corpus JSONL, sidecar-less           with its size and sha256: an edited 
 ==========================================  ===========================================================
 
 :func:`not_ours` says why a path is not one of ours (None when it is); the decision of what a command may
-replace is :func:`llmtools.cli.outputs.claim`'s.
+replace is :func:`llmtools.cli.claim.claim`'s.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ import os
 import struct
 from pathlib import Path
 
+from llmtools import __version__
+from llmtools.errors import UsageError
 from llmtools.formats import jsonfile
 from llmtools.fsutil import write_text_atomic
 
@@ -69,8 +71,6 @@ def marker_path(path: str | os.PathLike) -> Path:
 
 def write_marker(path: str | os.PathLike, kind: str, **info) -> Path:
     """Record that llmtools wrote ``path`` (call once it is complete); returns the marker's path."""
-    from llmtools import __version__
-
     path = Path(path)
     record = {
         "format": MARKER_FORMAT,
@@ -268,8 +268,6 @@ def not_ours(path: str | os.PathLike) -> str | None:
 def check_output_prefix(prefix: str, flag: str = "--output") -> None:
     """An output prefix names files (``PREFIX_text_document.bin``), never a folder: ``-o .``, ``-o ..`` or
     ``-o data/`` would write hidden ``._text_document.*`` files or names that end in the folder's own."""
-    from llmtools.errors import UsageError
-
     text = os.fsdecode(prefix)
     if not text:
         raise UsageError(f"{flag}: an output prefix is required")
