@@ -22,8 +22,8 @@ from llmtools.ckpt.init_from import init_model_source  # an HF folder, or one of
 from llmtools.errors import InputError, LlmtoolsError
 from llmtools.model import ModelConfig, load_model_config
 from llmtools.model.config import shape_mismatch
-from llmtools.tokenize.token_bytes import byte_lengths_for
 from llmtools.tokenize.loader import load_tokenizer
+from llmtools.tokenize.token_bytes import byte_lengths_for
 from llmtools.train.config import TrainConfig
 from llmtools.train.deepspeed_config import resolve_ds_config, zero_stage
 from llmtools.train.downstream import load_tasks
