@@ -25,13 +25,14 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmtools.ckpt import dist, layout, safeload
 from llmtools.ckpt import rng as rng_state
+from llmtools.ckpt.state import RunState, saved_state
 from llmtools.ckpt.verify import check, check_compatible, list_files, read_meta, sha256_file, verify
 from llmtools.ckpt.writer import RankWriter
 from llmtools.dirfd import refuse_link
@@ -119,7 +120,7 @@ class _Pending:
     started: float
 
 
-def _meta_fields(engine, step: int, final: Path, client_state: dict[str, Any]) -> dict[str, Any]:
+def _meta_fields(engine, step: int, final: Path, summary: dict[str, Any]) -> dict[str, Any]:
     """meta.json as known when the save starts (the files and the duration are added at commit)."""
     from llmtools.thirdparty import import_deepspeed
 
@@ -130,19 +131,7 @@ def _meta_fields(engine, step: int, final: Path, client_state: dict[str, Any]) -
     shapes = _param_shapes(engine.module)
     return {
         **layout.meta_header(step, final.name),
-        "consumed_samples": client_state.get("consumed_samples"),
-        "consumed_tokens": client_state.get("consumed_tokens"),
-        "data": {
-            "consumed_samples": client_state.get("consumed_samples"),
-            "fingerprint": client_state.get("data_fingerprint"),
-            # per-source cursors, readable without torch (resume checks, llm-ckpt inspect --data)
-            "ledger": client_state.get("data_ledger"),
-        },
-        "config_hash": client_state.get("config_hash"),
-        "config": client_state.get("config"),  # what a resume compares its config with
-        "model": client_state.get("model"),
-        "tokenizer": client_state.get("tokenizer"),
-        "expert_parallel": client_state.get("expert_parallel"),
+        **summary,
         "world_size": world,
         "dp_world_size": zero_partitions(engine, world),
         "zero_stage": int(engine.zero_optimization_stage()),
@@ -195,8 +184,11 @@ class CheckpointManager:
         self._staging: dict[str, Any] = {}  # host buffers of the last background save, reused by the next
 
     # ------------------------------------------------------------------ save
-    def save(self, engine, step: int, client_state: dict[str, Any], blocking: bool | None = None) -> Path:
-        """Save ``engine`` at ``step``; call on ALL ranks. Returns the checkpoint's folder.
+    def save(
+        self, engine, step: int, state: RunState | Mapping[str, Any], blocking: bool | None = None
+    ) -> Path:
+        """Save ``engine`` at ``step`` with ``state`` (a run's parts, or a bare client state: see
+        :mod:`llmtools.ckpt.state`); call on ALL ranks. Returns the checkpoint's folder.
 
         Synchronous (the default, or ``blocking=True``): the folder is committed when this returns.
         With ``async_save`` (and ``blocking`` not True): the state is staged to host memory and written in
@@ -207,6 +199,7 @@ class CheckpointManager:
             raise UsageError(f"step: must be an integer >= 0, got {step!r}")
         self.wait()
         background = self.async_save if blocking is None else not blocking
+        client_state, summary = saved_state(state)
         rank = dist.rank()
         tmp = self.ckpt_dir / dist.broadcast(layout.tmp_name(step) if rank == 0 else None)
         final = self.ckpt_dir / layout.step_name(step)
@@ -234,7 +227,7 @@ class CheckpointManager:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # a failed save leaves no half-written folder
             raise
-        pending = _Pending(step, tmp, final, writer, _meta_fields(engine, step, final, client_state), started)
+        pending = _Pending(step, tmp, final, writer, _meta_fields(engine, step, final, summary), started)
         if not background:
             return self._commit(pending)
         self._staging = writer.staged()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmtools.ckpt.state import RunState
 from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure
 
 
@@ -24,10 +25,10 @@ def make_manager(
     return CheckpointManager(run_dir, keep_last=keep_last, keep_every=keep_every, async_save=async_save)
 
 
-def save(manager, engine, step: int, client_state: dict[str, Any], blocking: bool | None = None) -> Path:
-    """Save on ALL ranks; returns the checkpoint folder (committed now, or by a later ``poll``/``wait``
-    when the manager writes in the background and ``blocking`` is not True)."""
-    return manager.save(engine, step, client_state, blocking=blocking)
+def save(manager, engine, step: int, state: RunState, blocking: bool | None = None) -> Path:
+    """Save the run's parts on ALL ranks; returns the checkpoint folder (committed now, or by a later
+    ``poll``/``wait`` when the manager writes in the background and ``blocking`` is not True)."""
+    return manager.save(engine, step, state, blocking=blocking)
 
 
 @dataclass

@@ -32,10 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from llmtools.errors import InputError, RuntimeFailure
-from llmtools.formats import jsonfile
 from llmtools.train.config import TrainConfig
 from llmtools.train.deepspeed_config import prefer_torch_adam
 from llmtools.train.distributed import all_mean, any_rank, log0
@@ -48,6 +46,7 @@ from llmtools.train.rundir import (
     resolved_config,
     write_resolved,
 )
+from llmtools.train.state import Progress, data_fingerprint, run_state
 
 
 @dataclass
@@ -80,21 +79,6 @@ class RunResult:
     stopped: str | None = None
 
 
-def _data_fingerprint(plan: TrainPlan) -> str:
-    data = plan.config.data
-    return jsonfile.dumps(
-        {
-            "mix": data.mix,
-            "prefixes": data.prefixes,
-            "weights": data.weights,
-            "seq_length": plan.seq_length,
-            "seed": data.seed,
-            "split": data.split,
-        },
-        sort_keys=True,
-    )
-
-
 def _likely_checkpoint(run_dir: Path, spec: str) -> Path | None:
     """The checkpoint ``--resume SPEC`` will most likely load, found without torch or checksums (the
     manager decides for good, with checksums, once the process group exists)."""
@@ -125,7 +109,7 @@ def _resume_data(plan: TrainPlan, options: RunOptions, path: Path, meta: dict):
     records = read_records(quarantine_path(options.run_dir), run, whose=f"the checkpoint {path.name}")
     if saved is None and not options.reset_data:
         # Saved before checkpoints kept a ledger: no cursors, so only the same data can continue.
-        current, before = _data_fingerprint(plan), data.get("fingerprint")
+        current, before = data_fingerprint(plan), data.get("fingerprint")
         if before is not None and before != current:
             raise InputError(
                 f"{path}/meta.json[data]: the checkpoint was trained on data {before}, the config "
@@ -333,15 +317,6 @@ def step_means(
     return means[0], dict(zip(names, means[1:], strict=True))
 
 
-@dataclass
-class Progress:
-    """How far the run has come: the last finished step and the data it consumed (kept in checkpoints)."""
-
-    step: int = 0
-    consumed_samples: int = 0
-    consumed_tokens: int = 0
-
-
 class _Trainer:
     """One run: the engine and everything around it, with one method per job of the loop."""
 
@@ -383,7 +358,6 @@ class _Trainer:
             cfg.checkpoint.keep_every,
             async_save=cfg.checkpoint.async_,
         )
-        self.model_identity = plan.model_config.to_dict()
         self.resolved: dict | None = None  # the resolved config, recorded in every checkpoint (resume())
         self.progress = Progress()
         self.last_saved: Path | None = None
@@ -391,6 +365,7 @@ class _Trainer:
         from llmtools.logs.trackers import TrackerState
 
         self.trackers = TrackerState()  # the experiment trackers' run ids (saved with each checkpoint)
+        self.state = run_state(plan, self.progress, self.gate, self.trackers, None)  # set by resume()
         self.flops_per_token = flops_per_token(plan.model_config, plan.seq_length)
         self.peak = peak_tflops(self.device)
         self.window = StepWindow()  # the steps since the last train record
@@ -455,15 +430,18 @@ class _Trainer:
         if accepted is not None and self.rank == 0:  # accepted and loaded: the run folder now says so
             for kept in write_resolved(plan, self.run_dir, resumed_step=accepted.step):
                 self.log(f"the previous config is kept as {kept}")
+        where = accepted.path if accepted is not None else ""
+        self.state = run_state(plan, self.progress, self.gate, self.trackers, resolved, where)
+        if accepted is not None:
+            # Every part takes its state back (the tracker runs continue those the checkpoint names).
+            self.state.load_state_dict(client_state)
         # Only now: a --resume that fails leaves no metrics.jsonl, so the folder does not look like a run.
-        # The tracker runs continue those the checkpoint names (a fresh run starts new ones).
-        self.trackers.load_state_dict((client_state or {}).get("trackers") if accepted is not None else None)
         reporters = self.cfg.logging.reporters()
         trackers = self._open_trackers(reporters)
         if trackers and accepted is not None:
             from llmtools.logs.trackers import backfill
 
-            backfill(trackers, self.run_dir / "metrics.jsonl", int(client_state.get("step", 0)))
+            backfill(trackers, self.run_dir / "metrics.jsonl", self.progress.step)
         self.metrics = build_metrics_logger(
             self.run_dir,
             self.rank,
@@ -482,14 +460,6 @@ class _Trainer:
                 f"ZeRO-{plan.zero_stage}, {self.cfg.training.precision}",
             )
             return
-        self.progress = Progress(
-            int(client_state.get("step", 0)),
-            int(client_state.get("consumed_samples", 0)),
-            int(client_state.get("consumed_tokens", 0)),
-        )
-        plan.task.load_state_dict(client_state.get("task_state") or {})
-        # a checkpoint saved before the gate's state was kept: its windows fill up again
-        self.gate.load_state_dict(client_state.get("health_state") or {}, f"{accepted.path}[health_state]")
         consumed = self.progress.consumed_samples
         if options.reset_data:
             # from here on the position in the new data (the sampler's and the ledger's), from 0
@@ -594,44 +564,13 @@ class _Trainer:
         if decided.event is not None:
             _event(self.metrics, self.progress.step, "data", "; ".join(decided.lines), **decided.event)
 
-    def client_state(self) -> dict[str, Any]:
-        cfg, plan = self.cfg, self.plan
-        return {
-            "step": self.progress.step,
-            "consumed_samples": self.progress.consumed_samples,
-            "consumed_tokens": self.progress.consumed_tokens,
-            "config_hash": cfg.fingerprint(),
-            "model": self.model_identity,
-            "tokenizer": plan.tokenizer,
-            "data_fingerprint": _data_fingerprint(plan),
-            "config": self.resolved,  # what a resume compares its config with
-            # llm-ckpt convert merges the adapters (or writes them alone) from this record
-            "lora": cfg.lora.to_dict() if cfg.lora is not None else None,
-            "task_state": plan.task.state_dict(),
-            "trackers": self.trackers.state_dict(),  # the W&B / MLflow runs a resume continues
-            # the spike medians and the skip count decide the next updates (and what is quarantined)
-            "health_state": self.gate.state_dict(),
-            # the checkpoint holds DeepSpeed's expert-parallel layout (resume and llm-ckpt read it)
-            "expert_parallel": cfg.model.expert_parallel,
-            **self._ledger_state(),
-        }
-
-    def _ledger_state(self) -> dict[str, Any]:
-        ledger = self.plan.task.ledger()
-        if ledger is None:
-            return {}
-        # meta.json[data][ledger]: where every source continues (read back before compute on resume)
-        return {"data_ledger": ledger.state(self.progress.consumed_samples, self.progress.step)}
-
     def save(self, blocking: bool | None = None) -> Path:
         """Save this step (in the background with ``checkpoint.async`` unless ``blocking``)."""
         from llmtools.train import checkpointing
 
         self.finish_background_save()  # at most one in flight: the previous one commits first
         step = self.progress.step
-        self.last_saved = checkpointing.save(
-            self.manager, self.engine, step, self.client_state(), blocking=blocking
-        )
+        self.last_saved = checkpointing.save(self.manager, self.engine, step, self.state, blocking=blocking)
         if self.manager.in_flight == self.last_saved:
             self.log(f"checkpoint {self.last_saved}: writing in the background")
         else:
