@@ -32,6 +32,7 @@ from typing import Any
 
 from llmtools.ckpt import dist, layout, safeload
 from llmtools.ckpt import rng as rng_state
+from llmtools.ckpt.request import ResumeRequest
 from llmtools.ckpt.state import RunState, saved_state
 from llmtools.ckpt.verify import check, check_compatible, list_files, read_meta, sha256_file, verify
 from llmtools.ckpt.writer import RankWriter
@@ -340,18 +341,23 @@ class CheckpointManager:
         return None
 
     def resolve(
-        self, spec: str | os.PathLike, exclude: Collection[Path] = (), rollback: bool = False
+        self,
+        spec: ResumeRequest | str | os.PathLike,
+        exclude: Collection[Path] = (),
+        rollback: bool = False,
     ) -> Path | None:
-        """``auto`` | ``latest`` | ``STEP`` | ``PATH`` -> a verified checkpoint folder.
+        """A :class:`~llmtools.ckpt.request.ResumeRequest` (or the ``auto`` | ``latest`` | ``STEP`` |
+        ``PATH`` it parses, with ``rollback``) -> a verified checkpoint folder.
 
         ``auto`` returns None when there is none (start fresh; ``exclude``: ones that failed to load); the
         others raise InputError when the checkpoint is missing or broken. A checkpoint of this run older
         than its newest complete one is refused unless ``rollback``, which first moves the newer ones aside
         (:meth:`abandon_after`). Under torch.distributed rank 0 decides (and moves) and tells the others.
         """
+        request = spec if isinstance(spec, ResumeRequest) else ResumeRequest.parse(spec, rollback=rollback)
         if dist.rank() == 0:
             try:
-                result: Any = self._resolve_here(str(spec), exclude, rollback)
+                result: Any = self._resolve_here(request, exclude)
             except InputError as error:
                 result = error
         else:
@@ -361,26 +367,26 @@ class CheckpointManager:
             raise result
         return result
 
-    def _resolve_here(self, spec: str, exclude: Collection[Path] = (), rollback: bool = False) -> Path | None:
-        if spec.strip() == "auto":
+    def _resolve_here(self, request: ResumeRequest, exclude: Collection[Path] = ()) -> Path | None:
+        if request.auto:
             return self.latest_verified(exclude=exclude)
-        path = self.target(spec)
+        path = self.target(request)
         check(path)
         later = self.later_than(path)
-        if later and not rollback:
+        if later and not request.rollback:
             raise self._rollback_refusal(path, later)
         if later:
             self.abandon_after(path)
         return path
 
-    def target(self, spec: str) -> Path:
-        """The folder ``latest`` | ``STEP`` | ``PATH`` names (not verified yet); InputError when there is none.
+    def target(self, request: ResumeRequest) -> Path:
+        """The folder a ``latest`` | ``STEP`` | ``PATH`` request names (not verified yet); InputError when
+        there is none.
 
         ``latest`` is read from a file: it must name a checkpoint folder of this run (``step_N``), not
         ``../other`` nor an absolute path, and not a symlink out of the checkpoints folder.
         """
-        spec = spec.strip()
-        if spec == "latest":
+        if request.kind == "latest":
             where = self.ckpt_dir / layout.LATEST
             tag = layout.read_latest(self.ckpt_dir)
             if tag is None:
@@ -392,13 +398,13 @@ class CheckpointManager:
             path = self.ckpt_dir / tag
             if not path.is_dir():
                 raise InputError(f"{where}: points to {tag}, which does not exist")
-        elif spec.isdigit():
-            path = self.ckpt_dir / layout.step_name(int(spec))
+        elif request.step is not None:
+            path = self.ckpt_dir / layout.step_name(request.step)
             if not path.is_dir():
                 have = ", ".join(str(step) for step, _ in self.checkpoints()) or "none"
-                raise InputError(f"{path}: no checkpoint for step {int(spec)} (steps saved: {have})")
+                raise InputError(f"{path}: no checkpoint for step {request.step} (steps saved: {have})")
         else:
-            path = Path(spec)  # typed by the user: it may lie anywhere
+            path = Path(request.path)  # typed by the user: it may lie anywhere
             if not path.exists():
                 raise InputError(f"{path}: no such checkpoint (use auto, latest, a step number or a folder)")
             if not (path / layout.META).exists() and not layout.is_checkpoint(path):
@@ -426,14 +432,14 @@ class CheckpointManager:
                     continue
         return later
 
-    def check_rollback(self, spec: str | None, rollback: bool) -> None:
+    def check_rollback(self, request: ResumeRequest | None) -> None:
         """Before any compute: refuse a ``--resume`` that names no checkpoint (a ``latest`` pointing out of
         the run, a missing step), or an older checkpoint without ``rollback`` (UsageError)."""
-        if spec is None or spec.strip() == "auto":
+        if request is None or request.auto:
             return
-        path = self.target(spec)
+        path = self.target(request)
         later = self.later_than(path)
-        if later and not rollback:
+        if later and not request.rollback:
             raise self._rollback_refusal(path, later)
 
     def _rollback_refusal(self, path: Path, later: list[tuple[int, Path]]) -> UsageError:

@@ -33,7 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmtools.ckpt import layout
+from llmtools.ckpt.request import ResumeRequest
 from llmtools.errors import InputError, RuntimeFailure
+from llmtools.train import checkpointing
 from llmtools.train.config import TrainConfig
 from llmtools.train.deepspeed_config import prefer_torch_adam
 from llmtools.train.distributed import all_mean, any_rank, log0
@@ -79,23 +82,6 @@ class RunResult:
     stopped: str | None = None
 
 
-def _likely_checkpoint(run_dir: Path, spec: str) -> Path | None:
-    """The checkpoint ``--resume SPEC`` will most likely load, found without torch or checksums (the
-    manager decides for good, with checksums, once the process group exists)."""
-    from llmtools.ckpt import layout
-    from llmtools.ckpt.verify import verify
-
-    ckpt_dir, spec = layout.checkpoints_dir(run_dir), str(spec).strip()
-    if spec == "auto":
-        found = [p for _, p in reversed(layout.list_checkpoints(ckpt_dir)) if verify(p, False, False).ok]
-        return found[0] if found else None
-    if spec == "latest":
-        tag = layout.read_latest(ckpt_dir)
-        return ckpt_dir / tag if tag else None
-    path = ckpt_dir / layout.step_name(int(spec)) if spec.isdigit() else Path(spec)
-    return path if path.is_dir() else None
-
-
 def _resume_data(plan: TrainPlan, options: RunOptions, path: Path, meta: dict):
     """The task's decision on continuing its data from checkpoint ``path`` (whose meta.json is ``meta``)."""
     from llmtools.formats.quarantine import quarantine_path, read_records
@@ -134,14 +120,15 @@ def _steps_done(options: RunOptions, meta: dict) -> int | None:
     return step
 
 
-def precheck_data(plan: TrainPlan, options: RunOptions) -> None:
+def precheck_data(plan: TrainPlan, options: RunOptions, request: ResumeRequest | None) -> None:
     """Before torch: how a resumed run's data continues (a mix it cannot continue, a quarantine file of
     another run, data too short for the steps: exit 2 in about a second), and the data's length."""
     from llmtools.ckpt.verify import read_meta
     from llmtools.formats.quarantine import quarantine_path, read_records
 
     ledger = plan.task.ledger()
-    path = _likely_checkpoint(options.run_dir, options.resume) if options.resume is not None else None
+    ckpt_dir = layout.checkpoints_dir(options.run_dir)
+    path = request.likely_checkpoint(ckpt_dir) if request is not None else None
     meta = None
     if path is not None:
         try:
@@ -156,7 +143,7 @@ def precheck_data(plan: TrainPlan, options: RunOptions) -> None:
                     f"{where}: holds quarantine records, but this run starts afresh: a quarantine file "
                     "of another run (--force starts over and removes it)"
                 )
-        if options.resume is not None:
+        if request is not None:
             check_data_length(plan.config, plan.train_data, plan.steps)
         return
     if ledger is not None:
@@ -173,6 +160,8 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
     detect_environment()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    # --resume, parsed once: every step below takes this request.
+    request = ResumeRequest.parse(options.resume, rollback=options.rollback, reshard=options.reshard)
     # Every check before any compute, before torch is even imported (a bad config fails in about a second)
     # and before the process group exists (so it fails on every rank alike).
     plan = make_plan(
@@ -181,7 +170,7 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
         world_size=world,
         cpu=False,
         ds_source=options.ds_source,
-        check_length=options.resume is None,
+        check_length=request is None,
     )
     from llmtools.logs.trackers import check_available
 
@@ -192,15 +181,11 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
         from llmtools.train.engine import check_fp16_support
 
         check_fp16_support(config.source or "<train config>")
-    prepare_run_dir(options.run_dir, options.resume, options.force, rank, rollback=options.rollback)
-    from llmtools.train import checkpointing
-
+    prepare_run_dir(options.run_dir, request, options.force, rank)
     # The resume policy's verdict, before torch loads: a refused config change exits in about a second.
-    checkpointing.precheck(
-        options.run_dir, options.resume, resolved_config(plan), **_review_options(plan, options)
-    )
+    checkpointing.precheck(options.run_dir, request, resolved_config(plan), _review_options(plan, options))
     # How the data continues (the task's data ledger), also before torch.
-    precheck_data(plan, options)
+    precheck_data(plan, options, request)
     import torch
 
     if not torch.cuda.is_available():
@@ -214,17 +199,16 @@ def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
         watch.gather()
         # One writer per run folder: rank 0 holds RUN/run.lock from before anything is written until the end.
         with locked_run_dir(options.run_dir, dist_info.rank):
-            return _train(plan, options, dist_info, watch)
+            return _train(plan, options, request, dist_info, watch)
 
 
-def _review_options(plan: TrainPlan, options: RunOptions) -> dict:
-    """What the resume policy needs to know besides the two configs (llmtools.train.resume.review)."""
-    return {
-        "reset_data": options.reset_data,
-        "reshard": options.reshard,
-        "own_scheduler": "scheduler" in plan.ds_config,
-        "data_ledger": plan.task.ledger() is not None,
-    }
+def _review_options(plan: TrainPlan, options: RunOptions) -> checkpointing.ReviewOptions:
+    """What the resume policy needs to know besides the two configs and the request."""
+    return checkpointing.ReviewOptions(
+        reset_data=options.reset_data,
+        own_scheduler="scheduler" in plan.ds_config,
+        data_ledger=plan.task.ledger() is not None,
+    )
 
 
 def _quiet_deepspeed() -> None:
@@ -322,7 +306,6 @@ class _Trainer:
 
     def __init__(self, plan: TrainPlan, options: RunOptions, dist_info) -> None:
         from llmtools.model.flops import flops_per_token
-        from llmtools.train import checkpointing
         from llmtools.train.engine import build_engine, build_model, coalesce_reductions, device_choices
         from llmtools.train.metrics import StepWindow, peak_tflops
 
@@ -414,18 +397,23 @@ class _Trainer:
         self.plan.task.prepare(self.engine, run)
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def resume(self, chosen, resolved: dict, review: dict) -> None:
+    def resume(
+        self,
+        chosen: checkpointing.Accepted | None,
+        request: ResumeRequest | None,
+        resolved: dict,
+        review: checkpointing.ReviewOptions,
+    ) -> None:
         """Load the checkpoint :func:`checkpointing.choose` picked (falling back to an older one when it
         fails to load, with ``--resume auto``), apply and announce the config changes the resume policy
         accepted, and continue its step count and data."""
-        from llmtools.train import checkpointing
         from llmtools.train import resume as policy
         from llmtools.train.metrics import build_metrics_logger
 
         plan, options = self.plan, self.options
         self.resolved = resolved
         accepted, client_state = checkpointing.resume(
-            self.manager, self.engine, chosen, options.resume, resolved, **review
+            self.manager, self.engine, chosen, request, resolved, review
         )
         if accepted is not None and self.rank == 0:  # accepted and loaded: the run folder now says so
             for kept in write_resolved(plan, self.run_dir, resumed_step=accepted.step):
@@ -566,7 +554,6 @@ class _Trainer:
 
     def save(self, blocking: bool | None = None) -> Path:
         """Save this step (in the background with ``checkpoint.async`` unless ``blocking``)."""
-        from llmtools.train import checkpointing
 
         self.finish_background_save()  # at most one in flight: the previous one commits first
         step = self.progress.step
@@ -1107,13 +1094,13 @@ class _Trainer:
         self.log(stop.resume_hint(command, str(self.last_saved)), always=True)
 
 
-def _train(plan: TrainPlan, options: RunOptions, dist_info, watch) -> RunResult:
-    from llmtools.train import checkpointing
-
+def _train(
+    plan: TrainPlan, options: RunOptions, request: ResumeRequest | None, dist_info, watch
+) -> RunResult:
     _quiet_deepspeed()
     if dist_info.rank == 0:
         options.run_dir.mkdir(parents=True, exist_ok=True)
-        if options.force and options.resume is None:
+        if options.force and request is None:
             clear_run_dir(options.run_dir)  # --force starts over: only now, with the folder locked
         for warning in plan.warnings:
             log0(f"warning: {warning}", dist_info.rank)
@@ -1123,11 +1110,11 @@ def _train(plan: TrainPlan, options: RunOptions, dist_info, watch) -> RunResult:
         options.run_dir, plan.config.checkpoint.keep_last, plan.config.checkpoint.keep_every
     )
     resolved, review = resolved_config(plan), _review_options(plan, options)
-    chosen = checkpointing.choose(manager, options.resume, resolved, rollback=options.rollback, **review)
+    chosen = checkpointing.choose(manager, request, resolved, review)
     if chosen is None and dist_info.rank == 0:
         write_resolved(plan, options.run_dir)
     trainer = _Trainer(plan, options, dist_info)
     trainer.prepare_task()
-    trainer.resume(chosen, resolved, review)
+    trainer.resume(chosen, request, resolved, review)
     watch.progress = trainer.progress  # from here on, a lost peer is reported at the step in progress
     return trainer.run()
