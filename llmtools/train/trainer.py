@@ -24,11 +24,11 @@ from llmtools.logs.runs import collect_curves
 from llmtools.logs.trackers import TrackerState, backfill, open_trackers
 from llmtools.model.flops import flops_per_token
 from llmtools.train import checkpointing
+from llmtools.train import engine as engine_setup  # by module: tests replace its functions
 from llmtools.train import resume as policy
 from llmtools.train.device import kernel_context
 from llmtools.train.distributed import log0
 from llmtools.train.downstream import evaluate_tasks
-from llmtools.train.engine import build_engine, build_model, coalesce_reductions, device_choices
 from llmtools.train.evaluate import evaluate as evaluate_valid
 from llmtools.train.evaluate import evaluate_sources
 from llmtools.train.health import HealthGate, routing_collapse, wrap_step
@@ -53,8 +53,8 @@ class _Trainer(HealthActions):
         self.plan, self.options = plan, options
         self.rank, self.world, self.device = dist_info.rank, dist_info.world_size, dist_info.device
         self.run_dir = options.run_dir
-        self.engine = engine = build_engine(plan, build_model(plan), self.device)
-        self.choices = device_choices(plan, self.device)
+        self.engine = engine = engine_setup.build_engine(plan, engine_setup.build_model(plan), self.device)
+        self.choices = engine_setup.device_choices(plan, self.device)
 
         self.fp16 = cfg.training.precision == "fp16"
         self.gate = HealthGate(cfg.health, self._norm_of_deepspeed, loss_scaling=self.fp16)
@@ -64,7 +64,7 @@ class _Trainer(HealthActions):
             self.norms = NormMonitor(engine.basic_optimizer, engine.module)
         wrap_step(engine.basic_optimizer, self.gate, self.norms)
         self.own_norm = engine.optimizer is engine.basic_optimizer  # ZeRO-0 fp32: DeepSpeed keeps no norm
-        self.coalesce = coalesce_reductions(engine, plan.grad_accumulation, self.world)
+        self.coalesce = engine_setup.coalesce_reductions(engine, plan.grad_accumulation, self.world)
         # MoE: the tasks call the model through RouterLoss (the router's auxiliary loss joins each
         # micro-batch's loss); its meter sums the router's statistics into the train records.
         self.router = None
