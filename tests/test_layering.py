@@ -226,3 +226,28 @@ def test_data_and_train_never_import_prep():
     )
     control = [Arrow("llmtools/data/x.py", 3, "data", "prep", True, "llmtools.prep.sft")]
     assert prep_arrows(control) == control
+
+
+# The client-state entries only the trainer's own parts save (llmtools/train/state.py); the checkpoint
+# manager saves and restores the parts without knowing them (the header entries every checkpoint carries,
+# progress and identity, are ckpt's own: llmtools/ckpt/state.py).
+TRAINER_KEYS = ("task_state", "health_state", "trackers", "data_ledger")
+
+
+def _string_constants(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+
+
+def test_ckpt_never_names_a_trainer_key():
+    assert set(TRAINER_KEYS) <= _string_constants(PACKAGE / "train" / "state.py")  # a control: they are its
+    named = [
+        f"{path.relative_to(ROOT)}: {key!r}"
+        for path in sorted((PACKAGE / "ckpt").rglob("*.py"))
+        for key in sorted(set(TRAINER_KEYS) & _string_constants(path))
+    ]
+    assert not named, "ckpt/ names an entry of the trainer's checkpointed parts:\n  " + "\n  ".join(named)

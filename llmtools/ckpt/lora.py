@@ -1,7 +1,9 @@
 """LoRA's checkpoint half: the adapters and merged weights of our checkpoints, and peft's adapter folder.
 
-The trainer records its ``lora`` section in the client state (DeepSpeed's model-states file), so a
-checkpoint says itself whether it holds adapters. :func:`checkpoint_lora` reads them back (ZeRO 0-3),
+A checkpoint says itself whether it holds adapters: its meta.json holds the run's config, ``lora``
+section included (:func:`lora_settings`; the client state in DeepSpeed's model-states file keeps the
+same section, read only for a checkpoint whose meta.json has no config). :func:`checkpoint_lora` reads
+the adapters back (ZeRO 0-3),
 :func:`checkpoint_weights` gives any checkpoint's weights with the adapters merged in (what
 ``init_from`` loads), and :func:`write_adapter` writes ``adapter_model.safetensors`` +
 ``adapter_config.json`` under the names ``peft`` saves (``base_model.model.<target>.lora_A.weight``),
@@ -13,7 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llmtools.errors import UsageError
+from llmtools.ckpt import layout, safeload
+from llmtools.ckpt.verify import read_meta
+from llmtools.errors import InputError, UsageError
 from llmtools.formats import jsonfile
 from llmtools.model.lora import LoraSection, is_adapter_name, merge_state
 
@@ -54,26 +58,36 @@ def peft_adapter_config(section: LoraSection, base_model: str | None = None) -> 
     }
 
 
+def lora_settings(checkpoint: Path) -> LoraSection | None:
+    """The ``lora`` section a checkpoint was trained with (None: none), from its meta.json's config;
+    from the model-states file only when meta.json has no config (nothing else of it is loaded then)."""
+    try:
+        config = read_meta(checkpoint).get("config")
+    except InputError:
+        config = None  # not one of ours (a bare DeepSpeed folder): its model-states file says
+    if isinstance(config, dict):
+        raw = config.get("lora")
+    else:
+        raw = safeload.load(layout.model_states_file(checkpoint), mmap=True).get("lora")
+    return LoraSection(**raw) if raw else None
+
+
 def checkpoint_lora(checkpoint: Path) -> tuple[LoraSection, dict] | None:
     """(LoRA config, HF-named module state) of a LoRA checkpoint; None for a checkpoint without LoRA.
 
-    The trainer records its ``lora`` section in the client state (DeepSpeed's model-states file). The
-    module state there is complete for ZeRO 0-2 (each rank holds every parameter); ZeRO-3 partitions it,
-    so its partitions are gathered (into memory: fine for the models LoRA is used on here).
+    The module state in DeepSpeed's model-states file is complete for ZeRO 0-2 (each rank holds every
+    parameter); ZeRO-3 partitions it, so its partitions are gathered (into memory: fine for the models
+    LoRA is used on here).
     """
-    from llmtools.ckpt import layout, safeload
-
-    blob = safeload.load(layout.model_states_file(checkpoint), mmap=True)
-    raw = blob.get("lora")
-    if not raw:
+    section = lora_settings(checkpoint)
+    if section is None:
         return None
-    return LoraSection(**raw), _module_state(Path(checkpoint), blob)
+    blob = safeload.load(layout.model_states_file(checkpoint), mmap=True)
+    return section, _module_state(Path(checkpoint), blob)
 
 
 def checkpoint_weights(checkpoint: Path) -> dict:
     """HF-named weights of any of our checkpoints (ZeRO 0-3), LoRA adapters merged in (``init_from``)."""
-    from llmtools.ckpt import layout, safeload
-
     blob = safeload.load(layout.model_states_file(checkpoint), mmap=True)
     state = _module_state(Path(checkpoint), blob)
     raw = blob.get("lora")
@@ -99,8 +113,6 @@ def _gather_zero3(checkpoint: Path) -> dict:
     import_deepspeed()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    from llmtools.ckpt import safeload
-
     with contextlib.redirect_stdout(sys.stderr), safeload.routed_torch_load():
         return dict(get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.parent), tag=checkpoint.name))
 
@@ -108,7 +120,6 @@ def _gather_zero3(checkpoint: Path) -> dict:
 def trained_from(checkpoint: Path) -> str | None:
     """The run's ``model.init_from`` (recorded in meta.json), the base peft loads the adapter onto: an
     absolute path when it is a folder here (peft resolves a relative one against the loader's folder)."""
-    from llmtools.ckpt import layout
 
     try:
         meta = jsonfile.loads((Path(checkpoint) / layout.META).read_text(encoding="utf-8"))

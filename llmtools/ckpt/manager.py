@@ -25,13 +25,15 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmtools.ckpt import dist, layout, safeload
 from llmtools.ckpt import rng as rng_state
+from llmtools.ckpt.request import ResumeRequest
+from llmtools.ckpt.state import RunState, saved_state
 from llmtools.ckpt.verify import check, check_compatible, list_files, read_meta, sha256_file, verify
 from llmtools.ckpt.writer import RankWriter
 from llmtools.dirfd import refuse_link
@@ -119,7 +121,7 @@ class _Pending:
     started: float
 
 
-def _meta_fields(engine, step: int, final: Path, client_state: dict[str, Any]) -> dict[str, Any]:
+def _meta_fields(engine, step: int, final: Path, summary: dict[str, Any]) -> dict[str, Any]:
     """meta.json as known when the save starts (the files and the duration are added at commit)."""
     from llmtools.thirdparty import import_deepspeed
 
@@ -130,19 +132,7 @@ def _meta_fields(engine, step: int, final: Path, client_state: dict[str, Any]) -
     shapes = _param_shapes(engine.module)
     return {
         **layout.meta_header(step, final.name),
-        "consumed_samples": client_state.get("consumed_samples"),
-        "consumed_tokens": client_state.get("consumed_tokens"),
-        "data": {
-            "consumed_samples": client_state.get("consumed_samples"),
-            "fingerprint": client_state.get("data_fingerprint"),
-            # per-source cursors, readable without torch (resume checks, llm-ckpt inspect --data)
-            "ledger": client_state.get("data_ledger"),
-        },
-        "config_hash": client_state.get("config_hash"),
-        "config": client_state.get("config"),  # what a resume compares its config with
-        "model": client_state.get("model"),
-        "tokenizer": client_state.get("tokenizer"),
-        "expert_parallel": client_state.get("expert_parallel"),
+        **summary,
         "world_size": world,
         "dp_world_size": zero_partitions(engine, world),
         "zero_stage": int(engine.zero_optimization_stage()),
@@ -195,8 +185,11 @@ class CheckpointManager:
         self._staging: dict[str, Any] = {}  # host buffers of the last background save, reused by the next
 
     # ------------------------------------------------------------------ save
-    def save(self, engine, step: int, client_state: dict[str, Any], blocking: bool | None = None) -> Path:
-        """Save ``engine`` at ``step``; call on ALL ranks. Returns the checkpoint's folder.
+    def save(
+        self, engine, step: int, state: RunState | Mapping[str, Any], blocking: bool | None = None
+    ) -> Path:
+        """Save ``engine`` at ``step`` with ``state`` (a run's parts, or a bare client state: see
+        :mod:`llmtools.ckpt.state`); call on ALL ranks. Returns the checkpoint's folder.
 
         Synchronous (the default, or ``blocking=True``): the folder is committed when this returns.
         With ``async_save`` (and ``blocking`` not True): the state is staged to host memory and written in
@@ -207,6 +200,7 @@ class CheckpointManager:
             raise UsageError(f"step: must be an integer >= 0, got {step!r}")
         self.wait()
         background = self.async_save if blocking is None else not blocking
+        client_state, summary = saved_state(state)
         rank = dist.rank()
         tmp = self.ckpt_dir / dist.broadcast(layout.tmp_name(step) if rank == 0 else None)
         final = self.ckpt_dir / layout.step_name(step)
@@ -234,7 +228,7 @@ class CheckpointManager:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # a failed save leaves no half-written folder
             raise
-        pending = _Pending(step, tmp, final, writer, _meta_fields(engine, step, final, client_state), started)
+        pending = _Pending(step, tmp, final, writer, _meta_fields(engine, step, final, summary), started)
         if not background:
             return self._commit(pending)
         self._staging = writer.staged()
@@ -347,18 +341,23 @@ class CheckpointManager:
         return None
 
     def resolve(
-        self, spec: str | os.PathLike, exclude: Collection[Path] = (), rollback: bool = False
+        self,
+        spec: ResumeRequest | str | os.PathLike,
+        exclude: Collection[Path] = (),
+        rollback: bool = False,
     ) -> Path | None:
-        """``auto`` | ``latest`` | ``STEP`` | ``PATH`` -> a verified checkpoint folder.
+        """A :class:`~llmtools.ckpt.request.ResumeRequest` (or the ``auto`` | ``latest`` | ``STEP`` |
+        ``PATH`` it parses, with ``rollback``) -> a verified checkpoint folder.
 
         ``auto`` returns None when there is none (start fresh; ``exclude``: ones that failed to load); the
         others raise InputError when the checkpoint is missing or broken. A checkpoint of this run older
         than its newest complete one is refused unless ``rollback``, which first moves the newer ones aside
         (:meth:`abandon_after`). Under torch.distributed rank 0 decides (and moves) and tells the others.
         """
+        request = spec if isinstance(spec, ResumeRequest) else ResumeRequest.parse(spec, rollback=rollback)
         if dist.rank() == 0:
             try:
-                result: Any = self._resolve_here(str(spec), exclude, rollback)
+                result: Any = self._resolve_here(request, exclude)
             except InputError as error:
                 result = error
         else:
@@ -368,26 +367,26 @@ class CheckpointManager:
             raise result
         return result
 
-    def _resolve_here(self, spec: str, exclude: Collection[Path] = (), rollback: bool = False) -> Path | None:
-        if spec.strip() == "auto":
+    def _resolve_here(self, request: ResumeRequest, exclude: Collection[Path] = ()) -> Path | None:
+        if request.auto:
             return self.latest_verified(exclude=exclude)
-        path = self.target(spec)
+        path = self.target(request)
         check(path)
         later = self.later_than(path)
-        if later and not rollback:
+        if later and not request.rollback:
             raise self._rollback_refusal(path, later)
         if later:
             self.abandon_after(path)
         return path
 
-    def target(self, spec: str) -> Path:
-        """The folder ``latest`` | ``STEP`` | ``PATH`` names (not verified yet); InputError when there is none.
+    def target(self, request: ResumeRequest) -> Path:
+        """The folder a ``latest`` | ``STEP`` | ``PATH`` request names (not verified yet); InputError when
+        there is none.
 
         ``latest`` is read from a file: it must name a checkpoint folder of this run (``step_N``), not
         ``../other`` nor an absolute path, and not a symlink out of the checkpoints folder.
         """
-        spec = spec.strip()
-        if spec == "latest":
+        if request.kind == "latest":
             where = self.ckpt_dir / layout.LATEST
             tag = layout.read_latest(self.ckpt_dir)
             if tag is None:
@@ -399,13 +398,13 @@ class CheckpointManager:
             path = self.ckpt_dir / tag
             if not path.is_dir():
                 raise InputError(f"{where}: points to {tag}, which does not exist")
-        elif spec.isdigit():
-            path = self.ckpt_dir / layout.step_name(int(spec))
+        elif request.step is not None:
+            path = self.ckpt_dir / layout.step_name(request.step)
             if not path.is_dir():
                 have = ", ".join(str(step) for step, _ in self.checkpoints()) or "none"
-                raise InputError(f"{path}: no checkpoint for step {int(spec)} (steps saved: {have})")
+                raise InputError(f"{path}: no checkpoint for step {request.step} (steps saved: {have})")
         else:
-            path = Path(spec)  # typed by the user: it may lie anywhere
+            path = Path(request.path)  # typed by the user: it may lie anywhere
             if not path.exists():
                 raise InputError(f"{path}: no such checkpoint (use auto, latest, a step number or a folder)")
             if not (path / layout.META).exists() and not layout.is_checkpoint(path):
@@ -433,14 +432,14 @@ class CheckpointManager:
                     continue
         return later
 
-    def check_rollback(self, spec: str | None, rollback: bool) -> None:
+    def check_rollback(self, request: ResumeRequest | None) -> None:
         """Before any compute: refuse a ``--resume`` that names no checkpoint (a ``latest`` pointing out of
         the run, a missing step), or an older checkpoint without ``rollback`` (UsageError)."""
-        if spec is None or spec.strip() == "auto":
+        if request is None or request.auto:
             return
-        path = self.target(spec)
+        path = self.target(request)
         later = self.later_than(path)
-        if later and not rollback:
+        if later and not request.rollback:
             raise self._rollback_refusal(path, later)
 
     def _rollback_refusal(self, path: Path, later: list[tuple[int, Path]]) -> UsageError:

@@ -13,21 +13,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmtools.ckpt import dist, layout
+from llmtools.ckpt.manager import CheckpointManager
+from llmtools.ckpt.request import ResumeRequest
+from llmtools.ckpt.safeload import UnsafeFileError
+from llmtools.ckpt.state import RunState
+from llmtools.ckpt.verify import read_meta
 from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure
+from llmtools.train import resume as policy
 
 
 def make_manager(
     run_dir, keep_last: int | None = None, keep_every: int | None = None, async_save: bool = False
-):
-    from llmtools.ckpt.manager import CheckpointManager
-
+) -> CheckpointManager:
     return CheckpointManager(run_dir, keep_last=keep_last, keep_every=keep_every, async_save=async_save)
 
 
-def save(manager, engine, step: int, client_state: dict[str, Any], blocking: bool | None = None) -> Path:
-    """Save on ALL ranks; returns the checkpoint folder (committed now, or by a later ``poll``/``wait``
-    when the manager writes in the background and ``blocking`` is not True)."""
-    return manager.save(engine, step, client_state, blocking=blocking)
+def save(manager, engine, step: int, state: RunState, blocking: bool | None = None) -> Path:
+    """Save the run's parts on ALL ranks; returns the checkpoint folder (committed now, or by a later
+    ``poll``/``wait`` when the manager writes in the background and ``blocking`` is not True)."""
+    return manager.save(engine, step, state, blocking=blocking)
 
 
 @dataclass
@@ -39,53 +44,59 @@ class Accepted:
     changes: list = field(default_factory=list)  # llmtools.train.resume.Change
 
 
-def choose(
-    manager,
-    spec: str | None,
-    current: dict,
-    *,
-    reset_data: bool = False,
-    reshard: bool = False,
-    own_scheduler: bool = False,
-    data_ledger: bool = False,
-    exclude: tuple[Path, ...] = (),
-    rollback: bool = False,
-) -> Accepted | None:
-    """The checkpoint ``spec`` names (auto|latest|STEP|PATH), reviewed against ``current`` (the resolved
-    config); None when there is nothing to resume. Call on ALL ranks: rank 0 decides, the others follow;
-    a refusal raises InputError on every rank. One older than the run's newest complete checkpoint needs
-    ``rollback`` (the newer ones are then moved aside, on rank 0)."""
-    from llmtools.ckpt import dist, layout
-    from llmtools.ckpt.verify import read_meta
-    from llmtools.train import resume as policy
+@dataclass(frozen=True)
+class ReviewOptions:
+    """What the resume policy needs to know besides the two configs and the request
+    (:func:`llmtools.train.resume.review`)."""
 
-    if spec is None:
+    reset_data: bool = False
+    own_scheduler: bool = False
+    data_ledger: bool = False
+    """The task's data keeps a ledger, which continues a change of ``data.*``."""
+
+
+def _review(meta: dict, path: Path, current: dict, request: ResumeRequest, options: ReviewOptions) -> list:
+    return policy.review(
+        meta,
+        path,
+        current,
+        reset_data=options.reset_data,
+        reshard=request.reshard,
+        own_scheduler=options.own_scheduler,
+        data_ledger=options.data_ledger,
+    )
+
+
+def choose(
+    manager: CheckpointManager,
+    request: ResumeRequest | None,
+    current: dict,
+    options: ReviewOptions,
+    exclude: tuple[Path, ...] = (),
+) -> Accepted | None:
+    """The checkpoint ``request`` names, reviewed against ``current`` (the resolved config); None when
+    there is nothing to resume. Call on ALL ranks: rank 0 decides, the others follow; a refusal raises
+    InputError on every rank. One older than the run's newest complete checkpoint needs the request's
+    ``rollback`` (the newer ones are then moved aside, on rank 0)."""
+    if request is None:
         return None
-    path = manager.resolve(spec, exclude=exclude, rollback=rollback)
+    path = manager.resolve(request, exclude=exclude)
     if path is None:
         have = [p.name for _, p in layout.list_checkpoints(manager.ckpt_dir)]
-        if spec == "auto" and have and not exclude:
+        if request.auto and have and not exclude:
             # Checkpoints exist and none can be used: starting over here would silently drop the run.
             raise InputError(
                 f"{manager.ckpt_dir}: none of its checkpoints can be resumed ({', '.join(have)}; the warnings "
                 "above say why); --resume STEP names one, --force starts the run over"
             )
-        if spec == "auto":
+        if request.auto:
             return None
-        raise InputError(f"--resume {spec}: no such checkpoint in {manager.ckpt_dir}")
+        raise InputError(f"--resume {request.given}: no such checkpoint in {manager.ckpt_dir}")
     verdict: Any = None
     if dist.rank() == 0:
         try:
             meta = read_meta(path)
-            changes = policy.review(
-                meta,
-                path,
-                current,
-                reset_data=reset_data,
-                reshard=reshard,
-                own_scheduler=own_scheduler,
-                data_ledger=data_ledger,
-            )
+            changes = _review(meta, path, current, request, options)
             verdict = Accepted(Path(path), int(meta.get("step") or 0), changes)
         except InputError as refusal:
             verdict = str(refusal)
@@ -95,48 +106,40 @@ def choose(
     return verdict
 
 
-def precheck(run_dir, spec: str | None, current: dict, **review) -> None:
-    """The resume policy's verdict on the checkpoint ``spec`` most likely names, on every rank, without
+def precheck(run_dir: Path, request: ResumeRequest | None, current: dict, options: ReviewOptions) -> None:
+    """The resume policy's verdict on the checkpoint ``request`` most likely names, on every rank, without
     torch or checksums: a refused change then exits in about a second. :func:`choose` decides for good
     (checksums verified, the verdict given again) once the process group and the run's lock exist."""
-    from llmtools.ckpt import layout
-    from llmtools.ckpt.verify import read_meta, verify
-    from llmtools.train import resume as policy
-
-    if spec is None:
+    if request is None:
         return
-    ckpt_dir, spec = layout.checkpoints_dir(run_dir), str(spec).strip()
-    if spec == "auto":
-        found = [p for _, p in reversed(layout.list_checkpoints(ckpt_dir)) if verify(p, False, False).ok]
-        path = found[0] if found else None
-    elif spec == "latest":
-        tag = layout.read_latest(ckpt_dir)
-        path = ckpt_dir / tag if tag else None
-    else:
-        path = ckpt_dir / layout.step_name(int(spec)) if spec.isdigit() else Path(spec)
+    path = request.likely_checkpoint(layout.checkpoints_dir(run_dir))
     try:
         meta = read_meta(path) if path is not None else None
     except InputError:
         meta = None  # choose() names what is wrong with it
     if meta is not None:
-        policy.review(meta, path, current, **review)
+        _review(meta, path, current, request, options)
 
 
-def resume(manager, engine, first: Accepted | None, spec: str | None, current: dict, **review):
+def resume(
+    manager: CheckpointManager,
+    engine,
+    first: Accepted | None,
+    request: ResumeRequest | None,
+    current: dict,
+    options: ReviewOptions,
+):
     """Load ``first`` (from :func:`choose`) into ``engine``; returns ``(accepted, client_state)``, or
     ``(None, None)`` when there is nothing to resume.
 
     With ``auto``, a checkpoint that verified but fails to load (DeepSpeed refuses its contents) is skipped
     with a warning naming it, and the previous complete one is tried; when every one fails, RuntimeFailure.
     """
-    from llmtools.ckpt import dist
-    from llmtools.ckpt.safeload import UnsafeFileError
-
     accepted, failed = first, []
     while accepted is not None:
         error: BaseException | None = None
         try:
-            client_state = manager.load(engine, accepted.path, reshard=bool(review.get("reshard")))
+            client_state = manager.load(engine, accepted.path, reshard=request.reshard)
         except Exception as caught:  # noqa: BLE001 - whatever DeepSpeed raises, the next candidate may load
             error, client_state = caught, None
         if not dist.any_rank(error is not None):
@@ -144,14 +147,14 @@ def resume(manager, engine, first: Accepted | None, spec: str | None, current: d
         if isinstance(error, UnsafeFileError):
             raise error  # put there on purpose: never skipped for an older checkpoint
         why = f"{type(error).__name__}: {error}" if error is not None else "it failed on another rank"
-        if spec != "auto":
+        if not request.auto:
             if isinstance(error, LlmtoolsError):
                 raise error  # it names the file and what is wrong already
             raise RuntimeFailure(f"{accepted.path}: could not be loaded ({why})") from error
         failed.append(accepted.path)
         if dist.rank() == 0:
             manager.warn(f"could not load {accepted.path} ({why}); trying the previous complete checkpoint")
-        accepted = choose(manager, spec, current, exclude=tuple(failed), **review)
+        accepted = choose(manager, request, current, options, exclude=tuple(failed))
     if failed:
         raise RuntimeFailure(
             f"{manager.ckpt_dir}: no checkpoint could be loaded (tried {', '.join(p.name for p in failed)}); "

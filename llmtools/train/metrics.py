@@ -109,6 +109,14 @@ class MetricsLogger:
             sink.close()
 
 
+def event(metrics, step: int, name: str, message: str, **extra) -> None:
+    """An ``event`` record (a start, a resume, a checkpoint, a stop, a health finding...) in the run's log."""
+    metrics.log(
+        {"kind": "event", "step": step, "time": time.time(), "event": name, "message": message, **extra},
+        step,
+    )
+
+
 def build_metrics_logger(
     run_dir: str | os.PathLike, rank: int, tensorboard: bool = False, trackers: list | None = None
 ) -> MetricsLogger:

@@ -14,6 +14,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from llmtools.ckpt.manager import CheckpointManager
+from llmtools.ckpt.request import ResumeRequest
 from llmtools.errors import UsageError
 from llmtools.formats import jsonfile
 from llmtools.formats.output_marks import RUN_CONFIG_HEADER, run_folder_entries
@@ -21,22 +23,18 @@ from llmtools.fsutil import write_text_atomic
 from llmtools.train.plan import TrainPlan
 
 
-def prepare_run_dir(
-    run_dir: Path, resume: str | None, force: bool, rank: int = 0, rollback: bool = False
-) -> None:
+def prepare_run_dir(run_dir: Path, request: ResumeRequest | None, force: bool, rank: int = 0) -> None:
     """Refuse to train over an existing run unless resuming or --force (which starts over: see
     :func:`clear_run_dir`); refuse a ``--resume`` naming no checkpoint of this run (a ``latest`` pointing
     out of it), or an older checkpoint than its newest without ``rollback``. Reads only; every rank
     checks, so a refusal stops every rank alike."""
     del rank  # every rank decides alike
-    if resume is not None:
-        from llmtools.ckpt.manager import CheckpointManager
-
-        CheckpointManager(run_dir).check_rollback(resume, rollback)
+    if request is not None:
+        CheckpointManager(run_dir).check_rollback(request)
     existing = [
         run_dir / name for name in ("metrics.jsonl", "checkpoints", "reference") if (run_dir / name).exists()
     ]
-    if existing and resume is None and not force:
+    if existing and request is None and not force:
         raise UsageError(
             f"{run_dir}: already holds a run ({existing[0].name}); --resume auto continues it, "
             "--force starts over, -o picks another folder"

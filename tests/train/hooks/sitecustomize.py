@@ -13,7 +13,7 @@ if _at:
     import functools
     import signal
 
-    from llmtools.train import loop as _loop
+    from llmtools.train import trainer as _loop
 
     _original = _loop._Trainer.train_step
     _calls = [0]
