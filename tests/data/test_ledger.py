@@ -429,7 +429,7 @@ def plan_in_memory(prefixes, weights, samples, seed=1234):
 
 
 def test_random_mix_changes_and_interruptions_keep_every_stream_exact(sources):
-    from hypothesis import given, settings
+    from hypothesis import assume, given, settings
     from hypothesis import strategies as st
 
     names = ["a", "b", "c"]
@@ -456,6 +456,9 @@ def test_random_mix_changes_and_interruptions_keep_every_stream_exact(sources):
             built.append(
                 (plan_in_memory([sources[n] for n in chosen], ws, size, seed), end, chosen, ws, size)
             )
+        # Two identical mixes in a row are one mix resumed, not a change: the second would continue the
+        # first past its end (a real run is refused there: the mix holds fewer samples than its steps).
+        assume(all(one[2:] != two[2:] for one, two in zip(built, built[1:], strict=False)))
         schedule = [(plan, until) for plan, until, *_ in built]
         drawn, data = run(schedule, [c for c in cuts if c < end])
         assert drawn == run(schedule, [])[0]
