@@ -17,7 +17,8 @@ def param_groups(model, weight_decay: float, named: bool = False) -> list[dict]:
     for _name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        (decay if param.ndim >= 2 else no_decay).append(param)
+        shape = getattr(param, "ds_shape", param.shape)  # ZeRO-3's partitioned placeholders: the real one
+        (decay if len(shape) >= 2 else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
