@@ -1,7 +1,7 @@
 """What a run does when its health gate trips (:class:`HealthActions`, a part of the trainer).
 
 A NaN/inf or a spike is the data's fault only when the same weights do well on other data: then the
-offending samples are quarantined (the data part names them, :mod:`~llmtools.train.run_data`) and the run
+offending samples are quarantined (the data part names them, :mod:`~llmtools.train.data_part`) and the run
 passes over them; otherwise the config or the state is the cause and the run stops without saving. Too
 many skipped updates, an update spike with ``stop``, a routing collapse with ``stop`` and an fp16 loss
 scale at its minimum stop the run with the last good state saved. Every method is collective where it

@@ -5,7 +5,7 @@
 1. plan (before any compute, :mod:`~llmtools.train.plan`): model shape, the task's data, lengths,
    DeepSpeed config -> errors name file and key; the run folder (:mod:`~llmtools.train.rundir`);
    ``--resume`` parsed once (:class:`~llmtools.ckpt.request.ResumeRequest`), the resume policy's verdict
-   and how the data continues (:mod:`~llmtools.train.run_data`), all before torch;
+   and how the data continues (:mod:`~llmtools.train.data_part`), all before torch;
 2. process group (one process, or a launcher's), model (seeded), AdamW with no decay on norms/biases,
    the LR schedule, ``deepspeed.initialize`` (:mod:`~llmtools.train.engine`);
 3. the run (:class:`~llmtools.train.trainer._Trainer`), per step (:mod:`~llmtools.train.step`):
@@ -35,7 +35,7 @@ from llmtools.train.distributed import detect_environment, init_distributed, log
 from llmtools.train.engine import check_fp16_support
 from llmtools.train.peers import PeerWatch
 from llmtools.train.plan import TrainPlan, make_plan
-from llmtools.train.run_data import PlainData, data_part
+from llmtools.train.data_part import PlainData, data_part
 from llmtools.train.rundir import (
     clear_run_dir,
     locked_run_dir,

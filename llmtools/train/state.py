@@ -7,7 +7,7 @@ format, unchanged). A new checkpointed part is a class with ``state_dict()`` / `
 
 Where each part is read back on resume, once: progress, the task, the health gate, the tracker ids from
 the client state (:meth:`RunState.load_state_dict`); the data ledger from meta.json, before any compute
-(:mod:`llmtools.train.run_data`); the RNG states from the rank's own RNG file (the checkpoint
+(:mod:`llmtools.train.data_part`); the RNG states from the rank's own RNG file (the checkpoint
 manager's); the quarantine from ``RUN/quarantine.jsonl``. The config, the model and tokenizer identity,
 the LoRA settings and the expert-parallel layout are records of what was trained: the resume policy and
 ``llm-ckpt`` read them from meta.json, nothing loads them back.

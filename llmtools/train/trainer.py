@@ -4,7 +4,7 @@
 the run's parts (:mod:`~llmtools.train.state`), runs the steps (:func:`~llmtools.train.step.accumulate_and_update`),
 reports (:mod:`~llmtools.train.metrics`), evaluates and saves; what a tripped health gate leads to is
 :class:`~llmtools.train.health_actions.HealthActions`' job, how the data continues the data part's
-(:mod:`~llmtools.train.run_data`). Imported once the run is past its checks (torch is loaded by then).
+(:mod:`~llmtools.train.data_part`). Imported once the run is past its checks (torch is loaded by then).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from llmtools.train.metrics import StepWindow, build_metrics_logger, event, peak
 from llmtools.train.moe import RouterLoss, RouterMeter
 from llmtools.train.norms import NormMonitor
 from llmtools.train.plan import TrainPlan
-from llmtools.train.run_data import PlainData
+from llmtools.train.data_part import PlainData
 from llmtools.train.rundir import write_resolved
 from llmtools.train.state import Progress, run_state
 from llmtools.train.step import accumulate_and_update, step_means
