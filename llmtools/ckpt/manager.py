@@ -179,6 +179,9 @@ class CheckpointManager:
         self.ckpt_dir = layout.checkpoints_dir(self.run_dir)
         self.keep_last = keep_last
         self.keep_every = keep_every
+        # The newest checkpoint the caller has seen to be good (training: its weights then passed a
+        # health-checked step); pruning keeps it, so the state a stop advises resuming from still exists.
+        self.known_good: Path | None = None
         self.warn = warn or _stderr_warning
         self.async_save = async_save
         self._pending: _Pending | None = None
@@ -557,6 +560,8 @@ class CheckpointManager:
                 continue
         newest_ok = protect if protect is not None else self.latest_verified(warn=False)
         keep = {path for _, path in complete[-keep_last:]}
+        if self.known_good is not None:
+            keep.add(Path(self.known_good))
         if self.keep_every:
             keep |= {path for step, path in complete if step % self.keep_every == 0}
         if newest_ok is not None:

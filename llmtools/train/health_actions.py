@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
 
+from llmtools.ckpt import layout
 from llmtools.data.stages import ExhaustedSource
 from llmtools.errors import InputError, RuntimeFailure
 from llmtools.formats.quarantine import append_records, quarantine_path
@@ -86,6 +88,16 @@ class HealthActions:
         action = "stopping" if gate.stop else ("update skipped" if gate.skip else "continuing")
         event(self.metrics, step, gate.reason, f"{what}; {action}")
         self.log(f"step {step}: {what}; {action}", always=True)
+
+    def _note_good_state(self) -> None:
+        """A step that passed every check of the health gate vouches for the weights it started from: the
+        checkpoint holding them (saved after the step before, or resumed from) becomes the last good
+        state, which pruning keeps and a divergence's stop names."""
+        gate = self.gate
+        if gate.reason is not None or gate.update_spike is not None or self.unchecked_checkpoint is None:
+            return
+        self.good_checkpoint, self.unchecked_checkpoint = self.unchecked_checkpoint, None
+        self.manager.known_good = self.good_checkpoint
 
     def _report_collapse(self, collapse: str) -> None:
         """A ``moe_collapse`` event and a stderr line; with ``health.moe_collapse_action: stop``, a
@@ -174,13 +186,25 @@ class HealthActions:
         event(self.metrics, step, "stop", message, cause="config")
         self.metrics.close()
         self.finish_background_save()
-        advice = (
-            f"; the newest checkpoint, {before}, may already hold the update that diverged: fix the config, "
-            "then resume from a checkpoint before it (--resume STEP --rollback) or start over (--force)"
-            if before is not None
-            else "; fix the config and start over (--force)"
+        raise RuntimeFailure(message + self._last_good_advice(before))
+
+    def _last_good_advice(self, newest: Path | None) -> str:
+        """Where to continue from after a divergence the config caused: the last good state, never a
+        checkpoint that may hold the update that diverged."""
+        good = self.good_checkpoint
+        if good is None:
+            unsure = f"; the newest checkpoint, {newest}, may hold the update that diverged" if newest else ""
+            return f"{unsure}; no checkpoint has passed a health-checked step since: fix the config and start over (--force)"
+        step = layout.parse_step(good.name)
+        newer = (
+            f" ({newest} is newer but may hold the update that diverged)"
+            if newest not in (None, good)
+            else ""
         )
-        raise RuntimeFailure(message + advice)
+        return (
+            f"; the last good state is {good}, whose weights then passed a health-checked step{newer}: fix "
+            f"the config and continue from it with --resume {step} --rollback"
+        )
 
     def _quarantine(self) -> None:
         """The health gate tripped: append the offending samples of this step to RUN/quarantine.jsonl.

@@ -30,12 +30,12 @@ from llmtools.logs.trackers import check_available
 from llmtools.thirdparty import import_deepspeed
 from llmtools.train import checkpointing
 from llmtools.train.config import TrainConfig
+from llmtools.train.data_part import PlainData, data_part
 from llmtools.train.deepspeed_config import prefer_torch_adam
 from llmtools.train.distributed import detect_environment, init_distributed, log0
 from llmtools.train.engine import check_fp16_support
 from llmtools.train.peers import PeerWatch
 from llmtools.train.plan import TrainPlan, make_plan
-from llmtools.train.data_part import PlainData, data_part
 from llmtools.train.rundir import (
     clear_run_dir,
     locked_run_dir,

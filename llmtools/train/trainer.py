@@ -26,6 +26,7 @@ from llmtools.model.flops import flops_per_token
 from llmtools.train import checkpointing
 from llmtools.train import engine as engine_setup  # by module: tests replace its functions
 from llmtools.train import resume as policy
+from llmtools.train.data_part import PlainData
 from llmtools.train.device import kernel_context
 from llmtools.train.distributed import log0
 from llmtools.train.downstream import evaluate_tasks
@@ -38,7 +39,6 @@ from llmtools.train.metrics import StepWindow, build_metrics_logger, event, peak
 from llmtools.train.moe import RouterLoss, RouterMeter
 from llmtools.train.norms import NormMonitor
 from llmtools.train.plan import TrainPlan
-from llmtools.train.data_part import PlainData
 from llmtools.train.rundir import write_resolved
 from llmtools.train.state import Progress, run_state
 from llmtools.train.step import accumulate_and_update, step_means
@@ -80,6 +80,10 @@ class _Trainer(HealthActions):
         self.resolved: dict | None = None  # the resolved config, recorded in every checkpoint (resume())
         self.progress = Progress()
         self.last_saved: Path | None = None
+        # The newest checkpoint whose weights have since passed a step the health gate checked (the last
+        # good state a divergence's stop advises), and the one saved or loaded after it, not yet checked.
+        self.good_checkpoint: Path | None = None
+        self.unchecked_checkpoint: Path | None = None
         self.metrics = None  # opened by resume(), once a checkpoint asked for has loaded
         self.trackers = TrackerState()  # the experiment trackers' run ids (saved with each checkpoint)
         self.state = run_state(plan, self.progress, self.gate, self.trackers, None)  # set by resume()
@@ -151,6 +155,7 @@ class _Trainer(HealthActions):
         if accepted is not None:
             # Every part takes its state back (the tracker runs continue those the checkpoint names).
             self.state.load_state_dict(client_state)
+            self.unchecked_checkpoint = accepted.path
         # Only now: a --resume that fails leaves no metrics.jsonl, so the folder does not look like a run.
         reporters = self.cfg.logging.reporters()
         trackers = self._open_trackers(reporters)
@@ -249,6 +254,7 @@ class _Trainer(HealthActions):
         self.finish_background_save()  # at most one in flight: the previous one commits first
         step = self.progress.step
         self.last_saved = checkpointing.save(self.manager, self.engine, step, self.state, blocking=blocking)
+        self.unchecked_checkpoint = self.last_saved
         if self.manager.in_flight == self.last_saved:
             self.log(f"checkpoint {self.last_saved}: writing in the background")
         else:
@@ -306,6 +312,7 @@ class _Trainer(HealthActions):
                 if self.options.on_step is not None:
                     self.options.on_step(step, loss)
                 self._report_health(grad_norm)
+                self._note_good_state()
                 # An fp16 overflow is the loss scaler's routine, not the data's fault: nothing to quarantine.
                 if self.gate.reason not in (None, "overflow"):
                     self._stop_unless_the_data_is_the_cause()
