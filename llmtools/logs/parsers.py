@@ -224,9 +224,8 @@ def _search_validation(line: str) -> re.Match | None:
 def _search_loaded(line: str) -> tuple[str, str] | None:
     """(path, iteration) of a "successfully loaded checkpoint from PATH ... at iteration N" line, linearly.
 
-    As ``from (\\S+).*?at iteration (\\d+)`` would answer, without rescanning the line from every head:
-    the path is the word after the head, unless no "at iteration N" follows that word, in which case the
-    only other answer is a word ending in "at" that begins one.
+    As ``from (\\S+).*?at iteration (\\d+)`` would answer, without rescanning the line from every head: the
+    word after the head, unless no "at iteration N" follows it (then only a word ending in "at" can be).
     """
     head = _MEGATRON_LOADED.search(line)
     if not head:
