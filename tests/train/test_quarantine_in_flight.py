@@ -29,7 +29,8 @@ def poisoned(byte_data, tmp_path_factory):
     import torch
 
     from llmtools.data import mix as M
-    from llmtools.data.ledger import DataPlan, open_run_data
+    from llmtools.data.reconcile import open_run_data
+    from llmtools.data.train_streams import TrainStreams
     from llmtools.formats.indexed import IndexedDatasetReader, IndexedDatasetWriter
     from llmtools.formats.sidecar import read_sidecar, write_sidecar
     from llmtools.model import LlamaForCausalLM, load_model_config
@@ -50,7 +51,7 @@ def poisoned(byte_data, tmp_path_factory):
                          num_samples=STEPS * GBS, split="100,0,0")  # fmt: skip
     mix = folder / "mix.json"
     M.save_plan(M.build_plan(config), mix)
-    run_data, _ = open_run_data(DataPlan.from_mix(str(mix)), None, 0)
+    run_data, _ = open_run_data(TrainStreams.from_mix(str(mix)), None, 0)
     steps = sorted(
         {
             p // GBS + 1
