@@ -10,7 +10,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from llmtools.ckpt import layout
 from llmtools.ckpt.manager import CheckpointManager
 from llmtools.ckpt.verify import verify
 from tests.ckpt import worker
+from tests.ports import free_port
 
 WORKER = str(Path(worker.__file__).resolve())
 REPO = Path(__file__).resolve().parents[2]
@@ -34,12 +34,6 @@ def _env() -> dict:
     env.update({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
     env.pop("LLMTOOLS_DEBUG", None)
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _losses(path: Path) -> list[tuple[int, float]]:
@@ -71,7 +65,7 @@ def w2_results(w1_runs, tmp_path_factory):
         "--nproc_per_node",
         "2",
         "--master_port",
-        str(_free_port()),
+        str(free_port()),
         WORKER,
         "--scenario",
         "--zero",

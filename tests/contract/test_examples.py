@@ -31,7 +31,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import time
@@ -41,6 +40,7 @@ import pytest
 
 from tests.conftest import SHARED_DATA
 from tests.contract.conftest import BIN, REPO, contract_env
+from tests.ports import free_port
 
 README = REPO / "README.md"
 PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
@@ -131,12 +131,6 @@ def readme_python() -> str:
         r"```python\n(.*?)```", (REPO / "docs" / "llm-mix.md").read_text(encoding="utf-8"), re.S
     )
     return block
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # The first preference example trains for real, briefly: the next ones reuse its reference and read its metrics.

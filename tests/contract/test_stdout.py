@@ -10,13 +10,13 @@ import os
 import pty
 import re
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.contract.conftest import BIN, REPO, contract_env, run_cli, script
+from tests.ports import free_port
 
 DS = REPO / "configs" / "deepspeed"
 
@@ -35,12 +35,6 @@ def _json(proc, lines: bool = False):
     if lines:
         return [json.loads(line) for line in out.splitlines()]
     return json.loads(out)  # the whole of stdout: one document, nothing before or after it
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _commands(w, t: Path) -> dict[str, list]:
@@ -93,7 +87,7 @@ def test_a_real_training_prints_its_result_alone(world, tmp_path, nproc):
     if nproc == 1:
         argv = ["llm-train", *train]
     else:
-        argv = [BIN / "torchrun", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+        argv = [BIN / "torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()),
                 "-m", "llmtools.cli.train", *train]  # fmt: skip
     proc = run_cli(argv, tmp_path, timeout=600, env=_user_env())
     result = _json(proc)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.ports import free_port
 from tests.train.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,12 +43,6 @@ def llm_train(args, env, cwd=None, timeout=300):
         text=True,
         timeout=timeout,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def losses(run_dir: Path) -> list[float]:

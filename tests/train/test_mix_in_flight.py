@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from llmtools.ckpt.reader import CheckpointReader
 from llmtools.ckpt.verify import read_meta
 from llmtools.data.blend import blend_weights, build_blending_indices, normalize_weights
 from tests.conftest import REPO, shared
+from tests.ports import free_port
 from tests.train.conftest import TINY, tiny_config, write_byte_prefix
 
 pytestmark = pytest.mark.slow
@@ -230,9 +230,7 @@ def _llm_train(config: Path, run_dir: Path, *args, nproc: int = 1, timeout: int 
     if nproc == 1:
         command = [sys.executable, "-m", "llmtools.cli.train"]
     else:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
         command += ["--master_port", str(port), "-m", "llmtools.cli.train"]
     command += [str(config), "--deepspeed", str(ZERO2), "-o", str(run_dir), *map(str, args)]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.ports import free_port
 from tests.train.moe_worker import moe_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +66,7 @@ def one_rank(byte_data, tmp_path_factory):
 def two_ranks(byte_data, tmp_path_factory, cli_env_module):
     root = tmp_path_factory.mktemp("moe2")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    command += ["--master_port", str(_free_port()), str(WORKER), byte_data["mix"], str(root)]
+    command += ["--master_port", str(free_port()), str(WORKER), byte_data["mix"], str(root)]
     done = subprocess.run(command, env=cli_env_module, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     return root
@@ -80,14 +81,6 @@ def cli_env_module():
     env.update({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
     env.pop("LLMTOOLS_DEBUG", None)
     return env
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ---- training ------------------------------------------------------------------------------------------

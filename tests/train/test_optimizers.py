@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 
 from llmtools.errors import InputError
 from tests.numerics import bf16_update_loss_atol, movement
+from tests.ports import free_port
 from tests.train.conftest import tiny_config, write_byte_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -278,10 +278,6 @@ def _tensors(state: dict, key: str) -> list:
 
 
 # -- two ranks ------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.numerics
@@ -293,7 +289,7 @@ def test_two_ranks_equal_one_with_twice_the_accumulation(byte_data, tmp_path, cl
     from tests.train.optim_worker import STEPS as WORKER_STEPS
 
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    command += ["--master_port", str(_free_port()), str(WORKER), byte_data["mix"], str(tmp_path / "two")]
+    command += ["--master_port", str(free_port()), str(WORKER), byte_data["mix"], str(tmp_path / "two")]
     cli_env.update({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
     done = subprocess.run(command, env=cli_env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -8,7 +8,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from llmtools.ckpt.launch import launcher_argv, resume_command
+from tests.ports import free_port
 from tests.train.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,9 +45,7 @@ def test_under_torchrun_the_hint_is_the_torchrun_line_and_it_resumes(byte_data, 
         "schedule": {"kind": "constant"}, "logging": {"log_every": 1}, "checkpoint": {"save_every": 0},
         "eval": {"every": 0},
     }))  # fmt: skip
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     launch = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port), "-m", "llmtools.cli.train",
               str(config), "--deepspeed", str(ROOT / "configs/deepspeed/zero1.json"), "-o", "run", "--force"]  # fmt: skip
     env = {**cli_env, "PATH": f"{BIN}{os.pathsep}{cli_env['PATH']}"}

@@ -13,6 +13,7 @@ import pytest
 
 from llmtools.ckpt import layout
 from llmtools.ckpt.verify import verify
+from tests.ports import free_port
 from tests.writer.conftest import cli, env, records, run, train_args, write_config
 
 pytestmark = pytest.mark.slow
@@ -139,7 +140,6 @@ with lock_run(sys.argv[1], command="holder-for-test"):
 def test_every_rank_stops_when_another_writer_holds_the_run(tmp_path, byte_mix):
     """Two ranks under torchrun: rank 0 finds the folder locked and every rank exits 2 alike (none is left
     waiting in a collective), writing nothing."""
-    import socket as sockets
     import sys
 
     config = write_config(tmp_path / "train.yaml", byte_mix)
@@ -148,9 +148,7 @@ def test_every_rank_stops_when_another_writer_holds_the_run(tmp_path, byte_mix):
                               env=env())  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
-        with sockets.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         args = train_args(config, run_dir, 2, "--resume", "auto")
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
                     "-m", "llmtools.cli.train", *args[3:]]  # fmt: skip

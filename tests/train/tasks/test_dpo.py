@@ -20,6 +20,7 @@ import pytest
 
 from llmtools.errors import InputError
 from tests.numerics import logits_atol
+from tests.ports import free_port
 from tests.train.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -371,13 +372,10 @@ def test_llm_train_runs_the_dpo_config_and_a_resume_reuses_its_reference(
 @pytest.mark.numerics
 def test_two_ranks_share_one_reference_pass(pref, learned, cli_env, python, tmp_path):
     """ZeRO-3 over 2 processes: each rank computes half the pairs, every rank gets them all, in pair order."""
-    import socket
 
     import yaml
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     config = tmp_path / "dpo.yaml"
     config.write_text(
         yaml.safe_dump(dpo_config(pref, training__train_steps=2, checkpoint__save_every=0).to_dict())
