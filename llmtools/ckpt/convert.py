@@ -334,6 +334,21 @@ class _Counted:
         return tensor
 
 
+class _CountedWriter:
+    """A binary file that reports the bytes written through it to a progress (torch.save's target)."""
+
+    def __init__(self, handle, bar) -> None:
+        self.handle, self.bar = handle, bar
+
+    def write(self, data) -> int:
+        written = self.handle.write(data)
+        self.bar.update(written)
+        return written
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
 def _marker(checkpoint: Path, meta: dict[str, Any] | None, kind: str) -> dict[str, Any]:
     """``llmtools.json`` of a converted folder: what it came from (and the mark --force looks for)."""
     from llmtools import __version__
@@ -418,9 +433,12 @@ def _import_hf(hf_dir: Path, output: Path, force: bool) -> Path:
     import torch
 
     from llmtools.ckpt.verify import file_manifest
-    from llmtools.model.hf import load_hf_model
+    from llmtools.model.hf import load_hf_model, weight_files_size
+    from llmtools.progress import Progress
 
-    model = load_hf_model(hf_dir)
+    # Three passes over the weights, each with its own bar: read, write, hash.
+    with Progress(weight_files_size(hf_dir), "import-hf: read", unit="B") as bar:
+        model = load_hf_model(hf_dir, progress=bar)
     config = model.config
     state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
     if config.tie_word_embeddings:
@@ -454,9 +472,13 @@ def _import_hf(hf_dir: Path, output: Path, force: bool) -> Path:
             "model": config.to_dict(),
             "tokenizer": None,
         }
-        torch.save(blob, tmp / "mp_rank_00_model_states.pt")
+        written = tmp / "mp_rank_00_model_states.pt"
+        with Progress(sum(_nbytes(t) for t in state.values()), "import-hf: write", unit="B") as bar:
+            with open(written, "wb") as handle:
+                torch.save(blob, _CountedWriter(handle, bar))
         del blob
-        files = file_manifest(tmp)
+        with Progress(written.stat().st_size, "import-hf: sha256", unit="B") as bar:
+            files = file_manifest(tmp, progress=bar)
         meta = {
             **layout.meta_header(0, layout.step_name(0)),
             "consumed_samples": 0,

@@ -56,8 +56,9 @@ def list_files(folder: str | Path) -> list[str]:
     return sorted(found)
 
 
-def file_manifest(folder: str | Path, fsync: bool = False) -> dict[str, dict[str, Any]]:
-    """meta.json's ``files``: size and sha256 of every file under ``folder`` (fsynced first if asked)."""
+def file_manifest(folder: str | Path, fsync: bool = False, progress=None) -> dict[str, dict[str, Any]]:
+    """meta.json's ``files``: size and sha256 of every file under ``folder`` (fsynced first if asked),
+    the hashed bytes told to ``progress`` if given."""
     from llmtools.fsutil import fsync_file
 
     files = {}
@@ -65,7 +66,7 @@ def file_manifest(folder: str | Path, fsync: bool = False) -> dict[str, dict[str
         file = Path(folder) / name
         if fsync:
             fsync_file(file)
-        files[name] = {"size": file.stat().st_size, "sha256": sha256_file(file)}
+        files[name] = {"size": file.stat().st_size, "sha256": sha256_file(file, progress)}
     return files
 
 

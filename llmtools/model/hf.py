@@ -66,35 +66,52 @@ def expected_parameter_names(config: ModelConfig, include_tied: bool = False) ->
 
 
 def load_hf_state_dict(
-    folder: str | os.PathLike, dtype: str | torch.dtype | None = None
+    folder: str | os.PathLike, dtype: str | torch.dtype | None = None, progress=None
 ) -> dict[str, torch.Tensor]:
     """All tensors of a Hugging Face model folder: ``model.safetensors``, sharded safetensors with
-    ``model.safetensors.index.json``, or (older folders) ``pytorch_model.bin`` (+ index)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    ``model.safetensors.index.json``, or (older folders) ``pytorch_model.bin`` (+ index).
 
+    ``progress`` (a :class:`llmtools.progress.Progress`, in bytes) is told each tensor as it is read;
+    :func:`weight_files_size` is its total."""
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"{folder}: not a folder")
     target = _as_dtype(dtype) if dtype is not None else None
-    files = _weight_files(folder)
     state: dict[str, torch.Tensor] = {}
-    for path in files:
-        try:
-            if path.suffix == ".safetensors":
-                part = load_file(path)
-            else:
-                part = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except (SafetensorError, OSError, RuntimeError, pickle.UnpicklingError) as error:
-            # pickle: torch's weights-only loader refused a global (only tensors may be in weights)
-            raise InputError(f"{path}: cannot read weights ({str(error).strip().splitlines()[0]})") from None
-        for name, tensor in part.items():
+    for path in _weight_files(folder):
+        for name, tensor in _read_weight_file(path):
+            if progress is not None:
+                progress.update(tensor.nbytes)
             if name.endswith(IGNORED_SUFFIXES):
                 continue
             if name in state:
                 raise InputError(f"{path}[{name}]: tensor appears in two weight files")
             state[name] = tensor.to(target) if target is not None and tensor.is_floating_point() else tensor
     return state
+
+
+def weight_files_size(folder: str | os.PathLike) -> int:
+    """The bytes of a Hugging Face folder's weight files (the total of a load's progress)."""
+    return sum(path.stat().st_size for path in _weight_files(Path(folder)))
+
+
+def _read_weight_file(path: Path) -> Iterable[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs of one weight file, one tensor at a time for safetensors."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        if path.suffix == ".safetensors":
+            with safe_open(path, framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 (a safetensors handle is not a dict)
+                    yield name, handle.get_tensor(name)
+            return
+        part = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (SafetensorError, OSError, RuntimeError, pickle.UnpicklingError) as error:
+        # pickle: torch's weights-only loader refused a global (only tensors may be in weights)
+        raise InputError(f"{path}: cannot read weights ({str(error).strip().splitlines()[0]})") from None
+    if not isinstance(part, dict):
+        raise InputError(f"{path}: not a state dict of tensors (a {type(part).__name__})")
+    yield from part.items()
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -155,7 +172,7 @@ def load_state_dict_into(
         model.lm_head.weight = model.model.embed_tokens.weight
 
 
-def load_hf_model(folder: str | os.PathLike, dtype: str | torch.dtype | None = None):
+def load_hf_model(folder: str | os.PathLike, dtype: str | torch.dtype | None = None, progress=None):
     """A :class:`LlamaForCausalLM` with the config and weights of a Hugging Face folder.
 
     Built on the meta device and filled by assignment, so the weights are held once.
@@ -164,7 +181,7 @@ def load_hf_model(folder: str | os.PathLike, dtype: str | torch.dtype | None = N
 
     folder = Path(folder)
     config = from_hf_config(read_hf_config(folder), source=str(folder / "config.json"))
-    state = load_hf_state_dict(folder, dtype=dtype)
+    state = load_hf_state_dict(folder, dtype=dtype, progress=progress)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     load_state_dict_into(model, state, str(folder), assign=True)
@@ -395,6 +412,7 @@ __all__ = [
     "read_hf_config",
     "load_hf_state_dict",
     "load_hf_model",
+    "weight_files_size",
     "load_hf_weights",
     "load_state_dict_into",
     "save_hf_folder",

@@ -131,13 +131,14 @@ def test_long_commands_report_rate_and_time_left_off_a_terminal(world, tmp_path)
         ["llm-ckpt", "convert", world.checkpoint, "--to", "hf", "-o", tmp_path / "c"],
         "convert",
     )
+    # after the convert above: its HF folder is the import's input
+    runs["ckpt import-hf"] = (["llm-ckpt", "import-hf", tmp_path / "c", "-o", tmp_path / "i"], "import-hf")
     missing = {}
     for name, (argv, label) in runs.items():
         proc = run_cli(argv, tmp_path, env=env)
-        if name == "ckpt convert":
-            assert proc.returncode == 0 and proc.stdout.decode() == f"{tmp_path / 'c'}\n", (
-                proc.stderr.decode()
-            )
+        if name.startswith("ckpt "):
+            output = argv[argv.index("-o") + 1]
+            assert proc.returncode == 0 and proc.stdout.decode() == f"{output}\n", proc.stderr.decode()
         else:
             _json(proc)
         lines = [line for line in proc.stderr.decode().splitlines() if line.startswith(f"{label}:")]
