@@ -40,6 +40,9 @@ def main() -> None:
     q_proj = engine.module.model.layers[0].self_attn.q_proj
     print(json.dumps({"rank": dist.get_rank(), "loss": float(loss), "expected": float(expected),
                       "q_proj": list(q_proj.weight.shape)}), flush=True)  # fmt: skip
+    # Both ranks leave their last collective before either tears gloo down: a rank destroying its groups
+    # while the other still has work in flight on them ends in std::terminate (SIGABRT) at exit.
+    dist.barrier()
     dist.destroy_process_group()
 
 
