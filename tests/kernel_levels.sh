@@ -50,7 +50,12 @@ done
 ((${#levels[@]})) || levels=("${ORDER[@]}")
 args=("$@")
 ((quick)) && args=("${QUICK[@]}" "${args[@]}")
-((${#args[@]})) || args=(tests -p no:cacheprovider)
+# No pytest arguments: the whole suite as `make test` runs it, the parallel part then the serial one.
+runs=("${args[*]@Q}")
+if ((${#args[@]} == 0)); then
+  common="--timeout=1500 --durations=10 -p no:cacheprovider"
+  runs=("$common -n ${JOBS:-auto} --dist loadfile -m 'not serial' tests" "$common -m serial tests")
+fi
 
 status=0
 for level in "${levels[@]}"; do
@@ -67,10 +72,13 @@ for level in "${levels[@]}"; do
   inductor_cache=$(mktemp -d "${TMPDIR:-/tmp}/llmtools-inductor-$level.XXXXXX")
   settings+=("TORCHINDUCTOR_CACHE_DIR=$inductor_cache")
   start=$SECONDS
-  env "${settings[@]}" "$PY" -m pytest "${args[@]}"
-  rc=$?
+  for run in "${runs[@]}"; do
+    eval "env \"\${settings[@]}\" \"\$PY\" -m pytest $run"
+    rc=$?
+    echo "== $level: pytest $run: exit $rc"
+    ((rc == 0)) || status=$rc
+  done
   rm -rf "$inductor_cache"
-  echo "== $level: exit $rc in $((SECONDS - start)) s"
-  ((rc == 0)) || status=$rc
+  echo "== $level: done in $((SECONDS - start)) s"
 done
 exit $status
