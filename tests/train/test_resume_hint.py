@@ -75,3 +75,51 @@ def test_under_torchrun_the_hint_is_the_torchrun_line_and_it_resumes(byte_data, 
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"step_{stopped + 2:08d}" in resumed.stdout
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for child in _children(pid):
+        found += [child, *_descendants(child)]
+    return found
+
+
+def test_under_the_deepspeed_launcher_the_hint_is_its_runner_line_and_it_resumes(byte_data, tmp_path, cli_env):
+    """The deepspeed launcher runs ``deepspeed`` -> ``deepspeed.launcher.launch`` -> a worker per rank
+    (``python -u llm-train --local_rank=N ...``): the hint is the ``deepspeed`` line, and it resumes."""
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"preset": "tiny", **TINY}, "data": {"mix": byte_data["mix"]},
+        "training": {"micro_batch_size": 2, "global_batch_size": 4, "train_steps": 1500},
+        "schedule": {"kind": "constant"}, "logging": {"log_every": 1}, "checkpoint": {"save_every": 0},
+        "eval": {"every": 0},
+    }))  # fmt: skip
+    port = free_port()
+    launch = [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port), str(BIN / "llm-train"),
+              str(config), "--deepspeed", str(ROOT / "configs/deepspeed/zero1.json"), "-o", "run", "--force"]  # fmt: skip
+    env = {**cli_env, "PATH": f"{BIN}{os.pathsep}{cli_env['PATH']}"}
+    proc = subprocess.Popen(launch, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and "train" in metrics.read_text():
+            break
+        time.sleep(0.2)
+    workers = [pid for pid in _descendants(proc.pid) if "--local_rank=" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert len(workers) == 2, workers
+    for worker in workers:  # as a scheduler signals every task
+        os.kill(worker, signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    both = out.decode() + err.decode()
+    hints = re.findall(r"resume with: (.*)", both)
+    assert hints, both[-3000:]
+    hint = hints[0]
+    assert hint.startswith(f"deepspeed --num_gpus 2 --master_port {port} {BIN / 'llm-train'} "), hint
+    assert hint.endswith(" --resume auto") and "--force" not in hint and "--local_rank" not in hint, hint
+    stopped = int(re.search(r"checkpoints/step_(\d+)", both).group(1))
+    resumed = subprocess.run(
+        [*shlex.split(hint), "--set", f"training.train_steps={stopped + 2}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"step_{stopped + 2:08d}" in resumed.stdout
