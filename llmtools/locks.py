@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import shlex
 import socket
@@ -121,7 +120,7 @@ def _me(command: str | None) -> Holder:
 def read_holder(lock_file: str | os.PathLike) -> Holder | None:
     """Who the lock file names (None when it is empty or unreadable: a holder that has not written yet)."""
     try:
-        data = json.loads(Path(lock_file).read_text(encoding="utf-8"))
+        data = jsonfile.loads(Path(lock_file).read_text(encoding="utf-8"), ours=True)
         return Holder(str(data["host"]), int(data["pid"]), str(data["started"]), str(data["command"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -122,7 +122,7 @@ def trained_from(checkpoint: Path) -> str | None:
     absolute path when it is a folder here (peft resolves a relative one against the loader's folder)."""
 
     try:
-        meta = jsonfile.loads((Path(checkpoint) / layout.META).read_text(encoding="utf-8"))
+        meta = jsonfile.loads((Path(checkpoint) / layout.META).read_text(encoding="utf-8"), ours=True)
         init_from = meta["config"]["model"]["init_from"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -80,7 +80,7 @@ def read_meta(path: str | Path) -> dict[str, Any]:
             f"{meta_path}: missing (the save did not finish, or this is not a checkpoint)"
         ) from None
     try:
-        meta = jsonfile.loads(text)
+        meta = jsonfile.loads(text, ours=True)
     except json.JSONDecodeError as error:
         raise InputError(f"{meta_path}:{error.lineno}: not valid JSON ({error.msg})") from None
     if not isinstance(meta, dict):

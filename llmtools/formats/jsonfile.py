@@ -1,6 +1,11 @@
 """JSON in and out with the one error model: reading a file reports a message naming it; every JSON text
 we write (files, ``--json`` output) goes through :func:`dumps`, which never writes ``NaN`` or
-``Infinity`` (Python's json does by default, and no other JSON reader accepts them)."""
+``Infinity`` (Python's json does by default, and no other JSON reader accepts them).
+
+Paths, by one rule in every file and output of ours: a path whose bytes are UTF-8 is a JSON string; any
+other is ``{"bytes_b64": BASE64}`` of its exact bytes (:func:`portable`). Our readers of our own files
+(``loads(..., ours=True)``) give such an object back as the very path Python had before writing it, so a
+mix.json, sidecar or meta.json under any name the filesystem allows reads back as written."""
 
 from __future__ import annotations
 
@@ -21,16 +26,19 @@ def _no_constant(name: str):
     raise _NonFinite(name)
 
 
-def loads(text: str | bytes, finite: bool = False):
+def loads(text: str | bytes, finite: bool = False, ours: bool = False):
     """``json.loads``, with input nested too deeply for the parser reported as a JSON error (the
     standard library raises RecursionError, with no place, a few thousand levels down).
 
     ``finite``: refuse ``NaN`` / ``Infinity`` (which Python's json accepts, and JSON does not) as a
-    JSON error at its place."""
+    JSON error at its place. ``ours``: a file we wrote, whose ``{"bytes_b64": ...}`` objects are paths
+    (:func:`portable`) given back as such; never for a file of someone else's, where such an object is
+    data."""
+    hook = _path_back if ours else None
     try:
         if finite:
-            return json.loads(text, parse_constant=_no_constant)
-        return json.loads(text)
+            return json.loads(text, parse_constant=_no_constant, object_hook=hook)
+        return json.loads(text, object_hook=hook)
     except _NonFinite as error:
         if isinstance(text, bytes):
             text = text.decode("utf-8", "replace")
@@ -48,11 +56,12 @@ def loads(text: str | bytes, finite: bool = False):
         ) from None
 
 
-def read_json_object(path: str | os.PathLike, what: str = "JSON file") -> dict:
-    """Parse ``path`` as a JSON object; :class:`InputError` naming the file when it is not one."""
+def read_json_object(path: str | os.PathLike, what: str = "JSON file", ours: bool = False) -> dict:
+    """Parse ``path`` as a JSON object; :class:`InputError` naming the file when it is not one.
+    ``ours`` as for :func:`loads`."""
     path = Path(path)
     try:
-        data = loads(path.read_text(encoding="utf-8"))
+        data = loads(path.read_text(encoding="utf-8"), ours=ours)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise InputError(f"{path}: not a valid {what} ({error})") from None
     if not isinstance(data, dict):
@@ -61,10 +70,11 @@ def read_json_object(path: str | os.PathLike, what: str = "JSON file") -> dict:
 
 
 def dumps(obj, what: str = "JSON output", **kwargs) -> str:
-    """``json.dumps(obj, **kwargs)`` with ``allow_nan=False``: a non-finite number that got this far is a
-    :class:`RuntimeFailure` naming ``what``, never a file of ours that strict readers refuse."""
+    """``json.dumps(portable(obj), **kwargs)`` with ``allow_nan=False``: a non-finite number that got this
+    far is a :class:`RuntimeFailure` naming ``what``, never a file of ours that strict readers refuse;
+    a path that is not UTF-8 is written by the module's one rule, never as Python's lone surrogates."""
     try:
-        return json.dumps(obj, allow_nan=False, **kwargs)
+        return json.dumps(portable(obj), allow_nan=False, **kwargs)
     except ValueError as error:
         raise RuntimeFailure(
             f"{what}: refusing to write a non-finite number (NaN or Infinity) as JSON ({error})"
@@ -72,8 +82,8 @@ def dumps(obj, what: str = "JSON output", **kwargs) -> str:
 
 
 def output(obj, what: str = "JSON output", **kwargs) -> str:
-    """What a ``--json`` option prints: :func:`dumps` of :func:`portable` ``obj``."""
-    return dumps(portable(obj), what, **kwargs)
+    """What a ``--json`` option prints: :func:`dumps` of ``obj``."""
+    return dumps(obj, what, **kwargs)
 
 
 def portable(obj):
@@ -105,6 +115,16 @@ def portable(obj):
         return {k: portable(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [portable(v) for v in obj]
+    return obj
+
+
+def _path_back(obj: dict):
+    """``{"bytes_b64": B}`` (and nothing else) -> the path of those bytes, as :func:`portable` found it."""
+    if len(obj) == 1 and isinstance(obj.get("bytes_b64"), str):
+        try:
+            return os.fsdecode(base64.b64decode(obj["bytes_b64"], validate=True))
+        except ValueError:  # not base64: left as the object it is (a reader then finds it not a path)
+            return obj
     return obj
 
 

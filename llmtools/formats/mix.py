@@ -45,7 +45,7 @@ def read_mix(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file (make one with llm-mix)")
-    data = read_json_object(path, "mix.json")
+    data = read_json_object(path, "mix.json", ours=True)
     if data.get("format") != FORMAT:
         raise InputError(f"{where(path, key='format')}: expected {FORMAT!r}, found {data.get('format')!r}")
     for key, kind in _REQUIRED.items():

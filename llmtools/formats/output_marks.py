@@ -119,7 +119,7 @@ def _marked(path: Path) -> bool:
     marker = marker_path(path)
     if not marker.is_file() or _json_format(marker) != MARKER_FORMAT:
         return False
-    record = json.loads(marker.read_text(encoding="utf-8"))
+    record = jsonfile.loads(marker.read_text(encoding="utf-8"), ours=True)
     size = path.stat().st_size
     if record.get("file") != path.name or record.get("size") != size:
         return False

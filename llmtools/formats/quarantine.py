@@ -12,7 +12,6 @@ another run is refused. No torch here.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -163,7 +162,7 @@ def _parse(raw: bytes, at: str, run: str | None, whose: str) -> dict:
     if len(raw) > MAX_LINE:
         raise InputError(f"{at}: a line of {len(raw)} bytes (more than {MAX_LINE}); not a quarantine file")
     try:
-        record = json.loads(raw)
+        record = jsonfile.loads(raw, ours=True)
     except (ValueError, UnicodeDecodeError) as error:
         raise InputError(f"{at}: not valid JSON ({error})") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:

@@ -118,7 +118,7 @@ def read_reference(folder: str | os.PathLike, identity: dict[str, Any]) -> np.nd
     meta_path = folder / META_FILE
     if not meta_path.is_file():
         raise InputError(f"{folder}: no stored reference ({META_FILE} missing)")
-    meta = read_json_object(meta_path, "reference file")
+    meta = read_json_object(meta_path, "reference file", ours=True)
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise InputError(
             f"{meta_path}: not a reference of this llmtools (format {meta.get('format')!r}, "

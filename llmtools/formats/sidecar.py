@@ -78,7 +78,7 @@ def read_sidecar(prefix: str | os.PathLike) -> dict | None:
     path = sidecar_path(prefix)
     if not path.exists():
         return None
-    return read_json_object(path, "sidecar JSON file")
+    return read_json_object(path, "sidecar JSON file", ours=True)
 
 
 def write_sidecar(prefix: str | os.PathLike, data: dict) -> Path:

@@ -157,7 +157,7 @@ class RunWriter:
         if not path.exists():
             return
         try:
-            state = jsonfile.loads(path.read_text(encoding="utf-8"))
+            state = jsonfile.loads(path.read_text(encoding="utf-8"), ours=True)
         except (OSError, ValueError) as error:
             raise InputError(
                 f"{path}: unreadable llm-log state ({error}); delete it to convert from scratch"

@@ -87,7 +87,7 @@ def _load_state(path: Path) -> dict:
     if not path.exists():
         return {"version": STATE_VERSION, "sources": {}}
     try:
-        state = jsonfile.loads(path.read_text(encoding="utf-8"))
+        state = jsonfile.loads(path.read_text(encoding="utf-8"), ours=True)
     except (OSError, ValueError) as error:
         raise InputError(f"{path}: unreadable llm-log state ({error}); delete it to upload afresh") from None
     if (

@@ -36,6 +36,7 @@ from typing import Any
 
 from llmtools.ckpt import rng
 from llmtools.errors import InputError, RuntimeFailure
+from llmtools.formats import jsonfile
 from llmtools.model.config import SHAPE_FIELDS
 from llmtools.model.presets import load_model_config
 from llmtools.train.config import SECTION_TYPES, TrainConfig, config_key
@@ -185,7 +186,7 @@ def saved_view(meta: dict) -> dict[str, Any]:
             raw["model"] = dict(meta["model"])
         fingerprint = (meta.get("data") or {}).get("fingerprint")
         try:
-            raw["data"] = json.loads(fingerprint) if isinstance(fingerprint, str) else None
+            raw["data"] = jsonfile.loads(fingerprint, ours=True) if isinstance(fingerprint, str) else None
         except ValueError:
             raw["data"] = None
         if not isinstance(raw["data"], dict):

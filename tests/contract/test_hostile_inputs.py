@@ -257,6 +257,53 @@ def test_json_output_gives_a_non_utf8_path_back_byte_for_byte(tmp_path):
     assert all(os.path.isfile(p) for p in written)
 
 
+def test_files_under_a_non_utf8_name_are_written_by_the_one_rule_and_read_back(tmp_path):
+    """json2bin -> llm-mix -> llm-train -> verify -> convert inside a folder whose name is not UTF-8, from
+    an input whose name is not UTF-8: every command works, every JSON file written (sidecars, mix.json,
+    meta.json, metrics, markers) is strict UTF-8 with such paths as {"bytes_b64": ...}, and the readers
+    of those files get the exact paths back (the run reads its mix.json, verify its meta.json)."""
+    from llmtools.formats import jsonfile
+
+    odd = os.path.join(os.fsencode(tmp_path), b"d\xff\xfe")
+    os.mkdir(odd)
+    inside = lambda name: os.path.join(odd, name)  # noqa: E731
+    text = lambda word: b"".join(lines({"text": f"{word} {i} " * 20}) for i in range(100))  # noqa: E731
+    (tmp_path / "plain.jsonl").write_bytes(text("plain"))
+    Path(os.fsdecode(os.path.join(os.fsencode(tmp_path), b"in\xff.jsonl"))).write_bytes(text("odd"))
+    (tmp_path / "t.yaml").write_text(
+        "model: {preset: tiny, vocab_size: 320, num_hidden_layers: 2, hidden_size: 96, intermediate_size: 256}\n"
+        "training: {micro_batch_size: 2, global_batch_size: 2, train_steps: 2}\n"
+        "schedule: {kind: constant}\ncheckpoint: {save_every: 0}\neval: {every: 0}\n"
+    )
+    step = inside(b"run/checkpoints/step_00000002")
+    for argv in (
+        ["llm-prep", "json2bin", b"in\xff.jsonl", "-t", "byte", "-o", inside(b"odd"), "-q"],
+        ["llm-prep", "json2bin", "plain.jsonl", "-t", "byte", "-o", inside(b"plain"), "-q"],
+        ["llm-mix", inside(b"odd_text_document"), inside(b"plain_text_document"), "-o", inside(b"mix.json"),
+         "--seq-length", "64", "--num-samples", "64"],
+        ["llm-train", "t.yaml", "--deepspeed", "zero1", "-o", inside(b"run"), "--set", b"data.mix=" + inside(b"mix.json")],
+        ["llm-ckpt", "verify", step],
+        ["llm-ckpt", "convert", step, "--to", "hf", "-o", inside(b"hf")],
+    ):  # fmt: skip
+        proc = subprocess.run([script(argv[0]), *argv[1:]], cwd=tmp_path, capture_output=True,
+                              env=contract_env(), timeout=600)  # fmt: skip
+        assert proc.returncode == 0, (argv, proc.stderr.decode(errors="replace")[-2000:])
+    written = []
+    for folder, _, names in os.walk(odd):
+        written += [os.path.join(folder, n) for n in names if n.endswith((b".json", b".jsonl"))]
+    assert len(written) >= 6, written
+    for path in written:
+        content = Path(os.fsdecode(path)).read_bytes().decode("utf-8")  # strict UTF-8 ...
+        assert "\\udc" not in content, path  # ... with no escaped lone surrogate
+    mix = jsonfile.read_json_object(os.fsdecode(inside(b"mix.json")), ours=True)
+    prefixes = {os.fsencode(source["prefix"]) for source in mix["sources"]}
+    assert prefixes == {inside(b"odd_text_document"), inside(b"plain_text_document")}
+    sidecar = jsonfile.loads(Path(os.fsdecode(inside(b"odd_text_document.json"))).read_text(), ours=True)
+    assert [os.fsencode(i["path"]) for i in sidecar["inputs"]] == [b"in\xff.jsonl"]
+    raw = json.loads(Path(os.fsdecode(inside(b"odd_text_document.json"))).read_text())
+    assert base64.b64decode(raw["inputs"][0]["path"]["bytes_b64"]) == b"in\xff.jsonl"
+
+
 def test_a_broken_pipe_ends_quietly_with_141(world, tmp_path):
     """``llm-prep cat | head``: the reader goes away; the command ends as a Unix tool killed by SIGPIPE
     would (status 141), with nothing on stderr."""

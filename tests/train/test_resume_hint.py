@@ -84,7 +84,9 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def test_under_the_deepspeed_launcher_the_hint_is_its_runner_line_and_it_resumes(byte_data, tmp_path, cli_env):
+def test_under_the_deepspeed_launcher_the_hint_is_its_runner_line_and_it_resumes(
+    byte_data, tmp_path, cli_env
+):
     """The deepspeed launcher runs ``deepspeed`` -> ``deepspeed.launcher.launch`` -> a worker per rank
     (``python -u llm-train --local_rank=N ...``): the hint is the ``deepspeed`` line, and it resumes."""
     config = tmp_path / "train.yaml"
@@ -105,7 +107,9 @@ def test_under_the_deepspeed_launcher_the_hint_is_its_runner_line_and_it_resumes
         if metrics.exists() and "train" in metrics.read_text():
             break
         time.sleep(0.2)
-    workers = [pid for pid in _descendants(proc.pid) if "--local_rank=" in Path(f"/proc/{pid}/cmdline").read_text()]
+    workers = [
+        pid for pid in _descendants(proc.pid) if "--local_rank=" in Path(f"/proc/{pid}/cmdline").read_text()
+    ]
     assert len(workers) == 2, workers
     for worker in workers:  # as a scheduler signals every task
         os.kill(worker, signal.SIGTERM)
