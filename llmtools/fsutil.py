@@ -128,6 +128,24 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
 
 
 # -- temporaries -----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def text_path(path: str | os.PathLike) -> Iterator[str]:
+    """A name for ``path`` that a library taking a file name only as UTF-8 text can open (tokenizers'
+    ``from_file``): the path itself when its bytes are UTF-8, else ``/dev/fd/N`` of the file opened here
+    for as long as the block runs. A path is any bytes the filesystem allows."""
+    name = os.fspath(path)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        handle = os.open(name, os.O_RDONLY)
+        try:
+            yield f"/dev/fd/{handle}"
+        finally:
+            os.close(handle)
+        return
+    yield name
+
+
 def tmp_sibling(path: str | os.PathLike, suffix: str = "") -> Path:
     """A fresh, empty, registered file in the same folder (same filesystem, so rename is atomic)."""
     path = Path(path)

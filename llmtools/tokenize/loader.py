@@ -280,9 +280,12 @@ def _load_gpt2(
     import tokenizers
     from tokenizers import decoders, models, pre_tokenizers
 
+    from llmtools.fsutil import text_path
+
     merges = merges if merges is not None else _merges_for(vocab)
     try:
-        tok = tokenizers.Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
+        with text_path(vocab) as vocab_name, text_path(merges) as merges_name:
+            tok = tokenizers.Tokenizer(models.BPE.from_file(vocab_name, merges_name))
     except Exception as error:  # noqa: BLE001
         raise InputError(f"{vocab}: cannot load GPT-2 vocab/merges ({error})") from None
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -186,3 +186,36 @@ def test_deferred_probe_settles_before_the_first_encode():
     assert lazy.parallel_in_process
     assert lazy.encode_batch(texts) == eager.encode_batch(texts)
     assert lazy.backend == "gigatoken" and lazy.fallback_reason is None
+
+
+# Each kind of tokenizer file, copied under a folder whose name is not UTF-8 (and under a plain one):
+# (files to copy from ../shared/data, what to load, relative to the copy).
+ODD_PATH_KINDS = {
+    "gpt2-folder": ([f"{GPT2}/vocab.json", f"{GPT2}/merges.txt"], ""),
+    "gpt2-vocab": ([f"{GPT2}/vocab.json", f"{GPT2}/merges.txt"], "vocab.json"),
+    "hf-json": ([f"{GPT2}/tokenizer.json"], "tokenizer.json"),
+    "hf-folder": ([f"{GPT2}/tokenizer.json"], ""),
+    "sentencepiece": (["tokenizers/sentencepiece-test/test_model.model"], "test_model.model"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ODD_PATH_KINDS))
+def test_every_kind_loads_from_a_path_that_is_not_utf8(kind, tmp_path):
+    """A path is any bytes the filesystem allows: every tokenizer kind loads from under a non-UTF-8 name
+    and encodes as the same files under a plain name do (the libraries behind them take names as text)."""
+    import os
+    import shutil
+
+    files, target = ODD_PATH_KINDS[kind]
+    loaded = []
+    for name in (b"plain", b"odd\xff\xfe"):
+        folder = os.path.join(os.fsencode(tmp_path), name)
+        os.mkdir(folder)
+        for file in files:
+            shutil.copyfile(shared(file), os.path.join(folder, os.fsencode(os.path.basename(file))))
+        spec = os.fsdecode(os.path.join(folder, os.fsencode(target))) if target else os.fsdecode(folder)
+        loaded.append(load_tokenizer(spec, backend="tokenizers"))
+    plain, odd = loaded
+    text = "Hello, world! <|endoftext|> 123 ünïcödé"
+    assert odd.encode(text) == plain.encode(text)
+    assert odd.vocab_size == plain.vocab_size and odd.eod_id == plain.eod_id
