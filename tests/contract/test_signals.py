@@ -91,6 +91,18 @@ CASES = [
         files={"big.jsonl": BIG},
     ),
     Case("json2bin-stdin", ["llm-prep", "json2bin", "-", "-t", "{w.gpt2}", "-o", "out/x"], None),
+    # every mode of reading a stream: with worker processes, and a pipe given as a path (as <(...) is)
+    Case(
+        "json2bin-stdin-workers",
+        ["llm-prep", "json2bin", "-", "-t", "{w.gpt2}", "-o", "out/x", "--workers", "3"],
+        None,
+    ),
+    Case(
+        "json2bin-pipe-path",
+        ["llm-prep", "json2bin", "/dev/stdin", "-t", "byte", "-o", "out/x", "--workers", "2"],
+        None,
+        signal.SIGINT,
+    ),
     Case(
         "sft",
         ["llm-prep", "sft", "chats.jsonl", "-t", "byte", "--chat-template", "chatml", "-o", "out/s"],
