@@ -39,8 +39,8 @@ def _config(folder: Path, mix: str, sequence: int, recompute: bool = False, **se
     )
 
 
-def _torchrun(config, stage: int, run_dir: Path, env, *extra):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+def _torchrun(config, stage: int, run_dir: Path, env, *extra, nproc: int = 2):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
            str(free_port()), "-m", "llmtools.cli.train", config, "--deepspeed", _ds(stage), "-o", run_dir, *extra]  # fmt: skip
     out = subprocess.run(list(map(str, cmd)), env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, "\n".join(
@@ -90,6 +90,29 @@ def test_two_ranks_holding_half_of_each_sequence_equal_one_rank(byte_data, tmp_p
     _torchrun(_config(tmp_path / "c3", byte_data["mix"], 1), stage, other, cli_env, "--resume", "auto")
     # fp32 losses of the same model, only the reduction order across the head exchange differs
     assert max(abs(x - y) for x, y in zip(losses(other), b[10:], strict=True)) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "nproc, stage", [(4, 2), (2, 1), (2, 0)], ids=["dp2-zero2", "dp1-zero1", "dp1-zero0"]
+)
+def test_replicas_of_sequence_parallel_groups_and_every_stage_equal_one_rank(
+    byte_data, tmp_path, cli_env, nproc, stage
+):
+    """Two replicas of a group of two (4 ranks: data 2 x sequence 2), and the ZeRO stages the test above
+    does not run: the same losses as one rank holding whole sequences."""
+    one = tmp_path / "one"
+    out = llm_train(
+        [_config(tmp_path / "c1", byte_data["mix"], 1), "--deepspeed", _ds(stage), "-o", one], cli_env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    grid = tmp_path / "grid"
+    _torchrun(_config(tmp_path / "c2", byte_data["mix"], 2), stage, grid, cli_env, nproc=nproc)
+    resolved = yaml.safe_load((grid / "config.yaml").read_text())["resolved"]
+    assert resolved["world_size"] == nproc and resolved["grad_accumulation"] == 4 // nproc
+    a, b = losses(one), losses(grid)
+    assert len(a) == len(b) == STEPS
+    # fp32; the same sums in another order (head groups, loss halves, the replicas' gradient average)
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
 
 
 @pytest.mark.parametrize(
