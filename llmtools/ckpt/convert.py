@@ -155,7 +155,12 @@ def checkpoint_sources(checkpoint: Path, meta: dict[str, Any] | None, scratch_be
     folder beside ``scratch_beside``, removed afterwards) and renamed to the model's names."""
     from llmtools.ckpt.expert_parallel import is_expert_parallel, to_model_names, universal_sources
     from llmtools.ckpt.reader import CheckpointReader
+    from llmtools.ckpt.tensor_shards import degree, joined_sources
 
+    if degree(meta) > 1:  # tensor-parallel shards, put together one parameter at a time
+        with joined_sources(checkpoint, meta) as sources:  # type: ignore[arg-type]
+            yield sources
+        return
     if not is_expert_parallel(meta):
         with CheckpointReader(checkpoint) as reader:
             yield reader.sources(include_buffers=False)

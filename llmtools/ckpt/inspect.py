@@ -86,6 +86,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     """Config, parameter count, dtypes, optimizer state, world size of one checkpoint."""
+    from llmtools.ckpt import tensor_shards
     from llmtools.ckpt.convert import resolve_checkpoint
     from llmtools.ckpt.expert_parallel import is_expert_parallel
     from llmtools.ckpt.reader import CheckpointReader
@@ -95,10 +96,18 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     report = verify(path, checksums=False, shapes=False)
     meta = report.meta or {}
     expert_parallel = is_expert_parallel(meta)
-    with CheckpointReader(path) as reader:
+    shards = tensor_shards.degree(meta)
+    with CheckpointReader(path, mp_rank=0 if shards > 1 else None) as reader:
         shapes = reader.param_shapes()
         dtypes: dict[str, int] = {}
-        if expert_parallel:
+        if shards > 1:
+            # DeepSpeed AutoTP: shard 0's files, the whole model counted from meta.json's record
+            for source in reader.sources().values():
+                key = str(source.dtype).removeprefix("torch.")
+                dtypes[key] = dtypes.get(key, 0) + 1
+            total = tensor_shards.whole_parameters({k: list(v) for k, v in shapes.items()}, meta)
+            kind = f"tensor-parallel ({shards} shards, DeepSpeed AutoTP; shard 0 read): {reader.kind}"
+        elif expert_parallel:
             # DeepSpeed's expert-parallel layout: the shapes recorded are rank 0's share of the experts.
             from llmtools.model.presets import load_model_config
 

@@ -80,23 +80,29 @@ def rng_name(rank: int) -> str:
     return f"rng_rank{rank:04d}.pt"
 
 
-def deepspeed_files(zero_stage: int, dp_world_size: int, precision: str) -> list[str]:
-    """The files DeepSpeed's ``load_checkpoint`` needs from a checkpoint it saved (no model parallelism).
+def deepspeed_files(
+    zero_stage: int, dp_world_size: int, precision: str, tensor_parallel: int = 1
+) -> list[str]:
+    """The files DeepSpeed's ``load_checkpoint`` needs from a checkpoint it saved.
 
     Its own naming (``DeepSpeedEngine._get_ckpt_name`` / ``_get_zero_ckpt_name``): the module state in
     ``mp_rank_00_model_states.pt``, one per data-parallel rank under ZeRO-3 (``zero_pp_rank_R_...``);
     the optimizer partitions in ``zero_pp_rank_R_mp_rank_00_optim_states.pt`` per rank under ZeRO-1/2/3
     (``bf16_`` in front in bf16, whichever wrapper DeepSpeed picked); ZeRO-0 keeps the optimizer inside the
     model-states file (fp32, and bf16 without pipeline parallelism: DeepSpeed's DDP-style bf16 wrapper).
+    Each tensor-parallel shard ``M`` has the same files, ``mp_rank_MM`` in their names.
     """
     ranks = range(max(1, int(dp_world_size)))
-    if zero_stage == 3:
-        files = [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in ranks]
-    else:
-        files = ["mp_rank_00_model_states.pt"]
-    if zero_stage > 0:
-        prefix = "bf16_" if precision == "bf16" else ""
-        files += [f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in ranks]
+    files = []
+    for m in range(max(1, int(tensor_parallel))):
+        mp = f"mp_rank_{m:02d}"
+        if zero_stage == 3:
+            files += [f"zero_pp_rank_{r}_{mp}_model_states.pt" for r in ranks]
+        else:
+            files += [f"{mp}_model_states.pt"]
+        if zero_stage > 0:
+            prefix = "bf16_" if precision == "bf16" else ""
+            files += [f"{prefix}zero_pp_rank_{r}_{mp}_optim_states.pt" for r in ranks]
     return files
 
 
@@ -107,7 +113,11 @@ def required_files(meta: dict) -> list[str]:
         return ["mp_rank_00_model_states.pt"]
     world = int(meta.get("world_size") or 1)
     dp_world = int(meta.get("dp_world_size") or world)
-    files = deepspeed_files(int(meta.get("zero_stage") or 0), dp_world, str(meta.get("precision") or "fp32"))
+    from llmtools.ckpt.tensor_shards import degree
+
+    files = deepspeed_files(
+        int(meta.get("zero_stage") or 0), dp_world, str(meta.get("precision") or "fp32"), degree(meta)
+    )
     return files + [rng_name(r) for r in range(world)]
 
 
@@ -169,10 +179,12 @@ def ckpt_dir_of(path: str | Path) -> Path:
     return path
 
 
-def model_states_file(folder: str | Path) -> Path:
-    """DeepSpeed's model-states file of a checkpoint (ZeRO-3 names it after data-parallel rank 0)."""
+def model_states_file(folder: str | Path, mp_rank: int = 0) -> Path:
+    """DeepSpeed's model-states file of a checkpoint (ZeRO-3 names it after data-parallel rank 0), of
+    tensor-parallel shard ``mp_rank``."""
     folder = Path(folder)
-    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+    own = f"mp_rank_{mp_rank:02d}_model_states.pt"
+    for name in (own, f"zero_pp_rank_0_{own}"):
         if (folder / name).is_file():
             return folder / name
-    return folder / "mp_rank_00_model_states.pt"
+    return folder / own

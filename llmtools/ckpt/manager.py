@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmtools.ckpt import dist, layout, safeload
+from llmtools.ckpt import dist, layout, safeload, tensor_shards
 from llmtools.ckpt import rng as rng_state
 from llmtools.ckpt.request import ResumeRequest
 from llmtools.ckpt.state import RunState, saved_state
@@ -129,7 +129,7 @@ def _meta_fields(engine, step: int, final: Path, summary: dict[str, Any]) -> dic
     import torch
 
     world = dist.world_size()
-    shapes = _param_shapes(engine.module)
+    shapes = _param_shapes(engine.module)  # tensor parallelism: shard 0's (what mp_rank_00 holds)
     return {
         **layout.meta_header(step, final.name),
         **summary,
@@ -139,7 +139,7 @@ def _meta_fields(engine, step: int, final: Path, summary: dict[str, Any]) -> dic
         "precision": _precision(engine),
         "rng": {"kinds": ["python", "numpy", "torch"], "files": [layout.rng_name(r) for r in range(world)]},
         "param_shapes": shapes,
-        "num_parameters": sum(int(torch.Size(s).numel()) for s in shapes.values()),
+        "num_parameters": tensor_shards.whole_parameters(shapes, summary),
         "versions": {"deepspeed": deepspeed.__version__, "torch": torch.__version__.split("+")[0]},
     }
 
@@ -504,6 +504,7 @@ class CheckpointManager:
             return {
                 k: meta.get(k) for k in ("step", "consumed_samples", "consumed_tokens", "model", "tokenizer")
             }
+        tensor_shards.check_same_replicas(meta, path / layout.META, saved_world, current_dp)
         saved_stage, stage = int(meta["zero_stage"]), int(engine.zero_optimization_stage())
         if saved_stage != stage and not reshard:
             raise InputError(

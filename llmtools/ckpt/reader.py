@@ -28,7 +28,7 @@ from llmtools.ckpt import layout
 from llmtools.ckpt.torchfile import LazyTensor, load_lazy
 from llmtools.errors import InputError
 
-_OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
+_OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d\d)_optim_states\.pt$")
 
 
 @dataclass(frozen=True)
@@ -63,25 +63,29 @@ class Source:
 
 
 class CheckpointReader:
-    """Open a checkpoint folder; ``sources()`` maps parameter names to lazily loaded fp32 tensors."""
+    """Open a checkpoint folder; ``sources()`` maps parameter names to lazily loaded fp32 tensors.
 
-    def __init__(self, path: str | Path) -> None:
+    A tensor-parallel checkpoint is read one shard at a time (``mp_rank``; its shards are put together by
+    :mod:`llmtools.ckpt.tensor_shards`); without ``mp_rank`` such a checkpoint is refused."""
+
+    def __init__(self, path: str | Path, mp_rank: int | None = None) -> None:
         self.path = Path(path)
-        model_states = layout.model_states_file(self.path)
+        model_states = layout.model_states_file(self.path, mp_rank or 0)
         if not model_states.is_file():
             if (self.path / layout.CHECKPOINTS).is_dir() or layout.read_latest(self.path):
                 raise InputError(f"{self.path}: a run or checkpoints folder; name one checkpoint (step_...)")
             raise InputError(f"{model_states}: missing (not a DeepSpeed checkpoint folder)")
-        if any(self.path.glob("*mp_rank_01_model_states.pt")):
+        if mp_rank is None and any(self.path.glob("*mp_rank_01_model_states.pt")):
             raise InputError(
-                f"{self.path}: tensor/pipeline-parallel checkpoints (mp_rank_01) are not supported"
+                f"{self.path}: a tensor-parallel checkpoint (mp_rank_01): read its shards together "
+                "(llm-ckpt convert does)"
             )
         self.model_states_path = model_states
         self.model_states = load_lazy(model_states)
         optim = []
         for child in self.path.iterdir():
             match = _OPTIM_RE.match(child.name)
-            if match:
+            if match and int(match.group(2)) == (mp_rank or 0):
                 optim.append((int(match.group(1)), child))
         optim.sort()
         self.optim_files = [p for _, p in optim]

@@ -85,8 +85,13 @@ class TrainConfig:
 
     # -- derived values --------------------------------------------------------------------------
     def data_parallel(self, world_size: int) -> int:
-        """Data-parallel replicas: the ranks of a sequence-parallel group read the same samples."""
-        return max(1, world_size // self.parallel.sequence)
+        """Data-parallel replicas: the ranks of a sequence- or tensor-parallel group read the same samples."""
+        return max(1, world_size // self.model_parallel)
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that share each sample: a sequence-parallel or a tensor-parallel group."""
+        return self.parallel.sequence * self.parallel.tensor
 
     def grad_accumulation(self, world_size: int) -> int:
         """Micro-batches per rank per step; the global batch must split evenly over the data-parallel ranks."""

@@ -151,19 +151,22 @@ class ParallelSection:
     )
     """DeepSpeed-Ulysses: each rank of a group of N holds 1/N of every sequence; attention heads are
     exchanged with all-to-all (N divides the world size, the attention heads and the sequence length)."""
-    tensor: int = ruled(Rule(NEVER, "tensor parallelism is not supported (1 only)", OTHER_RUN), 1)
-    """DeepSpeed AutoTP (tensor parallelism): not supported yet; 1 only (see docs/parallelism.md)."""
+    tensor: int = ruled(
+        Rule(
+            NEVER,
+            "the checkpoint's weights and optimizer state are cut into that many shards",
+            "convert it (llm-ckpt convert --to hf) and start a new run from it, -o NEW_RUN --init-from HF_FOLDER",
+        ),
+        1,
+    )
+    """DeepSpeed AutoTP: each rank of a group of N holds 1/N of every attention and MLP projection (N
+    divides the world size and the attention and key/value heads); ZeRO-1/2, pretraining."""
 
     def __post_init__(self) -> None:
         for key in ("sequence", "tensor"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise _bad(f"parallel.{key}", f"expected an integer >= 1, got {value!r}")
-        if self.tensor != 1:
-            raise _bad(
-                "parallel.tensor",
-                "not supported yet: DeepSpeed AutoTP training is not wired into llm-train (docs/parallelism.md)",
-            )
 
 
 @config_section

@@ -140,6 +140,15 @@ def build_engine(plan: TrainPlan, model, device: str):
         comm.init_distributed(dist_backend=torch.distributed.get_backend(), dist_init_required=False)
         mpu, plan.task.sequence = start_sequence_parallel(cfg.parallel.sequence)
         enable_sequence_parallel(model, plan.task.sequence.group, cfg.parallel.sequence)
+    if cfg.parallel.tensor > 1:
+        # DeepSpeed's (data, tensor) mesh made first and handed over as the mpu, so that its config counts
+        # the data-parallel ranks (not every rank) in train_batch_size; AutoTP then shards the model.
+        from deepspeed import comm
+        from deepspeed.utils import groups
+
+        comm.init_distributed(dist_backend=torch.distributed.get_backend(), dist_init_required=False)
+        groups._init_tp_mesh_device(tensor_model_parallel_size=cfg.parallel.tensor)
+        mpu = groups
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=groups if optimizer is None else None,

@@ -31,6 +31,7 @@ from llmtools.train.moe import check_expert_parallel, expert_parallel_ds_config
 from llmtools.train.optimizers import check_optimizer
 from llmtools.train.sequence import check_sequence_parallel, zero3_reduction
 from llmtools.train.tasks import Task, TaskData, make_task
+from llmtools.train.tensor import check_tensor_parallel, plan_tensor_parallel
 
 
 @dataclass
@@ -202,6 +203,7 @@ def make_plan(
         )
 
     check_sequence_parallel(config, model_config, world_size, seq_length, where)
+    check_tensor_parallel(config, model_config, world_size, where)
 
     valid = None
     if config.eval.every > 0 and not task.evaluates:
@@ -239,6 +241,7 @@ def make_plan(
     _plan_expert_parallel(config, model_config, ds_config, world_size, ds_source)
     if config.parallel.sequence > 1:
         zero3_reduction(ds_config, ds_source)
+    plan_tensor_parallel(config, ds_config, ds_source)
     _plan_precision_and_optimizer(config, ds_config, ds_source)
     _plan_compile(config, ds_config, ds_source)
     return TrainPlan(

@@ -27,14 +27,7 @@ def check_sequence_parallel(config, model_config, world_size: int, seq_length: i
     if n == 1:
         return
     key = f"{where}: parallel.sequence={n}"
-    if world_size % n:
-        raise InputError(f"{key}: does not divide the world size {world_size} (start N x replicas ranks)")
-    heads, kv = model_config.num_attention_heads, model_config.num_key_value_heads
-    if heads % n or kv % n:
-        raise InputError(
-            f"{key}: the model's {heads} attention heads and {kv} key/value heads must both divide by it "
-            "(DeepSpeed-Ulysses hands each rank whole heads)"
-        )
+    check_group(key, n, world_size, model_config, "DeepSpeed-Ulysses hands each rank whole heads")
     if seq_length % n:
         raise InputError(
             f"{key}: does not divide seq_length {seq_length} (each rank holds seq_length/N tokens)"
@@ -52,6 +45,19 @@ def check_sequence_parallel(config, model_config, world_size: int, seq_length: i
         raise InputError(
             f"{key}: not supported with eval.per_source or eval.tasks (they score whole rows on each rank, "
             "and a rank holds 1/N of each row)"
+        )
+
+
+def check_group(key: str, n: int, world_size: int, model_config, why_heads: str) -> None:
+    """What every group of N ranks sharing a sample needs (a sequence- or tensor-parallel group): N
+    divides the world size, and the attention and key/value heads (each rank keeps whole heads)."""
+    if world_size % n:
+        raise InputError(f"{key}: does not divide the world size {world_size} (start N x replicas ranks)")
+    heads, kv = model_config.num_attention_heads, model_config.num_key_value_heads
+    if heads % n or kv % n:
+        raise InputError(
+            f"{key}: the model's {heads} attention heads and {kv} key/value heads must both divide by it "
+            f"({why_heads})"
         )
 
 
@@ -114,4 +120,10 @@ def start_sequence_parallel(size: int):
     return parallel_state_sp, SequenceSlice(size, parallel_state_sp.get_sequence_parallel_rank(), group)
 
 
-__all__ = ["check_sequence_parallel", "start_sequence_parallel", "zero3_reduction", "SequenceSlice"]
+__all__ = [
+    "check_group",
+    "check_sequence_parallel",
+    "start_sequence_parallel",
+    "zero3_reduction",
+    "SequenceSlice",
+]

@@ -15,6 +15,7 @@ the LoRA settings and the expert-parallel layout are records of what was trained
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -150,8 +151,31 @@ class _DataLedger:
         return {"data": {"ledger": client_state.get("data_ledger")}}
 
 
+class _TensorLayout:
+    """How a tensor-parallel run's weights are cut into shards (meta.json only: ``llm-ckpt convert`` puts
+    the shards back together from it; nothing is loaded back)."""
+
+    def __init__(self, layout: dict | None) -> None:
+        self.layout = layout
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def summary(self, client_state: Mapping[str, Any]) -> dict[str, Any]:
+        return {"tensor_parallel": self.layout} if self.layout else {}
+
+
 def run_state(
-    plan: TrainPlan, progress: Progress, gate: HealthGate, trackers, resolved: dict | None, where: str = ""
+    plan: TrainPlan,
+    progress: Progress,
+    gate: HealthGate,
+    trackers,
+    resolved: dict | None,
+    where: str = "",
+    tensor_layout: dict | None = None,
 ) -> RunState:
     """The table of a run's checkpointed parts, in the order their entries are saved."""
     cfg = plan.config
@@ -167,5 +191,6 @@ def run_state(
             # the checkpoint holds DeepSpeed's expert-parallel layout (resume and llm-ckpt read it)
             "expert_parallel": _Record({"expert_parallel": cfg.model.expert_parallel}),
             "data_ledger": _DataLedger(plan.task, progress),
+            "tensor_parallel": _TensorLayout(tensor_layout),
         }
     )

@@ -43,6 +43,7 @@ from llmtools.train.rundir import write_resolved
 from llmtools.train.state import Progress, run_state
 from llmtools.train.step import accumulate_and_update, step_means
 from llmtools.train.tasks import RunContext
+from llmtools.train.tensor import tensor_layout
 
 
 class _Trainer(HealthActions):
@@ -86,7 +87,10 @@ class _Trainer(HealthActions):
         self.unchecked_checkpoint: Path | None = None
         self.metrics = None  # opened by resume(), once a checkpoint asked for has loaded
         self.trackers = TrackerState()  # the experiment trackers' run ids (saved with each checkpoint)
-        self.state = run_state(plan, self.progress, self.gate, self.trackers, None)  # set by resume()
+        self.tensor_layout = tensor_layout(engine, self.cfg.parallel.tensor)
+        self.state = run_state(
+            plan, self.progress, self.gate, self.trackers, None, "", self.tensor_layout
+        )  # set by resume()
         self.flops_per_token = flops_per_token(plan.model_config, plan.seq_length)
         self.peak = peak_tflops(self.device)
         self.window = StepWindow()  # the steps since the last train record
@@ -151,7 +155,9 @@ class _Trainer(HealthActions):
             for kept in write_resolved(plan, self.run_dir, resumed_step=accepted.step):
                 self.log(f"the previous config is kept as {kept}")
         where = accepted.path if accepted is not None else ""
-        self.state = run_state(plan, self.progress, self.gate, self.trackers, resolved, where)
+        self.state = run_state(
+            plan, self.progress, self.gate, self.trackers, resolved, where, self.tensor_layout
+        )
         if accepted is not None:
             # Every part takes its state back (the tracker runs continue those the checkpoint names).
             self.state.load_state_dict(client_state)
@@ -344,8 +350,9 @@ class _Trainer(HealthActions):
         return result
 
     def data_rank(self) -> tuple[int, int]:
-        """(data-parallel rank, replicas): the ranks of a sequence-parallel group read the same samples."""
-        n = self.cfg.parallel.sequence
+        """(data-parallel rank, replicas): the ranks of a sequence- or tensor-parallel group (consecutive
+        ranks, as DeepSpeed groups them) read the same samples."""
+        n = self.cfg.model_parallel
         return self.rank // n, self.world // n
 
     def _recorded(self, batches):
@@ -444,7 +451,9 @@ class _Trainer(HealthActions):
         plan, step = self.plan, self.progress.step
         rank, replicas = self.data_rank()
         with self.kernels():
-            eval_loss, task_metrics = evaluate_valid(self.engine, plan, rank, replicas, ranks=self.world)
+            # the ranks that score distinct tokens: a tensor-parallel group scores its rows once
+            scorers = self.world // self.cfg.parallel.tensor
+            eval_loss, task_metrics = evaluate_valid(self.engine, plan, rank, replicas, ranks=scorers)
             if plan.config.eval.per_source:
                 task_metrics.update(evaluate_sources(self.engine, plan, rank, replicas))
             if plan.eval_tasks:

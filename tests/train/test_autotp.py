@@ -1,5 +1,5 @@
 """Tensor parallelism: DeepSpeed AutoTP training runs on the CPU accelerator over gloo (the finding the
-llm-train integration builds on), and ``parallel.tensor`` other than 1 is refused in one line until then."""
+llm-train integration builds on; llm-train itself: ``tests/train/test_tensor_parallel.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.test_cli import DS, free_port, llm_train, write_config
+from tests.train.test_cli import free_port
 
 WORKER = Path(__file__).with_name("autotp_worker.py")
 
@@ -27,12 +27,3 @@ def test_deepspeed_autotp_shards_our_decoder_over_gloo_and_keeps_its_loss(cli_en
         assert r["q_proj"] == [48, 96]  # 6 heads x 16 split over 2 ranks: the weight is sharded
         # fp32; each rank sums half of every projection's inputs, then an all-reduce: a few ulps
         assert abs(r["loss"] - r["expected"]) < 1e-5
-
-
-def test_parallel_tensor_is_refused_until_llm_train_wires_it(byte_data, tmp_path, cli_env):
-    config = write_config(tmp_path, byte_data["mix"], parallel={"tensor": 2})
-    out = llm_train([config, "--deepspeed", DS, "-o", tmp_path / "run"], cli_env)
-    assert out.returncode == 2, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "parallel.tensor: not supported yet" in lines[0], out.stderr
-    assert not (tmp_path / "run").exists()

@@ -4,7 +4,6 @@ convert, a resume under another degree, and the refusals."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,16 +11,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.train.test_cli import free_port, llm_train, losses, write_config
+from tests.train.parallel_runs import (
+    assert_refused,
+    ds_config,
+    one_rank_and_grid,
+    seeded_with,
+    torchrun_train,
+)
+from tests.train.test_cli import llm_train, losses, write_config
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = 20
 # document masking on: the head exchange must carry the rows' document boundaries too
 DATA = {"reset_attention_mask": True, "reset_position_ids": True, "eod_mask_loss": True}
-
-
-def _ds(stage: int) -> str:
-    return str(ROOT / "configs" / "deepspeed" / f"zero{stage}.json")
 
 
 def _config(folder: Path, mix: str, sequence: int, recompute: bool = False, **sections):
@@ -39,25 +40,15 @@ def _config(folder: Path, mix: str, sequence: int, recompute: bool = False, **se
     )
 
 
-def _torchrun(config, stage: int, run_dir: Path, env, *extra, nproc: int = 2):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-           str(free_port()), "-m", "llmtools.cli.train", config, "--deepspeed", _ds(stage), "-o", run_dir, *extra]  # fmt: skip
-    out = subprocess.run(list(map(str, cmd)), env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, "\n".join(
-        line for line in out.stderr.splitlines() if "rror" in line or "llm-train" in line or "File" in line
-    )[-4000:]
-    return out
-
-
 @pytest.mark.parametrize("stage", [2, 3])
 def test_two_ranks_holding_half_of_each_sequence_equal_one_rank(byte_data, tmp_path, cli_env, stage):
     recompute = stage == 3  # activation checkpointing recomputes the all-to-all in the backward pass
     one = tmp_path / "one"
     config = _config(tmp_path / "c1", byte_data["mix"], 1, recompute)
-    out = llm_train([config, "--deepspeed", _ds(stage), "-o", one], cli_env)
+    out = llm_train([config, "--deepspeed", ds_config(stage), "-o", one], cli_env)
     assert out.returncode == 0, out.stderr[-3000:]
     two = tmp_path / "two"
-    _torchrun(_config(tmp_path / "c2", byte_data["mix"], 2, recompute), stage, two, cli_env)
+    torchrun_train(_config(tmp_path / "c2", byte_data["mix"], 2, recompute), stage, two, cli_env)
     resolved = yaml.safe_load((two / "config.yaml").read_text())["resolved"]
     assert resolved["world_size"] == 2 and resolved["grad_accumulation"] == 2  # one replica of two ranks
     a, b = losses(one), losses(two)
@@ -67,10 +58,8 @@ def test_two_ranks_holding_half_of_each_sequence_equal_one_rank(byte_data, tmp_p
     if stage != 2:
         return
     # exact resume under the same degree, from step 10
-    again = tmp_path / "again"
-    (again / "checkpoints").mkdir(parents=True)
-    shutil.copytree(two / "checkpoints" / "step_00000010", again / "checkpoints" / "step_00000010")
-    _torchrun(_config(tmp_path / "c2", byte_data["mix"], 2), stage, again, cli_env, "--resume", "auto")
+    again = seeded_with(two, 10, tmp_path / "again")
+    torchrun_train(_config(tmp_path / "c2", byte_data["mix"], 2), stage, again, cli_env, "--resume", "auto")
     assert losses(again) == b[10:]
     # the checkpoint verifies and converts to one HF folder
     ckpt = [sys.executable, "-m", "llmtools.cli.ckpt"]
@@ -84,10 +73,8 @@ def test_two_ranks_holding_half_of_each_sequence_equal_one_rank(byte_data, tmp_p
     assert (hf / "config.json").exists()
     # another degree on the same two ranks (two replicas of whole sequences): ZeRO's partitions are the
     # same, so it continues; the same losses up to summation order
-    other = tmp_path / "other"
-    (other / "checkpoints").mkdir(parents=True)
-    shutil.copytree(two / "checkpoints" / "step_00000010", other / "checkpoints" / "step_00000010")
-    _torchrun(_config(tmp_path / "c3", byte_data["mix"], 1), stage, other, cli_env, "--resume", "auto")
+    other = seeded_with(two, 10, tmp_path / "other")
+    torchrun_train(_config(tmp_path / "c3", byte_data["mix"], 1), stage, other, cli_env, "--resume", "auto")
     # fp32 losses of the same model, only the reduction order across the head exchange differs
     assert max(abs(x - y) for x, y in zip(losses(other), b[10:], strict=True)) < 1e-5
 
@@ -100,16 +87,9 @@ def test_replicas_of_sequence_parallel_groups_and_every_stage_equal_one_rank(
 ):
     """Two replicas of a group of two (4 ranks: data 2 x sequence 2), and the ZeRO stages the test above
     does not run: the same losses as one rank holding whole sequences."""
-    one = tmp_path / "one"
-    out = llm_train(
-        [_config(tmp_path / "c1", byte_data["mix"], 1), "--deepspeed", _ds(stage), "-o", one], cli_env
+    _, a, b = one_rank_and_grid(
+        tmp_path, lambda folder, degree: _config(folder, byte_data["mix"], degree), stage, nproc, cli_env
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    grid = tmp_path / "grid"
-    _torchrun(_config(tmp_path / "c2", byte_data["mix"], 2), stage, grid, cli_env, nproc=nproc)
-    resolved = yaml.safe_load((grid / "config.yaml").read_text())["resolved"]
-    assert resolved["world_size"] == nproc and resolved["grad_accumulation"] == 4 // nproc
-    a, b = losses(one), losses(grid)
     assert len(a) == len(b) == STEPS
     # fp32; the same sums in another order (head groups, loss halves, the replicas' gradient average)
     assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
@@ -127,9 +107,4 @@ def test_what_sequence_parallelism_cannot_run_is_refused_in_one_line(
     byte_data, tmp_path, cli_env, world, sections, message
 ):
     config = _config(tmp_path, byte_data["mix"], 2, **sections)
-    env = {**cli_env, "WORLD_SIZE": world, "RANK": "0", "LOCAL_RANK": "0"}  # refused before any rendezvous
-    out = llm_train([config, "--deepspeed", _ds(2), "-o", tmp_path / "run"], env)
-    assert out.returncode == 2, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], out.stderr
-    assert not (tmp_path / "run").exists()
+    assert_refused(config, world, message, tmp_path / "run", cli_env)
