@@ -158,6 +158,10 @@ def build_engine(plan: TrainPlan, model, device: str):
         dist_init_required=False,
         mpu=mpu,
     )
+    if cfg.parallel.tensor > 1:
+        from llmtools.train.tensor import sum_per_head_gradients
+
+        sum_per_head_gradients(engine.module, cfg.parallel.tensor)
     if hasattr(engine.basic_optimizer, "bind_partitions"):
         # Muon orthogonalizes whole matrices: learn where DeepSpeed's flat partitions cut them.
         engine.basic_optimizer.bind_partitions(engine.module)

@@ -68,6 +68,36 @@ def plan_tensor_parallel(config, ds_config: dict, ds_source: str) -> None:
     ds_config["tensor_parallel"] = {**(own if isinstance(own, dict) else {}), "autotp_size": n}
 
 
+# Weights kept whole on every rank that act on one rank's heads only: Qwen3's per-head query/key norms.
+# Each rank's gradient of them is its heads' part; the whole gradient is the group's sum.
+PER_HEAD_WEIGHTS = (".self_attn.q_norm.weight", ".self_attn.k_norm.weight")
+
+
+def sum_per_head_gradients(module, degree: int) -> int:
+    """Have the gradient of every weight in :data:`PER_HEAD_WEIGHTS` summed over the tensor-parallel
+    group as it is computed (a hook on the parameter, before DeepSpeed accumulates or reduces it):
+    AutoTP keeps these whole and would otherwise update each rank's copy with its heads' part alone.
+    Returns how many weights were hooked."""
+    if degree == 1:
+        return 0
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    group = groups.get_tensor_model_parallel_group()
+
+    def summed(grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=group)
+        return grad
+
+    hooked = 0
+    for name, param in module.named_parameters():
+        if name.endswith(PER_HEAD_WEIGHTS) and param.requires_grad:
+            param.register_hook(summed)
+            hooked += 1
+    return hooked
+
+
 def tensor_layout(engine, degree: int) -> dict | None:
     """meta.json's ``tensor_parallel`` record of a built engine (None without tensor parallelism); every
     rank calls it once, after ``deepspeed.initialize``."""
@@ -80,4 +110,4 @@ def tensor_layout(engine, degree: int) -> dict | None:
     return describe(engine.module, degree, groups.get_tensor_model_parallel_group())
 
 
-__all__ = ["check_tensor_parallel", "plan_tensor_parallel", "tensor_layout"]
+__all__ = ["check_tensor_parallel", "plan_tensor_parallel", "sum_per_head_gradients", "tensor_layout"]

@@ -42,13 +42,19 @@ def _ckpt(env, *args) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
+# The LLaMA layout, and Qwen3's (a norm over each head's queries and keys, kept whole on every rank).
 @pytest.mark.parametrize(
-    "nproc, stage", [(2, 1), (2, 2), (4, 2)], ids=["tp2-zero1", "tp2-zero2", "dp2-tp2-zero2"]
+    "nproc, stage, qk_norm",
+    [(2, 1, False), (2, 2, True), (4, 2, False)],
+    ids=["tp2-zero1", "tp2-zero2-qwen3", "dp2-tp2-zero2"],
 )
-def test_ranks_holding_half_of_each_projection_equal_one_rank(byte_data, tmp_path, cli_env, nproc, stage):
-    two, a, b = one_rank_and_grid(
-        tmp_path, lambda folder, degree: _config(folder, byte_data["mix"], degree), stage, nproc, cli_env
-    )
+def test_ranks_holding_half_of_each_projection_equal_one_rank(
+    byte_data, tmp_path, cli_env, nproc, stage, qk_norm
+):
+    def config(folder, degree):
+        return _config(folder, byte_data["mix"], degree, model={"qk_norm": qk_norm})
+
+    two, a, b = one_rank_and_grid(tmp_path, config, stage, nproc, cli_env)
     assert len(a) == len(b) == STEPS
     # fp32; the same sums in another order (each projection's dot products split in two, then all-reduced)
     assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
