@@ -40,6 +40,7 @@ def _config(folder: Path, mix: str, sequence: int, recompute: bool = False, **se
     )
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("stage", [2, 3])
 def test_two_ranks_holding_half_of_each_sequence_equal_one_rank(byte_data, tmp_path, cli_env, stage):
     recompute = stage == 3  # activation checkpointing recomputes the all-to-all in the backward pass
@@ -79,6 +80,7 @@ def test_two_ranks_holding_half_of_each_sequence_equal_one_rank(byte_data, tmp_p
     assert max(abs(x - y) for x, y in zip(losses(other), b[10:], strict=True)) < 1e-5
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize(
     "nproc, stage", [(4, 2), (2, 1), (2, 0)], ids=["dp2-zero2", "dp1-zero1", "dp1-zero0"]
 )

@@ -43,6 +43,7 @@ def _ckpt(env, *args) -> subprocess.CompletedProcess:
 
 
 # The LLaMA layout, and Qwen3's (a norm over each head's queries and keys, kept whole on every rank).
+@pytest.mark.numerics
 @pytest.mark.parametrize(
     "nproc, stage, qk_norm",
     [(2, 1, False), (2, 2, True), (4, 2, False)],
