@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import deepspeed
 import torch
@@ -40,11 +41,17 @@ def main() -> None:
     q_proj = engine.module.model.layers[0].self_attn.q_proj
     print(json.dumps({"rank": dist.get_rank(), "loss": float(loss), "expected": float(expected),
                       "q_proj": list(q_proj.weight.shape)}), flush=True)  # fmt: skip
-    # Both ranks leave their last collective before either tears gloo down: a rank destroying its groups
-    # while the other still has work in flight on them ends in std::terminate (SIGABRT) at exit.
+    # Both ranks leave their last collective before either tears gloo down.
     dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    # This script checks AutoTP's numbers, not the interpreter's teardown: after the results were printed
+    # and the groups destroyed, one worker in ~20 whole-suite runs at the scalar kernel level died in C++
+    # static destruction ("terminate called without an active exception", SIGABRT; not reproduced in 14
+    # runs alone). Ending here skips that teardown; llm-train's own tensor-parallel runs end normally.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
