@@ -38,6 +38,39 @@ def debug_enabled() -> bool:
     return os.environ.get("LLMTOOLS_DEBUG", "") not in ("", "0", "false", "no")
 
 
+_SKIP_NATIVE_TEARDOWN = False
+
+
+def skip_native_teardown() -> None:
+    """End this process without destroying the native libraries' static state (see :func:`_leave`): for
+    a command that ran torch.distributed / DeepSpeed work, once that work is done and torn down."""
+    global _SKIP_NATIVE_TEARDOWN
+    _SKIP_NATIVE_TEARDOWN = True
+
+
+def _leave(code: int) -> None:
+    """Exit with ``code``. After distributed training, every file closed and every group destroyed, a
+    worker sometimes died in the C++ destructors that run after Python's (SIGABRT, "terminate called
+    without an active exception"; gloo and DeepSpeed keep native threads), turning a finished run into a
+    failed one for its launcher. There, Python's own shutdown work is done by hand (other threads
+    joined, atexit handlers, streams flushed) and the process ends without the native teardown."""
+    if not _SKIP_NATIVE_TEARDOWN:
+        sys.exit(code)
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or gone stream: nothing more can be said on it
+            pass
+    os._exit(code)
+
+
 def run(app: typer.Typer, prog: str) -> None:
     """Invoke a typer app under the one error model.
 
@@ -83,7 +116,7 @@ def run(app: typer.Typer, prog: str) -> None:
     finally:
         remove_temporaries()
         interrupt.restore(previous)
-    sys.exit(code)
+    _leave(code)
 
 
 def _with_version(app: typer.Typer, prog: str):

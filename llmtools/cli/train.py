@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from llmtools.cli._common import emit, new_app, run
+from llmtools.cli._common import emit, new_app, run, skip_native_teardown
 from llmtools.errors import UsageError
 from llmtools.formats import jsonfile
 
@@ -198,6 +198,7 @@ def train(
         barrier()
     finally:
         destroy()
+        skip_native_teardown()
     if int(os.environ.get("RANK", "0")) != 0:
         return
     if json_out:
