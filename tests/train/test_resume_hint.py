@@ -37,27 +37,37 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def test_under_torchrun_the_hint_is_the_torchrun_line_and_it_resumes(byte_data, tmp_path, cli_env):
-    config = tmp_path / "train.yaml"
+def _long_run_config(folder: Path, mix: str) -> Path:
+    """A run far longer than the test waits: it is stopped by a signal, never by its end."""
+    config = folder / "train.yaml"
     config.write_text(yaml.safe_dump({
-        "model": {"preset": "tiny", **TINY}, "data": {"mix": byte_data["mix"]},
+        "model": {"preset": "tiny", **TINY}, "data": {"mix": mix},
         "training": {"micro_batch_size": 2, "global_batch_size": 4, "train_steps": 1500},
         "schedule": {"kind": "constant"}, "logging": {"log_every": 1}, "checkpoint": {"save_every": 0},
         "eval": {"every": 0},
     }))  # fmt: skip
+    return config
+
+
+def _start_and_wait_for_a_step(launch: list[str], cwd: Path, env: dict) -> subprocess.Popen:
+    """The launcher started, once its run logged a training step (or it ended, or 300 s passed)."""
+    proc = subprocess.Popen(launch, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    metrics = cwd / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and '"train"' in metrics.read_text():
+            break
+        time.sleep(0.2)
+    return proc
+
+
+def test_under_torchrun_the_hint_is_the_torchrun_line_and_it_resumes(byte_data, tmp_path, cli_env):
+    config = _long_run_config(tmp_path, byte_data["mix"])
     port = free_port()
     launch = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port), "-m", "llmtools.cli.train",
               str(config), "--deepspeed", str(ROOT / "configs/deepspeed/zero1.json"), "-o", "run", "--force"]  # fmt: skip
     env = {**cli_env, "PATH": f"{BIN}{os.pathsep}{cli_env['PATH']}"}
-    proc = subprocess.Popen(launch, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.exists() and '"kind": "train"' in metrics.read_text().replace(
-            '"kind":"train"', '"kind": "train"'
-        ):
-            break
-        time.sleep(0.2)
+    proc = _start_and_wait_for_a_step(launch, tmp_path, env)
     for worker in _children(proc.pid):  # as Slurm or a scheduler signals every task
         os.kill(worker, signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
@@ -89,24 +99,12 @@ def test_under_the_deepspeed_launcher_the_hint_is_its_runner_line_and_it_resumes
 ):
     """The deepspeed launcher runs ``deepspeed`` -> ``deepspeed.launcher.launch`` -> a worker per rank
     (``python -u llm-train --local_rank=N ...``): the hint is the ``deepspeed`` line, and it resumes."""
-    config = tmp_path / "train.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": {"preset": "tiny", **TINY}, "data": {"mix": byte_data["mix"]},
-        "training": {"micro_batch_size": 2, "global_batch_size": 4, "train_steps": 1500},
-        "schedule": {"kind": "constant"}, "logging": {"log_every": 1}, "checkpoint": {"save_every": 0},
-        "eval": {"every": 0},
-    }))  # fmt: skip
+    config = _long_run_config(tmp_path, byte_data["mix"])
     port = free_port()
     launch = [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port), str(BIN / "llm-train"),
               str(config), "--deepspeed", str(ROOT / "configs/deepspeed/zero1.json"), "-o", "run", "--force"]  # fmt: skip
     env = {**cli_env, "PATH": f"{BIN}{os.pathsep}{cli_env['PATH']}"}
-    proc = subprocess.Popen(launch, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.exists() and "train" in metrics.read_text():
-            break
-        time.sleep(0.2)
+    proc = _start_and_wait_for_a_step(launch, tmp_path, env)
     workers = [
         pid for pid in _descendants(proc.pid) if "--local_rank=" in Path(f"/proc/{pid}/cmdline").read_text()
     ]
