@@ -44,6 +44,7 @@ from llmtools.dirfd import open_path, same_file
 from llmtools.errors import UsageError
 from llmtools.formats import jsonfile
 from llmtools.fsutil import make_parents
+from llmtools.interrupt import on_abort
 
 LOCK_SUFFIX = ".lock"
 RUN_LOCK = "run.lock"
@@ -150,6 +151,20 @@ def _close_inherited() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_inherited)
+
+
+def _unlink_held() -> None:
+    # A process that exits without unwinding (a second signal, the signal watchdog) removes its lock files
+    # as a release does; the kernel drops the locks themselves. No _guard: this may run inside a handler
+    # that interrupted a holder of it.
+    for key, (fd, _count) in list(_held.items()):
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                if same_file(fd, key):
+                    os.unlink(key)
+
+
+on_abort(_unlink_held)
 
 
 class Lock:

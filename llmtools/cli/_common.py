@@ -82,7 +82,7 @@ def run(app: typer.Typer, prog: str) -> None:
     from llmtools import interrupt
     from llmtools.fsutil import remove_temporaries
 
-    previous = interrupt.install()
+    previous = interrupt.install(prog)
     code = 0
     try:
         result = _with_version(app, prog)(prog_name=prog, standalone_mode=False)

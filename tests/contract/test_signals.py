@@ -14,6 +14,7 @@ its input instead, with no pause at all: the plain situation of a pipeline stopp
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SHARED_DATA
 from tests.contract.conftest import (
     HOOKS,
     REPO,
@@ -339,3 +341,37 @@ def test_kill_9_during_materialize_leaves_nothing_that_looks_finished(world, tmp
     _, err = again.communicate(timeout=180)
     assert again.returncode == 0, err.decode()
     assert (out / "mix.json").exists() and (out / "samples.idx").exists()
+
+
+def test_a_signal_inside_one_long_native_call_ends_the_command_within_the_bound(world, tmp_path):
+    """Python runs a signal handler only between bytecodes: one document of 64 MB is tens of seconds
+    inside ``tokenizers``' encoding in the main process, where a scheduler's grace period would run out
+    and its kill -9 leave the temporaries and the lock file behind. The watchdog ends the command
+    ``STOP_BOUND_S`` after the signal: exit 143, one line, nothing left."""
+    from llmtools.interrupt import STOP_BOUND_S
+
+    text = (SHARED_DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
+    document = json.dumps({"text": (text * (64_000_000 // len(text) + 1))[:64_000_000]}).encode() + b"\n"
+    argv = ["llm-prep", "json2bin", "-", "-t", str(world.gpt2), "--backend", "tokenizers", "--workers", "1",
+            "-o", "out/x"]  # fmt: skip
+    before = tree_state(tmp_path)
+    proc = start_cli(argv, tmp_path, stdin=subprocess.PIPE)
+    try:
+        proc.stdin.write(document)
+        proc.stdin.close()  # read to the end: from here on the command parses, then encodes, one document
+        time.sleep(2.0)
+        assert proc.poll() is None, proc.stderr.read().decode()
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)  # a line or two on stderr: no pipe fills meanwhile
+        took = time.monotonic() - signalled
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines_ = [line for line in err.decode("utf-8", "replace").splitlines() if line.strip()]
+    assert proc.returncode == 143, err.decode()[-2000:]
+    assert len(lines_) == 1 and "interrupted by SIGTERM" in lines_[0], lines_
+    assert took < STOP_BOUND_S + 10, f"ended {took:.1f} s after SIGTERM"
+    assert changes(before, tree_state(tmp_path)) == [], "left behind"
