@@ -15,6 +15,8 @@ What counts as bad input (kind = the key in the sidecar's ``counts.skipped``):
 * ``truncated_line``  the file does not end with a newline and its last line is not valid JSON
 * ``empty_file``      a file with no bytes at all
 * ``truncated_file``  a .gz / .zst stream that ends early, or is corrupt
+* ``line_too_long``   a line longer than :data:`MAX_LINE_BYTES` (a file without newlines, an endless stream):
+  one document must fit in memory, and in the index's 32-bit length
 
 Blank (whitespace-only) lines are not documents: they are skipped and counted as ``blank_line``,
 never an error. By default the first bad line stops the run with ``file:line: what is wrong``;
@@ -45,6 +47,9 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 STDIN = "-"
 STDIN_LABEL = "<stdin>"
 READ_BLOCK = 1 << 20
+MAX_LINE_BYTES = (1 << 31) - 1
+"""The longest line read: more bytes than a document's length in tokens can hold (``.idx`` sizes are
+int32) with a byte tokenizer, and a bound on what one line may make the reader hold in memory."""
 
 
 def expand_inputs(inputs: Sequence[str]) -> list[str]:
@@ -390,23 +395,47 @@ class JsonlSource:
         )
 
     def _chunks(self, label: str, data: Iterator[bytes]) -> Iterator[JsonlChunk]:
-        line, carry = 1, b""
+        line = 1
+        carry: list[bytes] = []  # the start of a line that has not ended yet, joined once when it does
+        carried = 0
+        skipping = False  # inside a line past MAX_LINE_BYTES (skip_bad): dropped up to its newline
         try:
             for block in data:
+                if skipping:
+                    first = block.find(b"\n")
+                    if first < 0:
+                        continue
+                    block, line, skipping = block[first + 1 :], line + 1, False
                 cut = block.rfind(b"\n")
+                # A line that spans blocks is checked against the bound as it grows (a read block is far
+                # smaller than the bound, so a line inside one block is always within it).
+                length = carried + (block.find(b"\n") + 1 if cut >= 0 else len(block))
+                if (carry or cut < 0) and length > MAX_LINE_BYTES:
+                    self._problem("line_too_long", f"{label}:{line}: a line longer than {MAX_LINE_BYTES:,} bytes "
+                                  "(a file without newlines?)")  # fmt: skip
+                    carry, carried = [], 0
+                    if cut < 0:
+                        skipping = True
+                        continue
+                    block, line = block[block.find(b"\n") + 1 :], line + 1
+                    cut = block.rfind(b"\n")
                 if cut < 0:
-                    carry += block  # one long line so far
+                    if block:
+                        carry.append(block)
+                        carried += len(block)
                     continue
-                # One copy of the block per chunk (not two): the carried-over part is short.
-                chunk = carry + block[: cut + 1] if carry else block[: cut + 1]
-                carry = block[cut + 1 :]
+                chunk = b"".join([*carry, block[: cut + 1]]) if carry else block[: cut + 1]
+                rest = block[cut + 1 :]
+                carry, carried = ([rest] if rest else []), len(rest)
                 newlines = count_newlines(chunk)
                 yield JsonlChunk(label, line, chunk, newlines=newlines)
                 line += newlines
         except _Truncated as error:
             self._problem("truncated_file", f"{label}:{line}: {error}")
             return  # skip_bad: what came before the damage is kept, the partial tail is not
+        if skipping:
+            return
         if carry:
-            yield JsonlChunk(label, line, carry, unterminated=True)
+            yield JsonlChunk(label, line, b"".join(carry), unterminated=True)
         elif line == 1:
             self._problem("empty_file", f"{label}: empty file (no JSON lines after decompression)")

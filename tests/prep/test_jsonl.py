@@ -186,3 +186,27 @@ def test_clean_fast_path_matches_line_by_line_parsing(tmp_path):
             [b.message for b in slow.bad],
         )
     assert chunk._parse_clean(rows, "text") is None  # the mixed chunk is never taken by the fast path
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 5, 16, 40])
+def test_a_line_past_the_bound_is_refused_or_skipped_whatever_the_blocks(tmp_path, monkeypatch, chunk_bytes):
+    """A file without newlines (or an endless stream) would make the reader hold everything: past
+    MAX_LINE_BYTES it stops, naming the line; with skip_bad the line is skipped and counted, and every
+    other line is read with its own number, wherever the blocks cut."""
+    import llmtools.prep.jsonl as jsonl
+
+    monkeypatch.setattr(jsonl, "MAX_LINE_BYTES", 40)
+    long = json.dumps({"text": "y" * 60})
+    rows = [json.dumps({"text": f"short {i}"}) for i in range(4)]
+    path = tmp_path / "a.jsonl"
+    path.write_text("\n".join([rows[0], long, rows[1], rows[2], long, rows[3]]) + "\n")
+    with pytest.raises(InputError, match=r"a\.jsonl:2: a line longer than 40 bytes"):
+        collect(JsonlSource([str(path)], chunk_bytes=chunk_bytes))
+    source = JsonlSource([str(path)], skip_bad=True, chunk_bytes=chunk_bytes)
+    texts, lines, _, _ = collect(source)
+    assert texts == [f"short {i}" for i in range(4)]
+    assert [n for _, n in lines] == [1, 3, 4, 6]
+    assert source.skipped == {"line_too_long": 2}
+    path.write_text(rows[0] + "\n" + long)  # the last line, unterminated and too long
+    source = JsonlSource([str(path)], skip_bad=True, chunk_bytes=chunk_bytes)
+    assert collect(source)[0] == ["short 0"] and source.skipped == {"line_too_long": 1}
