@@ -8,25 +8,39 @@ A template is Jinja2 source, taken from one of
 * a file: Jinja source (``.jinja``/``.j2``/anything) or a ``tokenizer_config.json``.
 
 It is compiled the way transformers compiles it: an ``ImmutableSandboxedEnvironment`` with
-``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension, a ``{% generation %}`` block
-(rendered through), the ``tojson`` filter that does not HTML-escape, and the globals
-``raise_exception`` and ``strftime_now``. The template sees ``messages``, ``add_generation_prompt``
-and the tokenizer's special-token strings (``bos_token``, ``eos_token``, ...), as in transformers.
+``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension, a ``{% generation %}`` block, the
+``tojson`` filter that does not HTML-escape, and the globals ``raise_exception`` and ``strftime_now``. The
+template sees ``messages``, ``add_generation_prompt`` and the tokenizer's special-token strings
+(``bos_token``, ``eos_token``, ...), as in transformers.
 
-Where the assistant turns are (:meth:`ChatTemplate.assistant_spans`): the conversation is rendered
-prefix by prefix. For assistant message ``i``, its span starts at the end of
-``render(messages[:i], add_generation_prompt=True)`` (the assistant header is then already written),
-or later where its content begins (found by rendering a sentinel in its place, for templates without
-a generation prompt), and ends at the end of ``render(messages[:i+1])``, so it holds the content *and* the template's
-end-of-turn marker (``<|im_end|>``, ``<|eot_id|>``): the model learns to stop. Templates that are
-not prefix-stable (that rewrite earlier turns once later ones exist) fall back to finding the
-assistant content itself in the full rendering.
+Where the assistant turns are (:meth:`ChatTemplate.assistant_spans`), one of four ways:
 
-That is three renderings per assistant turn, each as long as the conversation so far: quadratic in
-turns. The same spans are found first from a bounded number of renderings (:meth:`ChatTemplate.
-_linear_spans`: the assistant contents replaced by numbered sentinels, rendered once, plus the
-prefix-by-prefix method at three sample turns); the prefix-by-prefix way runs only where that result
-cannot be verified (a template that trims, escapes or inspects a content, or ends turns differently).
+* **Generation blocks.** A template with ``{% generation %}...{% endgeneration %}`` says itself what is
+  trained: the spans are its blocks' output, recorded during one streaming rendering exactly as
+  transformers' ``apply_chat_template(..., return_assistant_tokens_mask=True)`` records them
+  (:meth:`ChatTemplate._generation_spans`). One rendering; an assistant message with no block trains nothing.
+* **Prefix by prefix**, the reference for every other template (:meth:`ChatTemplate._incremental_spans`). For
+  assistant message ``i``, its span starts at the end of ``render(messages[:i], add_generation_prompt=True)``
+  (the assistant header is then already written), or later where its content begins (found by rendering a
+  sentinel in its place, for templates without a generation prompt), and ends at the end of
+  ``render(messages[:i+1])``, so it holds the content *and* the template's end-of-turn marker
+  (``<|im_end|>``, ``<|eot_id|>``): the model learns to stop. Templates that are not prefix-stable (that
+  rewrite earlier turns once later ones exist) fall back to finding the assistant content itself in the
+  full rendering. Three renderings per assistant turn, each as long as the conversation so far: quadratic.
+* **Bounded, contents replaced** (:meth:`ChatTemplate._replaced_contents`): the same spans from the
+  assistant contents replaced by numbered sentinels, rendered once; for templates that write a content
+  verbatim or trimmed.
+* **Bounded, contents wrapped** (:meth:`ChatTemplate._wrapped_contents`): each content between a numbered
+  pair of sentinel characters, rendered once; deleting the sentinels must give the real rendering, so it
+  serves templates that escape or transform a content (``| e``, ``| replace``, ``| tojson``, ``| upper``)
+  without inspecting it.
+
+Both bounded ways then measure the header and end-of-turn text by the prefix-by-prefix method at three
+sample turns (:meth:`ChatTemplate._checked_spans`): at most 12 renderings, whatever the number of turns.
+The prefix-by-prefix way runs only where that cannot be verified, and stays quadratic there: templates
+that inspect a content (its ``length``, a ``split('</think>')``, a test on it), trim *and* escape it, end
+turns differently, count turns in a header, or contents holding a private-use sentinel character. The
+check is sampled: a template that treats an unsampled turn differently by its index alone is not noticed.
 
 Templates are untrusted code: besides the sandbox (:mod:`llmtools.prep.template_sandbox`), every conversation is rendered under limits
 (:data:`MAX_RENDER_CHARS`, :data:`MAX_RENDER_SECONDS`). Operations that multiply sizes (``*``, ``**``,
@@ -51,9 +65,12 @@ from llmtools.prep.template_sandbox import (
     MAX_RENDER_CHARS,
     MAX_RENDER_SECONDS,
     CompileError,
+    GenerationBlocks,
     TemplateLimitError,
     TemplateRenderError,
     compile_template,
+    has_generation_blocks,
+    recording_generation_blocks,
     render_limits,
 )
 
@@ -83,6 +100,12 @@ BUILTIN_DEFAULTS: dict[str, dict[str, str]] = {
     "llama3": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
 }
 SENTINEL = "\ue000llmtools-content\ue001"  # private-use characters: no template writes them
+# The bounded span finding's sentinels, private-use characters too: a mark in place of a content, and a
+# pair of single characters around one (planes 15 and 16, one character per turn in each).
+REPLACED_MARK = "\ue000{}\ue001"
+WRAP_OPEN, WRAP_CLOSE, MAX_WRAPPED_TURNS = 0xF0000, 0x100000, 0xFFFE
+WRAP_CHARS = re.compile("[\U000f0000-\U0010ffff]")
+SENTINEL_CHARS = re.compile("[\ue000\ue001\U000f0000-\U0010ffff]")
 SPECIAL_TOKEN_KEYS = (
     "bos_token",
     "eos_token",
@@ -109,7 +132,8 @@ class ChatTemplate:
     """Seconds one conversation may take to render (all its prefixes together)."""
     linear: bool = True
     """Find assistant spans from a bounded number of renderings where that is verified to give the
-    prefix-by-prefix result (False: always prefix by prefix; the benchmark compares both)."""
+    prefix-by-prefix result (False: always prefix by prefix). Templates with ``{% generation %}`` blocks
+    give theirs from one rendering either way."""
 
     @property
     def hash(self) -> str:
@@ -120,6 +144,16 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         """The conversation as text, exactly as ``apply_chat_template(..., tokenize=False)`` gives it."""
+        return self._stream(messages, add_generation_prompt)
+
+    def _stream(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = False,
+        blocks: GenerationBlocks | None = None,
+    ) -> str:
+        """:meth:`render`, piece by piece as Jinja yields them; ``blocks`` (recording) is kept told how many
+        characters have been yielded, which is where a ``{% generation %}`` block rendered next starts."""
         import jinja2
 
         template = self._compiled()
@@ -135,6 +169,8 @@ class ChatTemplate:
                             f"chat template {self.source}: rendering exceeds {MAX_RENDER_CHARS:,} characters"
                         )
                     pieces.append(piece)
+                    if blocks is not None:
+                        blocks.yielded = size
                 return "".join(pieces)
             except TemplateRenderError:
                 raise
@@ -165,13 +201,17 @@ class ChatTemplate:
             raise TemplateSyntaxError(f"{place}: chat template syntax error: {error.message}") from None
 
     def assistant_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
-        """The rendering and the ``[start, end)`` character span of every assistant turn in it.
+        """The rendering and the ``[start, end)`` character span of every assistant turn in it (of every
+        ``{% generation %}`` block, for a template that has them).
 
-        All the renderings this takes (one per prefix) share one time budget."""
+        All the renderings this takes share one time budget."""
         with render_limits(self.source, self.time_limit):
             return self._assistant_spans(messages)
 
     def _assistant_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+        self._compiled()  # a syntax error names the template before anything else is looked at
+        if has_generation_blocks(self.text):
+            return self._generation_spans(messages)
         full = self.render(messages)
         if self.linear:
             spans = self._linear_spans(messages, full)
@@ -179,36 +219,70 @@ class ChatTemplate:
                 return full, spans
         return self._incremental_spans(messages, full)
 
+    def _generation_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+        """One streaming rendering, the spans of its ``{% generation %}`` blocks as transformers'
+        ``return_assistant_tokens_mask`` records them (:class:`GenerationBlocks`).
+
+        The template alone says what is trained: an assistant message whose rendering holds no block trains
+        nothing, as in transformers' mask. Empty blocks are left out and overlapping ones merged (the mask is
+        the same). A block rendered inside a macro or a ``{% set %}`` block is recorded at an offset where its
+        text is not (transformers' offsets are then wrong too): a :class:`TemplateRenderError`."""
+        with recording_generation_blocks() as blocks:
+            full = self._stream(messages, blocks=blocks)
+        spans = blocks.spans(full)
+        if spans is None:
+            raise TemplateRenderError(
+                f"chat template {self.source}: a {{% generation %}} block's text is not where the rendering "
+                "had got to when it was written (inside a macro, a call or a {% set %} block?): "
+                "cannot tell which text is the assistant's"
+            )
+        return full, spans
+
     def _linear_spans(self, messages: list[dict], full: str) -> list[tuple[int, int]] | None:
         """The spans :meth:`_incremental_spans` finds, from a bounded number of renderings.
 
-        Every assistant content is replaced by a numbered sentinel and the conversation rendered once:
-        where the sentinels land is where the contents are, provided putting the contents (or the
-        contents trimmed) back gives the real rendering exactly (a template that escapes or inspects a
-        content fails that check). The header and end-of-turn text around a content are then measured by the
-        prefix-by-prefix method at three sample turns (first, middle, last); they must agree with each
-        other, and the end-of-turn text must be the same string after every turn. Anything else, or
-        non-string contents: ``None``, and the caller takes the prefix-by-prefix way.
+        Where each assistant content lands is found from one rendering with the contents marked by
+        private-use sentinels: replaced by numbered marks (:meth:`_replaced_contents`: templates that write a
+        content verbatim or trimmed), else wrapped in numbered pairs (:meth:`_wrapped_contents`: templates
+        that escape or transform a content without inspecting it). The header and end-of-turn text around
+        the contents are then checked (:meth:`_checked_spans`). Anything else, non-string contents, or a
+        rendering that holds a sentinel character already: ``None``, and the caller takes the
+        prefix-by-prefix way.
         """
         turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
         if not turns:
             return []
         contents = [messages[i].get("content") for i in turns]
-        if not all(isinstance(c, str) for c in contents):
+        if not all(isinstance(c, str) for c in contents) or SENTINEL_CHARS.search(full):
             return None
-        marks = [f"{SENTINEL[0]}{k}{SENTINEL[-1]}" for k in range(len(turns))]
+        regions = self._replaced_contents(messages, turns, contents, full)
+        if regions is None:
+            regions = self._wrapped_contents(messages, turns, contents, full)
+        return None if regions is None else self._checked_spans(messages, turns, *regions, full)
+
+    def _marked(self, messages: list[dict], turns: list[int], contents: list[str]) -> str | None:
+        """The conversation rendered with assistant message ``turns[k]``'s content set to ``contents[k]``
+        (``None`` where the template fails on that)."""
         probe = list(messages)
-        for i, mark in zip(turns, marks, strict=True):
-            probe[i] = {**messages[i], "content": mark}
+        for i, content in zip(turns, contents, strict=True):
+            probe[i] = {**messages[i], "content": content}
         try:
-            marked = self.render(probe)
+            return self.render(probe)
         except TemplateRenderError:
             return None
-        # Each mark exactly once, and nothing else in either rendering that could be taken for one.
-        if SENTINEL[0] in full or marked.count(SENTINEL[0]) != len(marks):
+
+    def _replaced_contents(
+        self, messages: list[dict], turns: list[int], contents: list[str], full: str
+    ) -> tuple[list[int], list[int]] | None:
+        """Where each content starts and ends in ``full``: every content replaced by a numbered mark and
+        the conversation rendered once; putting the contents (or the contents trimmed, as Llama 3's
+        template writes them) back in place of the marks must give ``full`` exactly."""
+        marks = [REPLACED_MARK.format(k) for k in range(len(turns))]
+        marked = self._marked(messages, turns, marks)
+        if marked is None or marked.count(REPLACED_MARK[0]) != len(marks):
             return None
         # Walk both renderings side by side: the template's own text must be equal, and in place of each
-        # mark the content, or the content trimmed (templates such as Llama 3's trim it).
+        # mark the content, or the content trimmed.
         starts, ends, pos, cursor = [], [], 0, 0
         for mark, content in zip(marks, contents, strict=True):
             at = marked.find(mark, pos)
@@ -222,9 +296,41 @@ class ChatTemplate:
             cursor += len(written)
             ends.append(cursor)
             pos = at + len(mark)
-        if full[cursor:] != marked[pos:]:
+        return (starts, ends) if full[cursor:] == marked[pos:] else None
+
+    def _wrapped_contents(
+        self, messages: list[dict], turns: list[int], contents: list[str], full: str
+    ) -> tuple[list[int], list[int]] | None:
+        """Where each content, as the template transformed it, starts and ends in ``full``: every content
+        wrapped in a numbered pair of sentinel characters and the conversation rendered once. Each sentinel
+        must appear exactly once and in order, and deleting them must give ``full`` exactly: a template that
+        escapes or replaces in a content passes, one that measures, splits or tests it renders differently
+        or loses a sentinel (unless that makes no difference to this conversation)."""
+        if len(turns) > MAX_WRAPPED_TURNS:
             return None
-        # The header ends where the content starts (offset 0) and the turn ends a fixed text later.
+        pairs = [(chr(WRAP_OPEN + k), chr(WRAP_CLOSE + k)) for k in range(len(turns))]
+        marked = self._marked(
+            messages, turns, [f"{o}{c}{e}" for (o, e), c in zip(pairs, contents, strict=True)]
+        )
+        if marked is None:
+            return None
+        found = list(WRAP_CHARS.finditer(marked))
+        if [m.group() for m in found] != [char for pair in pairs for char in pair]:
+            return None
+        if WRAP_CHARS.sub("", marked) != full:
+            return None
+        # In full, a sentinel's place less the sentinels before it: 2k before turn k's opening one.
+        starts = [found[2 * k].start() - 2 * k for k in range(len(turns))]
+        ends = [found[2 * k + 1].start() - 2 * k - 1 for k in range(len(turns))]
+        return starts, ends
+
+    def _checked_spans(
+        self, messages: list[dict], turns: list[int], starts: list[int], ends: list[int], full: str
+    ) -> list[tuple[int, int]] | None:
+        """Content regions made spans, as :meth:`_incremental_spans` would make them: the header ends where
+        the content starts and the turn ends a fixed text later. Both are measured by the prefix-by-prefix
+        method at three sample turns (first, middle, last), which must agree with each other, and the
+        end-of-turn text must follow every content."""
         tail = None
         for k in sorted({0, len(turns) // 2, len(turns) - 1}):
             measured = self._turn_span(messages, turns[k], full)

@@ -57,6 +57,7 @@ from llmtools.formats.sidecar import build_sidecar
 from llmtools.prep.chat_template import (
     MAX_RENDER_SECONDS,
     ChatTemplate,
+    TemplateRenderError,
     load_chat_template,
     split_markers,
     split_note,
@@ -71,6 +72,7 @@ from llmtools.prep.sft import (
     kind_name,
     system_turn,
 )
+from llmtools.prep.template_sandbox import has_generation_blocks
 from llmtools.tokenize import load_tokenizer
 
 ENCODE_BATCH = 128  # pairs rendered per tokenizer call (two renderings each)
@@ -283,8 +285,16 @@ def render_side(encoder: SampleEncoder, prompt: list[dict], completion: list[dic
     """The rendering of ``prompt + completion`` and the spans of the completion's assistant turns (the
     prompt's own assistant turns, in a multi-turn prompt, are context: not trained)."""
     text, spans = encoder.render(prompt + completion)
-    in_prompt = sum(m["role"] == "assistant" for m in prompt)
-    return text, spans[in_prompt:]
+    if not has_generation_blocks(encoder.template.text):
+        in_prompt = sum(m["role"] == "assistant" for m in prompt)  # one span per assistant message
+        return text, spans[in_prompt:]
+    # A template's own {% generation %} blocks need not be one per assistant message (none for some, several
+    # for others): the completion's are those that start where the prompt's rendering ends.
+    try:
+        prompt_end = len(encoder.template.render(prompt))
+    except TemplateRenderError as error:
+        raise BadSample("template_error", str(error)) from None
+    return text, [span for span in spans if span[0] >= prompt_end]
 
 
 def shared_prompt_length(

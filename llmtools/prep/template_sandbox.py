@@ -7,11 +7,16 @@ with ``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, ``{% generation %}``,
 before they run; every string or list a template builds is checked after; a rendering that runs too long is
 stopped (SIGALRM in the main thread, checks at each call and attribute access elsewhere). Exceeding a limit is
 a :class:`TemplateLimitError`.
+
+``{% generation %}`` blocks are recorded as transformers' ``AssistantTracker`` records them for
+``return_assistant_tokens_mask``, while :func:`recording_generation_blocks` is active around one rendering
+(:class:`GenerationBlocks`); otherwise they render their body through.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import re
 import signal
@@ -43,6 +48,64 @@ class CompileError(Exception):
     def __init__(self, lineno: int | None, message: str) -> None:
         super().__init__(message)
         self.lineno, self.message = lineno, message
+
+
+# -- generation blocks -----------------------------------------------------------------------------
+class GenerationBlocks:
+    """Where each ``{% generation %}`` block's output lands in one streaming rendering.
+
+    As transformers records it: a block starts at the number of characters the rendering has yielded when
+    the block has rendered (``yielded``, kept up to date by whoever consumes the stream) and ends its
+    output's length later. The output itself is kept too, so that a block whose output was buffered
+    (inside a macro or a ``{% set %}`` block: the offsets then point elsewhere) can be told apart."""
+
+    def __init__(self) -> None:
+        self.yielded = 0
+        self.blocks: list[tuple[int, str]] = []
+
+    def spans(self, rendering: str) -> list[tuple[int, int]] | None:
+        """The blocks' ``[start, end)`` spans in order, empty ones left out, overlapping ones merged;
+        ``None`` when a block's output is not at its recorded offset in ``rendering``."""
+        spans: list[tuple[int, int]] = []
+        for start, text in sorted(self.blocks):
+            if not rendering.startswith(text, start):
+                return None
+            end = start + len(text)
+            if spans and start < spans[-1][1]:
+                spans[-1] = (spans[-1][0], max(end, spans[-1][1]))
+            elif end > start:
+                spans.append((start, end))
+        return spans
+
+
+# Per rendering, never per template: one compiled template is shared by every thread and rendering.
+_recording: contextvars.ContextVar[GenerationBlocks | None] = contextvars.ContextVar(
+    "generation_blocks", default=None
+)
+
+
+@contextlib.contextmanager
+def recording_generation_blocks():
+    """Record the ``{% generation %}`` blocks of the rendering done inside (yields :class:`GenerationBlocks`)."""
+    blocks = GenerationBlocks()
+    token = _recording.set(blocks)
+    try:
+        yield blocks
+    finally:
+        _recording.reset(token)
+
+
+@lru_cache(maxsize=16)
+def has_generation_blocks(text: str) -> bool:
+    """Whether the template marks assistant text with ``{% generation %}`` blocks (a tag in a comment or a
+    string does not count)."""
+    import jinja2.nodes
+
+    tree = compile_template(text).environment.parse(text)
+    return any(
+        isinstance(node.call.node, jinja2.nodes.ExtensionAttribute) and node.call.node.name == "_recorded"
+        for node in tree.find_all(jinja2.nodes.CallBlock)
+    )
 
 
 # -- limits ----------------------------------------------------------------------------------------
@@ -249,16 +312,20 @@ def compile_template(text: str):
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class GenerationBlock(jinja2.ext.Extension):
-        # transformers' {% generation %} marks assistant text; here it only has to render its body.
+        # transformers' {% generation %} marks assistant text: rendered through, and recorded where asked.
         tags = {"generation"}
 
         def parse(self, parser):
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+            return jinja2.nodes.CallBlock(self.call_method("_recorded"), [], [], body).set_lineno(lineno)
 
-        def _body(self, caller):
-            return caller()
+        def _recorded(self, caller):
+            text = caller()
+            blocks = _recording.get()
+            if blocks is not None:
+                blocks.blocks.append((blocks.yielded, text))
+            return text
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)

@@ -7,6 +7,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from llmtools.errors import InputError, UsageError
 from llmtools.prep.chat_template import (
@@ -246,9 +248,31 @@ SPAN_TEMPLATES = {
 }
 
 
+def chatml_writing(content: str) -> str:
+    """ChatML with each content written as ``content`` (a Jinja expression of ``message``)."""
+    return (
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}{{ "
+        + content
+        + " }}{{ '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+
+
+# Templates that transform a content without inspecting it: found from wrapped contents.
+TRANSFORMING_TEMPLATES = {
+    "escape": chatml_writing("message['content'] | e"),
+    "replace": chatml_writing("message['content'] | replace('a', 'b')"),
+    "tojson-chatml": chatml_writing("message['content'] | tojson"),
+    "upper": chatml_writing("message['content'] | upper"),
+    "escape-no-prompt": "{% for m in messages %}<{{ m.role }}>{{ m.content | e }}</{{ m.role }}>{% endfor %}",
+}
+SPAN_TEMPLATES.update(TRANSFORMING_TEMPLATES)
+SPAN_TEMPLATES["splits"] = chatml_writing("message['content'].split('</think>')[-1]")
+
+
 def _conversation(turns: int, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
-    pieces = ["It is", " 4.", "\n", "", "<|im_end|>", '"q"', "café", "x" * 5]
+    pieces = ["It is", " 4.", "\n", "", "<|im_end|>", '"q"', "café", "x" * 5, "<b>&'a'", "A</think>a"]
     if seed % 4 == 3:  # what the sentinels look like, and a content the template trims
         pieces += ["\ue0000\ue001", " "]
     messages = [{"role": "system", "content": " be brief "}] if seed % 2 else []
@@ -276,30 +300,211 @@ def _outcome(template: ChatTemplate, messages: list[dict]):
         return str(error)
 
 
-def test_span_finding_renders_a_bounded_amount(monkeypatch):
+@pytest.fixture
+def renderings(monkeypatch):
+    """Every rendering of any template, counted where Jinja runs it (``n``) with its length (``chars``)."""
+    import jinja2
+
+    counted = {"n": 0, "chars": 0}
+    generate = jinja2.Template.generate
+
+    def counting(self, *args, **kwargs):
+        counted["n"] += 1
+        for piece in generate(self, *args, **kwargs):
+            counted["chars"] += len(piece)
+            yield piece
+
+    monkeypatch.setattr(jinja2.Template, "generate", counting)
+    return counted
+
+
+@pytest.mark.parametrize("name", ["chatml", *TRANSFORMING_TEMPLATES])
+def test_span_finding_renders_a_bounded_amount(renderings, name):
     """Renderings are counted, not timed: a constant number of them, total characters linear in turns."""
-    counted = {"renders": 0, "chars": 0}
-    render = ChatTemplate.render
-
-    def counting(self, messages, add_generation_prompt=False):
-        text = render(self, messages, add_generation_prompt)
-        counted["renders"] += 1
-        counted["chars"] += len(text)
-        return text
-
-    monkeypatch.setattr(ChatTemplate, "render", counting)
+    text = SPAN_TEMPLATES.get(name, BUILTIN_TEMPLATES["chatml"])
     cost = {}
     for turns in (8, 64):
-        counted.update(renders=0, chars=0)
-        template = load_chat_template("chatml", None)
-        messages = [{"role": r, "content": f"{r} {i}"} for i in range(turns) for r in ("user", "assistant")]
-        full, spans = template.assistant_spans(messages)
+        messages = [
+            {"role": r, "content": f"{r} <{i}> & 'a' \\ \"b\""}
+            for i in range(turns)
+            for r in ("user", "assistant")
+        ]
+        renderings.update(n=0, chars=0)
+        full, spans = ChatTemplate(name, text).assistant_spans(messages)
+        cost[turns] = (renderings["n"], renderings["chars"] / len(full))
         assert len(spans) == turns
-        cost[turns] = (counted["renders"], counted["chars"] / len(full))
+        assert (full, spans) == ChatTemplate(name, text, linear=False).assistant_spans(messages)
     # the same number of renderings, each at most about the conversation's length (prefix by prefix:
-    # 3 per turn, 1.5 * turns conversation lengths in all)
-    assert cost[64][0] == cost[8][0] <= 11
-    assert cost[64][1] <= 11
+    # 3 per turn, 1.5 * turns conversation lengths in all). Verbatim contents: the full rendering, the
+    # replaced contents, 3 sample turns x 3; transformed ones: their wrapped contents on top.
+    assert cost[64][0] == cost[8][0] <= (11 if name == "chatml" else 12)
+    assert cost[64][1] <= 12
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(sorted(TRANSFORMING_TEMPLATES) + ["splits", "inspects", "llama3"]),
+    contents=st.lists(st.text(alphabet="aAb<>&'\"\\ \n\ue000\U000f0000</think>", max_size=12), max_size=6),
+)
+def test_bounded_span_finding_equals_prefix_by_prefix_on_any_content(name, contents):
+    fast = ChatTemplate(name, SPAN_TEMPLATES[name], {"bos_token": "<s>", "eos_token": "<|im_end|>"})
+    slow = ChatTemplate(name, fast.text, fast.special_tokens, linear=False)
+    messages = [
+        m
+        for c in contents
+        for m in ({"role": "user", "content": c[::-1]}, {"role": "assistant", "content": c})
+    ]
+    assert _outcome(fast, messages) == _outcome(slow, messages)
+
+
+def test_wrapped_contents_are_the_transformed_contents():
+    from markupsafe import escape
+
+    template = ChatTemplate("escape", TRANSFORMING_TEMPLATES["escape"])
+    messages = _conversation(5, 2)
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    contents = [messages[i]["content"] for i in turns]
+    full = template.render(messages)
+    starts, ends = template._wrapped_contents(messages, turns, contents, full)
+    assert [full[a:b] for a, b in zip(starts, ends, strict=True)] == [str(escape(c)) for c in contents]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "message['content'] | length",  # the sentinels vanish
+        "'(short) ' if message['content'] | length < 4 else message['content']",  # a test on the content
+        # a test whose outcome moves nothing: the spans would come out right, but the check is the rendering
+        "('A' if message['content'] | length == 3 else 'B') ~ message['content']",
+        "message['content'] | center(12)",  # a size taken from it
+    ],
+)
+def test_content_inspecting_templates_go_prefix_by_prefix(renderings, content):
+    text = chatml_writing(content)
+    messages = [{"role": r, "content": f"{i}"} for i in range(32) for r in ("user", "assistant")]
+    got = ChatTemplate("inspects", text).assistant_spans(messages)
+    assert renderings["n"] > 3 * 32
+    assert got == ChatTemplate("inspects", text, linear=False).assistant_spans(messages)
+
+
+# -- {% generation %} blocks: spans as transformers' return_assistant_tokens_mask records them ------------
+GENERATION_TEMPLATES = {
+    # the block holds the content and the end-of-turn marker; the header stays outside
+    "chatml": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] | e }}<|im_end|>{% endgeneration %}\n"
+    "{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    # several blocks per turn, whitespace control, a loop variable, a turn with no block
+    "split": """{%- for m in messages -%}
+{%- if m.role == 'assistant' and loop.index0 > 2 -%}
+[A]{%- generation -%} {{ m.content | upper }}{%- endgeneration -%}{% generation %}{{ eos_token }}{% endgeneration %}
+{% elif m.role == 'assistant' %}[A, untrained]{{ m.content }}
+{% else %}[{{ m.role | upper }}] {{ m.content | trim }}
+{% endif -%}
+{%- endfor -%}""",
+}
+
+
+def _hf_generation(text: str, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    render = pytest.importorskip("transformers.utils.chat_template_utils").render_jinja_template
+    rendered, indices = render(
+        conversations=[messages],
+        chat_template=text,
+        return_assistant_tokens_mask=True,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+    )
+    return rendered[0], [tuple(span) for span in indices[0]]
+
+
+@pytest.mark.parametrize("name", GENERATION_TEMPLATES)
+@pytest.mark.parametrize("conversation", range(len(CONVERSATIONS)))
+def test_generation_blocks_give_transformers_spans_from_one_rendering(renderings, name, conversation):
+    text, messages = GENERATION_TEMPLATES[name], CONVERSATIONS[conversation]
+    template = ChatTemplate(
+        name, text, {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"}, linear=False
+    )
+    got = template.assistant_spans(messages)
+    assert renderings["n"] == 1  # no prefix by prefix, whatever ``linear`` says
+    assert got == _hf_generation(text, messages)
+
+
+@pytest.mark.parametrize("name", GENERATION_TEMPLATES)
+def test_generation_mask_matches_transformers_token_for_token(hf_folder, name):
+    from llmtools.tokenize import load_tokenizer
+
+    folder, hf_tok = hf_folder
+    template = load_chat_template(None, folder)
+    template = ChatTemplate(name, GENERATION_TEMPLATES[name], template.special_tokens)
+    encoder = SampleEncoder(
+        load_tokenizer(str(folder), backend="tokenizers", special_tokens="split"), template
+    )
+    for messages in CONVERSATIONS:
+        ids, mask = encoder.encode(messages)
+        want = hf_tok.apply_chat_template(
+            messages,
+            chat_template=GENERATION_TEMPLATES[name],
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+        assert ids.tolist() == list(want["input_ids"])
+        assert mask.tolist() == list(want["assistant_masks"])
+
+
+def test_assistant_turn_without_a_generation_block_trains_nothing():
+    template = ChatTemplate("split", GENERATION_TEMPLATES["split"], {"eos_token": "<|im_end|>"})
+    full, spans = template.assistant_spans(CONVERSATIONS[0])
+    assert [full[a:b] for a, b in spans] == [
+        "4 * 3 = 12 — CAFÉ ☕",
+        "<|im_end|>",
+        " YOU'RE WELCOME! ",
+        "<|im_end|>",
+    ]
+    assert template.assistant_spans(CONVERSATIONS[1])[1] == []
+
+
+def test_generation_block_that_is_not_where_it_was_recorded_is_an_error():
+    # A block rendered inside a macro is recorded before the macro's output is yielded: transformers'
+    # offsets point at the wrong text, so no spans are made of them.
+    text = (
+        "{% macro turn(m) %}<{{ m.role }}>{% generation %}{{ m.content }}{% endgeneration %}{% endmacro %}"
+        "{% for m in messages %}{{ turn(m) }}{% endfor %}"
+    )
+    with pytest.raises(TemplateRenderError, match="generation"):
+        ChatTemplate("macro.jinja", text).assistant_spans(CONVERSATIONS[1])
+
+
+def test_generation_block_in_a_comment_or_string_does_not_count(renderings):
+    text = "{# {% generation %} #}{{ '{% generation %}' }}" + BUILTIN_TEMPLATES["chatml"]
+    full, spans = ChatTemplate("t", text).assistant_spans(CONVERSATIONS[1])
+    assert [full[a:b] for a, b in spans] == ["Fine by me.<|im_end|>\n"]
+
+
+def test_generation_blocks_are_recorded_per_rendering_across_threads():
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    template = ChatTemplate("gen", GENERATION_TEMPLATES["chatml"])
+    conversations = [_conversation(20 + k % 7, k) for k in range(32)]
+    alone = [template.assistant_spans(messages) for messages in conversations]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns mid-rendering
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(template.assistant_spans, conversations)) == alone
+    finally:
+        sys.setswitchinterval(interval)
+    # a rendering outside span finding records nothing and leaves nothing behind
+    assert template.render(conversations[0]) == alone[0][0]
+
+
+def test_generation_rendering_keeps_the_limits():
+    from llmtools.prep.chat_template import TemplateLimitError
+
+    text = "{% for i in range(100000) %}{% generation %}{{ 'x' * 1000 }}{% endgeneration %}{% endfor %}"
+    with pytest.raises(TemplateLimitError, match="rendering exceeds"):
+        ChatTemplate("big.jinja", text).assistant_spans(CONVERSATIONS[1])
 
 
 # -- bounded rendering: templates are untrusted code ---------------------------------------------------

@@ -304,3 +304,26 @@ def test_config_validates_flags():
         PrefConfig(inputs=["x"], tokenizer="byte", output_prefix="o", max_length=0)
     with pytest.raises(UsageError, match="three different keys"):
         PrefConfig(inputs=["x"], tokenizer="byte", output_prefix="o", chosen_key="prompt")
+
+
+# ChatML whose {% generation %} block marks only the conversation's last assistant turn: the prompt's own
+# assistant turn has no block, so blocks are not one per assistant message.
+LAST_TURN_TRAINED = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' and loop.last %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
+    "{% endgeneration %}{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_a_generation_template_trains_the_completions_blocks_whatever_their_count(tmp_path, gpt2):
+    """The completion's spans are the blocks past the prompt's rendering, not the n-th span onwards: here
+    the prompt's assistant turn has no block, and counting turns would mask the whole answer away."""
+    template = tmp_path / "last.jinja"
+    template.write_text(LAST_TURN_TRAINED)
+    config, result = _build(tmp_path, [PAIRS[2]], gpt2, chat_template=str(template))
+    assert result.pairs == 1 and result.skipped == {}
+    tok = load_tokenizer(gpt2)
+    for side, answer in zip(("chosen", "rejected"), ANSWERS[2], strict=True):
+        ids, mask = (reader.document(0) for reader in _side(config.output_prefix, side))
+        assert tok.decode(ids[mask == 1]) == answer + "<|im_end|>"
