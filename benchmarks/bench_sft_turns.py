@@ -3,14 +3,15 @@
 Finding where the assistant turns are (``ChatTemplate.assistant_spans``) prefix by prefix renders the
 conversation three times per assistant turn, each as long as the conversation so far: the work grows
 with turns squared. The default way renders it a fixed number of times where it can (generation blocks:
-once; contents written verbatim, trimmed or transformed without being inspected: at most 12 times). This
-prints, for each template asked for, the time per conversation and per turn of both for growing
-conversations, and checks that they find the same spans; a linear step keeps the time per turn flat.
+once; contents written verbatim, trimmed, transformed or rewritten: at most 15 times). This prints, for
+each template asked for, the time per conversation and per turn of both for growing conversations, and
+checks that they find the same spans; a linear step keeps the time per turn flat.
 
 Templates: ``chatml`` (built-in), ``escape`` (ChatML writing the content ``| e``), ``generation``
-(ChatML whose assistant content and end-of-turn are a ``{% generation %}`` block), ``inspect`` (ChatML
-that drops the reasoning before ``</think>``, as reasoning models' templates do: it splits the content,
-so the default way cannot check it and goes prefix by prefix too).
+(ChatML whose assistant content and end-of-turn are a ``{% generation %}`` block), ``rewrite`` (ChatML
+that drops the reasoning before ``</think>``, as reasoning models' templates do), ``inspect`` (a header
+that prints the content's length: the template's own text depends on a content, so the default way
+cannot check it and goes prefix by prefix too).
 
     .venv/bin/python benchmarks/bench_sft_turns.py [--turns 16,64,256,512] [--repeat 3] [--template all]
 """
@@ -37,7 +38,12 @@ TEMPLATES = {
     "chatml": None,  # the built-in
     "escape": chatml_writing("message['content'] | e"),
     "generation": GENERATION,
-    "inspect": chatml_writing("message['content'].split('</think>')[-1].lstrip('\\n')"),
+    # reasoning models drop a content's <think> part: rewritten, found between marked neighbours
+    "rewrite": chatml_writing("message['content'].split('</think>')[-1].lstrip('\\n')"),
+    # the template's own text depends on a content (its length in the header): prefix by prefix
+    "inspect": "{% for message in messages %}{{ '<|im_start|>' + message['role'] + ' (' + "
+    "(message['content'] | length | string) + ' chars)\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant (' }}{% endif %}",
 }
 
 

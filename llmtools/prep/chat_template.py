@@ -13,7 +13,7 @@ It is compiled the way transformers compiles it: an ``ImmutableSandboxedEnvironm
 template sees ``messages``, ``add_generation_prompt`` and the tokenizer's special-token strings
 (``bos_token``, ``eos_token``, ...), as in transformers.
 
-Where the assistant turns are (:meth:`ChatTemplate.assistant_spans`), one of four ways:
+Where the assistant turns are (:meth:`ChatTemplate.assistant_spans`), one of five ways:
 
 * **Generation blocks.** A template with ``{% generation %}...{% endgeneration %}`` says itself what is
   trained: the spans are its blocks' output, recorded during one streaming rendering exactly as
@@ -27,18 +27,23 @@ Where the assistant turns are (:meth:`ChatTemplate.assistant_spans`), one of fou
   (``<|im_end|>``, ``<|eot_id|>``): the model learns to stop. Templates that are not prefix-stable (that
   rewrite earlier turns once later ones exist) fall back to finding the assistant content itself in the
   full rendering. Three renderings per assistant turn, each as long as the conversation so far: quadratic.
-* **Bounded, contents replaced** (:meth:`ChatTemplate._replaced_contents`): the same spans from the
+* **Bounded, contents replaced** (:func:`llmtools.prep.chat_spans.replaced_contents`): the same spans from the
   assistant contents replaced by numbered sentinels, rendered once; for templates that write a content
   verbatim or trimmed.
-* **Bounded, contents wrapped** (:meth:`ChatTemplate._wrapped_contents`): each content between a numbered
+* **Bounded, contents wrapped** (:func:`llmtools.prep.chat_spans.wrapped_contents`): each content between a numbered
   pair of sentinel characters, rendered once; deleting the sentinels must give the real rendering, so it
   serves templates that escape or transform a content (``| e``, ``| replace``, ``| tojson``, ``| upper``)
   without inspecting it.
+* **Bounded, contents isolated** (:func:`llmtools.prep.chat_spans.isolated_contents`): half the contents real and
+  their neighbours marks, twice; what the template wrote for each content is cut out between the marks,
+  and with the template's own text must give the real rendering. It serves templates that rewrite a
+  content however they like (reasoning models' ``split('</think>')``), as long as their own text does not
+  depend on it.
 
-Both bounded ways then measure the header and end-of-turn text by the prefix-by-prefix method at three
-sample turns (:meth:`ChatTemplate._checked_spans`): at most 12 renderings, whatever the number of turns.
+The bounded ways then measure the header and end-of-turn text by the prefix-by-prefix method at three
+sample turns (:func:`llmtools.prep.chat_spans.checked_spans`): at most 15 renderings, whatever the number of turns.
 The prefix-by-prefix way runs only where that cannot be verified, and stays quadratic there: templates
-that inspect a content (its ``length``, a ``split('</think>')``, a test on it), trim *and* escape it, end
+whose own text depends on a content (a header that prints its length), that trim *and* escape it, end
 turns differently, count turns in a header, or contents holding a private-use sentinel character. The
 check is sampled: a template that treats an unsampled turn differently by its index alone is not noticed.
 
@@ -61,6 +66,7 @@ from pathlib import Path
 
 from llmtools.errors import InputError, UsageError
 from llmtools.formats.jsonfile import read_json_object
+from llmtools.prep.chat_spans import bounded_spans
 from llmtools.prep.template_sandbox import (
     MAX_RENDER_CHARS,
     MAX_RENDER_SECONDS,
@@ -100,12 +106,6 @@ BUILTIN_DEFAULTS: dict[str, dict[str, str]] = {
     "llama3": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
 }
 SENTINEL = "\ue000llmtools-content\ue001"  # private-use characters: no template writes them
-# The bounded span finding's sentinels, private-use characters too: a mark in place of a content, and a
-# pair of single characters around one (planes 15 and 16, one character per turn in each).
-REPLACED_MARK = "\ue000{}\ue001"
-WRAP_OPEN, WRAP_CLOSE, MAX_WRAPPED_TURNS = 0xF0000, 0x100000, 0xFFFE
-WRAP_CHARS = re.compile("[\U000f0000-\U0010ffff]")
-SENTINEL_CHARS = re.compile("[\ue000\ue001\U000f0000-\U0010ffff]")
 SPECIAL_TOKEN_KEYS = (
     "bos_token",
     "eos_token",
@@ -239,110 +239,9 @@ class ChatTemplate:
         return full, spans
 
     def _linear_spans(self, messages: list[dict], full: str) -> list[tuple[int, int]] | None:
-        """The spans :meth:`_incremental_spans` finds, from a bounded number of renderings.
-
-        Where each assistant content lands is found from one rendering with the contents marked by
-        private-use sentinels: replaced by numbered marks (:meth:`_replaced_contents`: templates that write a
-        content verbatim or trimmed), else wrapped in numbered pairs (:meth:`_wrapped_contents`: templates
-        that escape or transform a content without inspecting it). The header and end-of-turn text around
-        the contents are then checked (:meth:`_checked_spans`). Anything else, non-string contents, or a
-        rendering that holds a sentinel character already: ``None``, and the caller takes the
-        prefix-by-prefix way.
-        """
-        turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-        if not turns:
-            return []
-        contents = [messages[i].get("content") for i in turns]
-        if not all(isinstance(c, str) for c in contents) or SENTINEL_CHARS.search(full):
-            return None
-        regions = self._replaced_contents(messages, turns, contents, full)
-        if regions is None:
-            regions = self._wrapped_contents(messages, turns, contents, full)
-        return None if regions is None else self._checked_spans(messages, turns, *regions, full)
-
-    def _marked(self, messages: list[dict], turns: list[int], contents: list[str]) -> str | None:
-        """The conversation rendered with assistant message ``turns[k]``'s content set to ``contents[k]``
-        (``None`` where the template fails on that)."""
-        probe = list(messages)
-        for i, content in zip(turns, contents, strict=True):
-            probe[i] = {**messages[i], "content": content}
-        try:
-            return self.render(probe)
-        except TemplateRenderError:
-            return None
-
-    def _replaced_contents(
-        self, messages: list[dict], turns: list[int], contents: list[str], full: str
-    ) -> tuple[list[int], list[int]] | None:
-        """Where each content starts and ends in ``full``: every content replaced by a numbered mark and
-        the conversation rendered once; putting the contents (or the contents trimmed, as Llama 3's
-        template writes them) back in place of the marks must give ``full`` exactly."""
-        marks = [REPLACED_MARK.format(k) for k in range(len(turns))]
-        marked = self._marked(messages, turns, marks)
-        if marked is None or marked.count(REPLACED_MARK[0]) != len(marks):
-            return None
-        # Walk both renderings side by side: the template's own text must be equal, and in place of each
-        # mark the content, or the content trimmed.
-        starts, ends, pos, cursor = [], [], 0, 0
-        for mark, content in zip(marks, contents, strict=True):
-            at = marked.find(mark, pos)
-            if at < 0 or not full.startswith(marked[pos:at], cursor):
-                return None
-            cursor += at - pos
-            written = next((c for c in (content, content.strip()) if full.startswith(c, cursor)), None)
-            if written is None:
-                return None
-            starts.append(cursor)
-            cursor += len(written)
-            ends.append(cursor)
-            pos = at + len(mark)
-        return (starts, ends) if full[cursor:] == marked[pos:] else None
-
-    def _wrapped_contents(
-        self, messages: list[dict], turns: list[int], contents: list[str], full: str
-    ) -> tuple[list[int], list[int]] | None:
-        """Where each content, as the template transformed it, starts and ends in ``full``: every content
-        wrapped in a numbered pair of sentinel characters and the conversation rendered once. Each sentinel
-        must appear exactly once and in order, and deleting them must give ``full`` exactly: a template that
-        escapes or replaces in a content passes, one that measures, splits or tests it renders differently
-        or loses a sentinel (unless that makes no difference to this conversation)."""
-        if len(turns) > MAX_WRAPPED_TURNS:
-            return None
-        pairs = [(chr(WRAP_OPEN + k), chr(WRAP_CLOSE + k)) for k in range(len(turns))]
-        marked = self._marked(
-            messages, turns, [f"{o}{c}{e}" for (o, e), c in zip(pairs, contents, strict=True)]
-        )
-        if marked is None:
-            return None
-        found = list(WRAP_CHARS.finditer(marked))
-        if [m.group() for m in found] != [char for pair in pairs for char in pair]:
-            return None
-        if WRAP_CHARS.sub("", marked) != full:
-            return None
-        # In full, a sentinel's place less the sentinels before it: 2k before turn k's opening one.
-        starts = [found[2 * k].start() - 2 * k for k in range(len(turns))]
-        ends = [found[2 * k + 1].start() - 2 * k - 1 for k in range(len(turns))]
-        return starts, ends
-
-    def _checked_spans(
-        self, messages: list[dict], turns: list[int], starts: list[int], ends: list[int], full: str
-    ) -> list[tuple[int, int]] | None:
-        """Content regions made spans, as :meth:`_incremental_spans` would make them: the header ends where
-        the content starts and the turn ends a fixed text later. Both are measured by the prefix-by-prefix
-        method at three sample turns (first, middle, last), which must agree with each other, and the
-        end-of-turn text must follow every content."""
-        tail = None
-        for k in sorted({0, len(turns) // 2, len(turns) - 1}):
-            measured = self._turn_span(messages, turns[k], full)
-            if measured is None or measured[0] != starts[k]:
-                return None
-            text = full[ends[k] : measured[1]] if measured[1] >= ends[k] else None
-            if text is None or (tail is not None and text != tail):
-                return None
-            tail = text
-        if not all(full.startswith(tail, end) for end in ends):
-            return None
-        return [(start, end + len(tail)) for start, end in zip(starts, ends, strict=True)]
+        """The spans :meth:`_incremental_spans` finds, from a bounded number of renderings
+        (:func:`llmtools.prep.chat_spans.bounded_spans`); ``None`` where that cannot be verified."""
+        return bounded_spans(self, messages, full)
 
     def _turn_span(self, messages: list[dict], i: int, full: str) -> tuple[int, int] | None:
         """Assistant message ``i``'s span by the prefix-by-prefix method; ``None`` where the template is

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmtools.errors import InputError, UsageError
+from llmtools.prep.chat_spans import isolated_contents, wrapped_contents
 from llmtools.prep.chat_template import (
     BUILTIN_TEMPLATES,
     ChatTemplate,
@@ -365,8 +366,36 @@ def test_wrapped_contents_are_the_transformed_contents():
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     contents = [messages[i]["content"] for i in turns]
     full = template.render(messages)
-    starts, ends = template._wrapped_contents(messages, turns, contents, full)
+    starts, ends = wrapped_contents(template, messages, turns, contents, full)
     assert [full[a:b] for a, b in zip(starts, ends, strict=True)] == [str(escape(c)) for c in contents]
+
+
+def test_rewritten_contents_are_cut_out_between_marked_neighbours(renderings):
+    """Reasoning models' templates drop a content's ``<think>`` part, which takes a wrapped content's
+    opening sentinel with it: the contents are then cut out of renderings where their neighbours are
+    marks, in a number of renderings that does not grow with the turns."""
+    text = SPAN_TEMPLATES["splits"]
+    cost = {}
+    for turns in (8, 64):
+        messages = [
+            {"role": "user", "content": f"q{i}"} if r == "user" else
+            {"role": "assistant", "content": f"<think>{i} & {i}</think>It is <b>{2 * i}</b>."}
+            for i in range(turns) for r in ("user", "assistant")
+        ]  # fmt: skip
+        template = ChatTemplate("splits", text)
+        full = template.render(messages)
+        turn_ids = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        contents = [messages[i]["content"] for i in turn_ids]
+        assert wrapped_contents(template, messages, turn_ids, contents, full) is None
+        starts, ends = isolated_contents(template, messages, turn_ids, contents, full)
+        assert [full[a:b] for a, b in zip(starts, ends, strict=True)] == [
+            c.split("</think>")[-1] for c in contents
+        ]
+        renderings.update(n=0)
+        got = template.assistant_spans(messages)
+        cost[turns] = renderings["n"]
+        assert got == ChatTemplate("splits", text, linear=False).assistant_spans(messages)
+    assert cost[64] == cost[8] <= 15
 
 
 @pytest.mark.parametrize(
