@@ -98,8 +98,11 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistInfo:
         index = local % torch.cuda.device_count()
         torch.cuda.set_device(index)
         device = f"cuda:{index}"
+        # Told, NCCL binds this rank's communicator to its device instead of guessing it from the global
+        # rank (a warning, and a hang where ranks map to devices unevenly).
+        bound = {"device_id": torch.device(device)}
     else:
-        device = "cpu"
+        device, bound = "cpu", {}
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         _skip_ds_shm_op()
         # One thread per rank on small CPU machines, unless the user chose: oversubscription makes step times
@@ -116,14 +119,16 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistInfo:
         try:
             if world == 1 and "MASTER_ADDR" not in os.environ:  # alone: no rendezvous, no port
                 store = dist.HashStore()
-                dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+                dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout, **bound)
             elif _agent_store_shared():
                 store = round_store(
                     os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world, timeout_s
                 )
-                dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+                dist.init_process_group(
+                    backend, store=store, rank=rank, world_size=world, timeout=timeout, **bound
+                )
             else:
-                dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+                dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, **bound)
         except (RuntimeError, ValueError) as error:
             raise RuntimeFailure(
                 f"could not initialise the {backend} process group (rank {rank}/{world}): {error}"
