@@ -424,7 +424,8 @@ class JsonlSource:
                         carry.append(block)
                         carried += len(block)
                     continue
-                chunk = b"".join([*carry, block[: cut + 1]]) if carry else block[: cut + 1]
+                # One copy of the block per chunk (not two): the slice is a view until the join copies it.
+                chunk = b"".join([*carry, memoryview(block)[: cut + 1]]) if carry else block[: cut + 1]
                 rest = block[cut + 1 :]
                 carry, carried = ([rest] if rest else []), len(rest)
                 newlines = count_newlines(chunk)
