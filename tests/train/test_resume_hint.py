@@ -61,6 +61,17 @@ def _start_and_wait_for_a_step(launch: list[str], cwd: Path, env: dict) -> subpr
     return proc
 
 
+def _resume_as_printed(hint: str, stopped_output: str, cwd: Path, env: dict) -> None:
+    """Paste the hint as printed (two more steps than were done, so it ends by itself): it resumes."""
+    stopped = int(re.search(r"checkpoints/step_(\d+)", stopped_output).group(1))
+    resumed = subprocess.run(
+        [*shlex.split(hint), "--set", f"training.train_steps={stopped + 2}"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"step_{stopped + 2:08d}" in resumed.stdout
+
+
 def test_under_torchrun_the_hint_is_the_torchrun_line_and_it_resumes(byte_data, tmp_path, cli_env):
     config = _long_run_config(tmp_path, byte_data["mix"])
     port = free_port()
@@ -77,14 +88,7 @@ def test_under_torchrun_the_hint_is_the_torchrun_line_and_it_resumes(byte_data, 
     hint = hints[0]
     assert hint.startswith(f"torchrun --nproc_per_node 2 --master_port {port} -m llmtools.cli.train "), hint
     assert hint.endswith(" --resume auto") and "--force" not in hint
-    stopped = int(re.search(r"checkpoints/step_(\d+)", err).group(1))
-    # pasted as printed (two more steps than were done, so it ends by itself)
-    resumed = subprocess.run(
-        [*shlex.split(hint), "--set", f"training.train_steps={stopped + 2}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"step_{stopped + 2:08d}" in resumed.stdout
+    _resume_as_printed(hint, err, tmp_path, env)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -118,10 +122,4 @@ def test_under_the_deepspeed_launcher_the_hint_is_its_runner_line_and_it_resumes
     hint = hints[0]
     assert hint.startswith(f"deepspeed --num_gpus 2 --master_port {port} {BIN / 'llm-train'} "), hint
     assert hint.endswith(" --resume auto") and "--force" not in hint and "--local_rank" not in hint, hint
-    stopped = int(re.search(r"checkpoints/step_(\d+)", both).group(1))
-    resumed = subprocess.run(
-        [*shlex.split(hint), "--set", f"training.train_steps={stopped + 2}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"step_{stopped + 2:08d}" in resumed.stdout
+    _resume_as_printed(hint, both, tmp_path, env)
