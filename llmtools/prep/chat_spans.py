@@ -43,12 +43,17 @@ def bounded_spans(template, messages: list[dict], full: str) -> list[tuple[int, 
     contents = [messages[i].get("content") for i in turns]
     if not all(isinstance(c, str) for c in contents) or SENTINEL_CHARS.search(full):
         return None
-    regions = None
-    for way in (replaced_contents, wrapped_contents, isolated_contents):
-        regions = way(template, messages, turns, contents, full)
-        if regions is not None:
-            break
+    marked = render_with(template, messages, turns, _marks(len(turns)))  # two of the ways start from it
+    regions = replaced_contents(template, messages, turns, contents, full, marked)
+    if regions is None:
+        regions = wrapped_contents(template, messages, turns, contents, full)
+    if regions is None:
+        regions = isolated_contents(template, messages, turns, contents, full, marked)
     return None if regions is None else checked_spans(template, messages, turns, *regions, full)
+
+
+def _marks(count: int) -> list[str]:
+    return [REPLACED_MARK.format(k) for k in range(count)]
 
 
 def render_with(template, messages: list[dict], turns: list[int], contents: list[str]) -> str | None:
@@ -64,13 +69,18 @@ def render_with(template, messages: list[dict], turns: list[int], contents: list
 
 
 def replaced_contents(
-    template, messages: list[dict], turns: list[int], contents: list[str], full: str
+    template,
+    messages: list[dict],
+    turns: list[int],
+    contents: list[str],
+    full: str,
+    marked: str | None = None,
 ) -> tuple[list[int], list[int]] | None:
     """Where each content starts and ends in ``full``: every content replaced by a numbered mark and
     the conversation rendered once; putting the contents (or the contents trimmed, as Llama 3's
     template writes them) back in place of the marks must give ``full`` exactly."""
-    marks = [REPLACED_MARK.format(k) for k in range(len(turns))]
-    marked = render_with(template, messages, turns, marks)
+    marks = _marks(len(turns))
+    marked = marked if marked is not None else render_with(template, messages, turns, marks)
     if marked is None or marked.count(REPLACED_MARK[0]) != len(marks):
         return None
     # Walk both renderings side by side: the template's own text must be equal, and in place of each
@@ -119,7 +129,12 @@ def wrapped_contents(
 
 
 def isolated_contents(
-    template, messages: list[dict], turns: list[int], contents: list[str], full: str
+    template,
+    messages: list[dict],
+    turns: list[int],
+    contents: list[str],
+    full: str,
+    marked: str | None = None,
 ) -> tuple[list[int], list[int]] | None:
     """Where each content, however the template rewrote it, starts and ends in ``full``, from three
     renderings: every content replaced by a numbered mark (which gives the template's own text
@@ -129,8 +144,8 @@ def isolated_contents(
     and what it wrote for each content, put together, must give ``full`` exactly. So it serves a
     template that rewrites a content however it likes (``content.split('</think>')[-1]``), as long as
     its own text does not depend on the content (a header that prints a content's length fails)."""
-    marks = [REPLACED_MARK.format(k) for k in range(len(turns))]
-    marked = render_with(template, messages, turns, marks)
+    marks = _marks(len(turns))
+    marked = marked if marked is not None else render_with(template, messages, turns, marks)
     places = _places(marked, marks) if marked is not None else None
     if places is None:
         return None
@@ -143,15 +158,14 @@ def isolated_contents(
             continue
         probe = [contents[k] if k % 2 == parity else marks[k] for k in range(len(turns))]
         rendered = render_with(template, messages, turns, probe)
-        neighbours = (
-            _places(rendered, [marks[k] for k in range(1 - parity, len(turns), 2)]) if rendered else None
-        )
+        marked_turns = range(1 - parity, len(turns), 2)
+        neighbours = _places(rendered, [marks[k] for k in marked_turns]) if rendered is not None else None
         if neighbours is None:
             return None
-        after = dict(zip(range(1 - parity, len(turns), 2), neighbours, strict=True))
+        mark_at = dict(zip(marked_turns, neighbours, strict=True))
         for k in real:
             region = rendered[
-                after[k - 1][1] if k else 0 : after[k + 1][0] if k + 1 < len(turns) else len(rendered)
+                mark_at[k - 1][1] if k else 0 : mark_at[k + 1][0] if k + 1 < len(turns) else len(rendered)
             ]
             head, tail = own[k], own[k + 1]
             if len(region) < len(head) + len(tail) or not (region.startswith(head) and region.endswith(tail)):

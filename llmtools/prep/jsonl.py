@@ -407,17 +407,17 @@ class JsonlSource:
                         continue
                     block, line, skipping = block[first + 1 :], line + 1, False
                 cut = block.rfind(b"\n")
-                # A line that spans blocks is checked against the bound as it grows (a read block is far
-                # smaller than the bound, so a line inside one block is always within it).
-                length = carried + (block.find(b"\n") + 1 if cut >= 0 else len(block))
-                if (carry or cut < 0) and length > MAX_LINE_BYTES:
+                # Only a line that spans blocks is checked against the bound, as it grows: a read block is far
+                # smaller than the bound, so a line inside one block is always within it.
+                ends = block.find(b"\n") + 1 if carry and cut >= 0 else 0  # where a carried line ends
+                if (carry or cut < 0) and carried + (ends or len(block)) > MAX_LINE_BYTES:
                     self._problem("line_too_long", f"{label}:{line}: a line longer than {MAX_LINE_BYTES:,} bytes "
                                   "(a file without newlines?)")  # fmt: skip
                     carry, carried = [], 0
                     if cut < 0:
                         skipping = True
                         continue
-                    block, line = block[block.find(b"\n") + 1 :], line + 1
+                    block, line = block[ends:], line + 1
                     cut = block.rfind(b"\n")
                 if cut < 0:
                     if block:
