@@ -49,26 +49,13 @@ def skip_native_teardown() -> None:
 
 
 def _leave(code: int) -> None:
-    """Exit with ``code``. After distributed training, every file closed and every group destroyed, a
-    worker sometimes died in the C++ destructors that run after Python's (SIGABRT, "terminate called
-    without an active exception"; gloo and DeepSpeed keep native threads), turning a finished run into a
-    failed one for its launcher. There, Python's own shutdown work is done by hand (other threads
-    joined, atexit handlers, streams flushed) and the process ends without the native teardown."""
+    """Exit with ``code``; after distributed work, without the native teardown
+    (:func:`llmtools.train.distributed.exit_without_native_teardown`)."""
     if not _SKIP_NATIVE_TEARDOWN:
         sys.exit(code)
-    import atexit
-    import threading
+    from llmtools.train.distributed import exit_without_native_teardown
 
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed or gone stream: nothing more can be said on it
-            pass
-    os._exit(code)
+    exit_without_native_teardown(code)
 
 
 def run(app: typer.Typer, prog: str) -> None:

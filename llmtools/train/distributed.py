@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 from llmtools.errors import RuntimeFailure, UsageError
 from llmtools.train.device import process_group_backend
@@ -178,6 +179,28 @@ def destroy() -> None:
     dist = sys.modules.get("torch.distributed")  # never imported: nothing to tear down (and stay fast)
     if dist is not None and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_without_native_teardown(code: int) -> NoReturn:
+    """End a process whose distributed work is done and torn down (:func:`barrier`, :func:`destroy`).
+
+    After every file was closed and every group destroyed, a worker sometimes died in the C++ destructors
+    that run after Python's (SIGABRT, "terminate called without an active exception"; gloo and DeepSpeed
+    keep native threads), turning finished work into a failure for its launcher. Here Python's own
+    shutdown is done by hand (other threads joined, atexit handlers, streams flushed) and the process ends
+    without the native teardown. llm-train ends so; so do the tests' own distributed workers."""
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or gone stream: nothing more can be said on it
+            pass
+    os._exit(code)
 
 
 def log0(message: str, rank: int, quiet: bool = False) -> None:

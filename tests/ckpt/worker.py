@@ -411,4 +411,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Out without the native teardown, as llm-train ends (exit_without_native_teardown says why); the
+    # process group goes with the atexit handler registered above.
+    from llmtools.train.distributed import exit_without_native_teardown
+
+    exit_without_native_teardown(main() or 0)

@@ -69,5 +69,16 @@ def main() -> None:
         run(mix, out, name, stage, ep, save_every, resume)
 
 
+def end() -> None:
+    """Every rank done before any tears gloo down; then out without the native teardown, as llm-train
+    ends (``exit_without_native_teardown`` says why)."""
+    from llmtools.train.distributed import barrier, destroy, exit_without_native_teardown
+
+    barrier()
+    destroy()
+    exit_without_native_teardown(0)
+
+
 if __name__ == "__main__":
     main()
+    end()

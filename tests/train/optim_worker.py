@@ -48,5 +48,16 @@ def main() -> None:
         train(scenario_config(mix, optimizer), ds, RunOptions(run_dir=out / name, quiet=True))
 
 
+def end() -> None:
+    """Every rank done before any tears gloo down; then out without the native teardown, as llm-train
+    ends (``exit_without_native_teardown`` says why)."""
+    from llmtools.train.distributed import barrier, destroy, exit_without_native_teardown
+
+    barrier()
+    destroy()
+    exit_without_native_teardown(0)
+
+
 if __name__ == "__main__":
     main()
+    end()
