@@ -10,7 +10,8 @@ only when there is nothing to disagree about, with the layout torch itself write
 * the end-of-central-directory record closes the file (no comment), with torch's zip64 end records or
   without; one disk;
 * every name is printable ASCII without ``\\``, empty or dot components, under one folder (the first
-  entry's), and unique even with ASCII case ignored;
+  entry's), and unique even with ASCII case ignored; none ends with ``/`` and none is marked as a folder,
+  link or special file in its external attributes (torch writes plain files only);
 * every record is stored (never compressed: nothing is inflated, so no size can be a bomb), unencrypted,
   and its local header repeats the central directory's name, flags and method (sizes and CRC there or
   in the data descriptor that follows the data);
@@ -19,15 +20,19 @@ only when there is nothing to disagree about, with the layout torch itself write
   and every declared size within the file.
 
 :func:`read_index` parses the directory (bounded: at most :data:`MAX_RECORDS` entries, the directory
-itself read in one piece no larger than the file) and returns where each record's bytes are; the lazy
-reader reads ``data.pkl`` and the storages from those offsets, and every ``torch.load`` we run is
-preceded by it.
+itself read in one piece no larger than the file) and returns where each record's bytes are and their
+declared CRC-32. Nothing else parses the archive: the lazy reader and :func:`llmtools.ckpt.safeload.load`
+(which every load of a checkpoint goes through, DeepSpeed's included) read ``data.pkl`` and the storages
+from those offsets, and torch is handed those bytes, never the file. A record read whole has its CRC-32
+checked as it is read (:func:`read_record`); ``llm-ckpt verify`` checks every record's
+(:func:`check_crcs`).
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +50,8 @@ _PADDING_EXTRA = 0x4246  # "FB": torch's alignment padding
 _DESCRIPTOR = 0x08
 _UTF8 = 0x800
 _MAX32 = 0xFFFFFFFF
+_DOS_FOLDER = 0x10  # MS-DOS attribute bit of a folder, in the low byte of the external attributes
+_UNIX_TYPE, _UNIX_FILE = 0o170000, 0o100000  # st_mode's file type, in the high 16 bits
 
 
 class ArchiveError(InputError):
@@ -65,6 +72,7 @@ class Record:
     name: str  # without the archive's folder
     offset: int  # first byte of the record's data in the file
     size: int
+    crc: int  # the CRC-32 the directory declares: checked whenever the whole record is read
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,53 @@ class Index:
 
     def get(self, name: str) -> Record | None:
         return self.records.get(name)
+
+
+def read_record(index: Index, name: str, limit: int | None = None, handle=None) -> bytes:
+    """The bytes of record ``name`` (``FOLDER/`` left out) at the offset the check accepted, their CRC-32
+    checked; InputError when it is missing, larger than ``limit`` or not what its directory declares."""
+    record = index.get(name)
+    if record is None:
+        raise InputError(f"{index.path}: no {name} in the archive (not a torch.save file)")
+    if limit is not None and record.size > limit:
+        raise InputError(f"{index.path}: {name} is {record.size} bytes (at most {limit})")
+    own = handle is None
+    handle = open(index.path, "rb") if own else handle  # noqa: SIM115 - closed below
+    try:
+        handle.seek(record.offset)
+        data = handle.read(record.size)
+    finally:
+        if own:
+            handle.close()
+    if len(data) != record.size:
+        raise InputError(f"{index.path}: truncated while it was read")
+    check_crc(index, record, zlib.crc32(data))
+    return data
+
+
+def check_crc(index: Index, record: Record, crc: int) -> None:
+    """ArchiveError unless ``crc`` (of the record's bytes, as read) is the one its directory declares."""
+    if crc != record.crc:
+        raise ArchiveError(
+            index.path,
+            f"@byte {record.offset}",
+            f"the bytes of {record.name!r} have CRC-32 {crc:#010x}, the directory declares {record.crc:#010x}",
+        )
+
+
+def check_crcs(index: Index, chunk: int = 16 << 20) -> None:
+    """The CRC-32 of every record, read in chunks (``llm-ckpt verify`` reads every byte anyway)."""
+    with open(index.path, "rb") as handle:
+        for record in sorted(index.records.values(), key=lambda r: r.offset):
+            handle.seek(record.offset)
+            crc, left = 0, record.size
+            while left:
+                data = handle.read(min(chunk, left))
+                if not data:
+                    raise InputError(f"{index.path}: truncated while it was read")
+                crc = zlib.crc32(data, crc)
+                left -= len(data)
+            check_crc(index, record, crc)
 
 
 def _extras(blob: bytes) -> dict[int, bytes]:
@@ -198,7 +253,7 @@ def _read_index(path: Path, handle, size: int) -> Index:
             c_len,
             d_start,
             _ia,
-            _ea,
+            attributes,
             local,
         ) = fields
         where = cd_offset + at
@@ -208,6 +263,12 @@ def _read_index(path: Path, handle, size: int) -> Index:
         if end > len(directory):
             raise fail(where, "an entry runs past the central directory")
         raw = directory[at + _CENTRAL.size : at + _CENTRAL.size + n_len]
+        if raw.endswith(b"/"):
+            raise fail(where, f"the name {raw!r} ends with '/' (a folder entry; torch writes only files)")
+        if attributes & _DOS_FOLDER or (attributes >> 16) & _UNIX_TYPE not in (0, _UNIX_FILE):
+            # miniz "extracts" a record marked as a folder as nothing: torch would hand back an
+            # uninitialised buffer of the declared size instead of the bytes that are there
+            raise fail(where, f"{raw!r} is marked as a folder, link or special file (attributes {attributes:#x})")
         try:
             name = _check_name(raw)
             extras = _extras(directory[at + _CENTRAL.size + n_len : at + _CENTRAL.size + n_len + e_len])
@@ -278,7 +339,7 @@ def _read_index(path: Path, handle, size: int) -> Index:
             if (l_crc, l_csize, l_usize) != (crc, usize, usize):
                 raise fail(local, f"the local header of {name!r} declares other sizes than the directory")
             expected = data_end
-        records[name[len(folder) + 1 :]] = Record(name[len(folder) + 1 :], data_at, usize)
+        records[name[len(folder) + 1 :]] = Record(name[len(folder) + 1 :], data_at, usize, crc)
     if expected != cd_offset:
         raise fail(expected, "bytes between the last record and the central directory")
     return Index(path, folder, records)

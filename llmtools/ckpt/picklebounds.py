@@ -13,8 +13,17 @@ unpickler's stack with one node per object, and refuses the pickle when
 * the object it builds, as a tree (every memo reference expanded), has more than :data:`MAX_NODES`
   nodes, nests deeper than :data:`MAX_DEPTH`, or contains itself.
 
+* a container holds more than :data:`MAX_ITEMS` items;
+* anything is hashed (a dict key, a set element, the items given to ``set``, ``frozenset`` or a dict
+  type called with arguments) that is not a string or an integer below :data:`MAX_KEY_INT` in magnitude
+  — the keys our writers produce. Other keys can be made to hash alike (integers that are multiples of
+  2**61-1, floats, tuples of them): each insertion then compares with every key before it, and building
+  the dict takes time quadratic in its size inside one C call that holds the GIL, where no signal handler
+  (nor :mod:`llmtools.interrupt`'s watchdog) can run. Strings hash with a per-process random seed.
+
 What is left for the unpickler is work linear in the pickle's size. The limits are far above what
 checkpoints hold (DeepSpeed's optimizer states of a 70B model: a few hundred thousand nodes, depth < 10).
+The check itself is pure Python: a signal stops it between any two opcodes.
 """
 
 from __future__ import annotations
@@ -28,6 +37,21 @@ MAX_OPS = 2_000_000  # a million tensors' worth: DeepSpeed's largest pickles are
 MAX_NODES = 10_000_000
 MAX_DEPTH = 100
 MAX_INT_BYTES = 64  # integers in checkpoints are sizes, steps, seeds: 512 bits is far beyond them
+MAX_ITEMS = 1 << 22  # per container: a state dict holds one entry per parameter, a few thousand
+MAX_KEY_INT = 1 << 31  # integer keys are parameter indices; hash(n) == n below 2**61-1
+
+_TEXT = {
+    "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "STRING", "BINSTRING", "SHORT_BINSTRING",
+    "BINBYTES", "SHORT_BINBYTES", "BINBYTES8",
+}  # fmt: skip
+_INTEGER = {"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4"}
+_SEQUENCE = {"EMPTY_LIST": "list", "LIST": "list", "EMPTY_TUPLE": "tuple", "TUPLE": "tuple",
+             "TUPLE1": "tuple", "TUPLE2": "tuple", "TUPLE3": "tuple"}  # fmt: skip
+# Callables that hash what they are given: sets from an iterable; dict types only ever with no arguments
+# (a dict is pickled as the type called with () and then SETITEMS).
+_HASH_ITERABLE = {"builtins set", "builtins frozenset", "__builtin__ set", "__builtin__ frozenset"}
+_DICT_TYPES = {"builtins dict", "__builtin__ dict", "collections OrderedDict", "collections Counter",
+               "collections defaultdict"}  # fmt: skip
 
 _GET = {"GET", "BINGET", "LONG_BINGET"}
 _PUT = {"PUT", "BINPUT", "LONG_BINPUT"}
@@ -44,10 +68,12 @@ class PickleBombError(InputError):
 
 
 class _Node:
-    __slots__ = ("children",)
+    __slots__ = ("children", "kind", "value")
 
-    def __init__(self, children: list[_Node] | None = None) -> None:
+    def __init__(self, children: list[_Node] | None = None, kind: str = "", value: Any = None) -> None:
         self.children = children if children is not None else []
+        self.kind = kind  # "str", "int", "global", "list", "tuple" or "" (anything else)
+        self.value = value  # the string, the integer, or "module name" of a global
 
 
 def check(data: bytes, where: str) -> None:
@@ -84,7 +110,7 @@ def check(data: bytes, where: str) -> None:
                     and arg.bit_length() > 8 * MAX_INT_BYTES
                 ):
                     raise PickleBombError(where, f"an integer wider than {MAX_INT_BYTES} bytes at byte {pos}")
-                _apply(op, stack, marks)
+                _apply(op, arg, stack, marks, (where, pos))
     except PickleBombError:
         raise
     except (ValueError, IndexError) as error:  # genops on a malformed pickle, or a stack underflow
@@ -93,7 +119,7 @@ def check(data: bytes, where: str) -> None:
         _check_tree(root, where)
 
 
-def _apply(op, stack: list[_Node], marks: list[int]) -> None:
+def _apply(op, arg, stack: list[_Node], marks: list[int], at: tuple[str, int]) -> None:
     before, after = op.stack_before, op.stack_after
     popped: list[_Node] = []
     if pickletools.markobject in before:
@@ -113,15 +139,65 @@ def _apply(op, stack: list[_Node], marks: list[int]) -> None:
             raise ValueError("stack underflow")
         popped = stack[-len(before) :]
         del stack[-len(before) :]
-    if op.name in _INTO:
+    name = op.name
+    if len(popped) > MAX_ITEMS:
+        raise _bomb(at, f"a container of more than {MAX_ITEMS} items")
+    if name in ("SETITEM", "SETITEMS"):
+        _hashable(popped[1::2], at)
+    elif name == "DICT":
+        _hashable(popped[0::2], at)
+    elif name in ("ADDITEMS", "FROZENSET"):
+        _hashable(popped[1:] if name == "ADDITEMS" else popped, at)
+    elif name in ("REDUCE", "OBJ", "INST"):
+        if name == "INST":
+            called, args = f"{arg}", popped
+        else:
+            called = popped[0].value if popped and popped[0].kind == "global" else None
+            args = popped[1].children if name == "REDUCE" and popped[1].kind == "tuple" else popped[1:]
+        if called in _DICT_TYPES and args:
+            raise _bomb(at, f"{called.replace(' ', '.')} called with arguments (a dict is pickled as items)")
+        if called in _HASH_ITERABLE and args:
+            if len(args) != 1 or args[0].kind not in ("list", "tuple"):
+                raise _bomb(at, f"{called.replace(' ', '.')} of something other than a list")
+            _hashable(args[0].children, at)
+    if name in _INTO:
         container = popped[0]
         container.children.extend(popped[1:])
+        if len(container.children) > MAX_ITEMS:
+            raise _bomb(at, f"a container of more than {MAX_ITEMS} items")
         stack.append(container)
-    elif op.name == "DUP":
+    elif name == "DUP":
         stack.extend(popped * 2)
     elif after:
-        node = _Node(popped)
+        node = _Node(popped, *_kind(name, arg, popped))
         stack.extend([node] * len(after))
+
+
+def _bomb(at: tuple[str, int], what: str) -> PickleBombError:
+    return PickleBombError(at[0], f"{what} at byte {at[1]}")
+
+
+def _kind(name: str, arg: Any, popped: list[_Node]) -> tuple[str, Any]:
+    if name in _TEXT:
+        return "str", arg
+    if name in _INTEGER or name in ("NEWTRUE", "NEWFALSE"):
+        return "int", int(name == "NEWTRUE" if arg is None else arg)
+    if name == "GLOBAL":
+        return "global", arg
+    if name == "STACK_GLOBAL":
+        if all(node.kind == "str" and isinstance(node.value, str) for node in popped):
+            return "global", " ".join(node.value for node in popped)
+        return "global", None
+    return _SEQUENCE.get(name, ""), None
+
+
+def _hashable(keys: list[_Node], at: tuple[str, int]) -> None:
+    """Only what our writers hash: strings and small integers (nothing that can be made to collide)."""
+    for key in keys:
+        if key.kind == "str" or (key.kind == "int" and abs(key.value) < MAX_KEY_INT):
+            continue
+        what = f"the integer {key.value}" if key.kind == "int" else f"a {key.kind or 'non-string'} object"
+        raise _bomb(at, f"{what} as a dict key or set element (only strings and integers below {MAX_KEY_INT})")
 
 
 def _check_tree(root: _Node, where: str) -> None:

@@ -6,8 +6,9 @@ table :data:`ALLOWED` below (the globals DeepSpeed's model and optimizer states,
 ``import-hf`` folders, LoRA and ``init_from`` checkpoints really hold at ZeRO 0-3, fp32 and bf16; found by
 listing the pickles' GLOBAL opcodes over real checkpoints: :func:`globals_in`):
 
-* :func:`load` — the whole file: ``torch.load(weights_only=True)`` with :data:`ALLOWED` added to torch's
-  own list for the duration of the call;
+* :func:`load` — the whole file: torch's weights-only unpickler with :data:`ALLOWED` added to torch's
+  own list, over the bytes the archive check accepted (``torch.load`` never parses the file: a second
+  zip reader could find other bytes than the check did);
 * :func:`llmtools.ckpt.torchfile.load_lazy` — structure now, tensor bytes on demand: a restricted
   unpickler whose ``find_class`` answers only names in :data:`ALLOWED` (with inert stand-ins where the
   real object is not needed).
@@ -28,7 +29,6 @@ import importlib
 import os
 import pickle
 import sys
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,12 +122,25 @@ def _safe_objects(with_deepspeed: bool) -> tuple:
 
 
 def load(path: str | os.PathLike, *, map_location: Any = "cpu", mmap: bool = False) -> Any:
-    """``torch.load`` of a whole file, weights only, with :data:`ALLOWED`; InputError naming what is wrong."""
+    """A whole ``torch.save`` file, weights only, with :data:`ALLOWED`; InputError naming what is wrong.
+
+    torch never opens the file: the archive is checked (:func:`llmtools.ckpt.archive.read_index`), its
+    ``data.pkl`` read at the checked offset (CRC-32 checked) and bounded
+    (:func:`llmtools.ckpt.picklebounds.check`), then unpickled by torch's weights-only unpickler, which
+    gets each storage as the bytes at the offset the check accepted (CRC-32 checked; ``mmap``: a slice of
+    the mapped file at that offset). A second zip reader that could find other bytes is never asked.
+    """
+    from llmtools.ckpt.archive import read_index
+    from llmtools.ckpt.picklebounds import check
+    from llmtools.ckpt.torchfile import read_pickle
+
     path = Path(path)
-    _check_archive(path)
+    index = read_index(path)
+    data = read_pickle(index)
+    check(data, f"{path}:data.pkl")
     try:
         try:
-            return _torch_load(path, map_location, mmap)
+            return _load_checked(index, data, map_location, mmap)
         except pickle.UnpicklingError:
             check_file(path)  # names the first global outside the table, if that is what torch refused
             if "deepspeed" in sys.modules or not any(m.startswith("deepspeed") for m, _ in globals_in(path)):
@@ -136,37 +149,106 @@ def load(path: str | os.PathLike, *, map_location: Any = "cpu", mmap: bool = Fal
 
             import_deepspeed()  # the file holds DeepSpeed's (allowed) classes: name them, retry
 
-            return _torch_load(path, map_location, mmap)
+            return _load_checked(index, data, map_location, mmap)
+    except InputError:
+        raise
     except pickle.UnpicklingError as error:
         raise InputError(f"{path}: cannot load ({_torch_reason(error)})") from None
     except FileNotFoundError:
         raise InputError(f"{path}: missing") from None
-    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as error:
+    except MemoryError:
+        raise
+    except Exception as error:  # noqa: BLE001 - whatever a crafted pickle makes the unpickler raise is bad input
+        if type(error).__name__ == "OutOfMemoryError":  # torch's: the machine, not the file
+            raise
         raise InputError(f"{path}: not a readable torch file ({_torch_reason(error)})") from None
 
 
-def _check_archive(path: Path) -> None:
-    """The archive unambiguous (torch reads the records we check) and its pickle within bounds."""
-    from llmtools.ckpt.archive import read_index
-    from llmtools.ckpt.picklebounds import check
-    from llmtools.ckpt.torchfile import read_pickle
+def _load_checked(index, data: bytes, map_location: Any, mmap: bool) -> Any:
+    """torch's weights-only unpickler over ``data``, each storage made from the checked record's bytes."""
+    import io
+    import zlib
 
-    check(read_pickle(read_index(path)), f"{path}:data.pkl")
-
-
-def _torch_load(path: Path, map_location: Any, mmap: bool) -> Any:
     import torch
+    import torch.serialization as serialization
+    from torch import _weights_only_unpickler
 
-    real_load = getattr(torch.load, "_llmtools_original", torch.load)  # torch's own, while routed
-    with torch.serialization.safe_globals(list(_safe_objects("deepspeed" in sys.modules))):
-        return real_load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    from llmtools.ckpt.archive import check_crc, read_record
+
+    path = index.path
+    byteorder = "little"
+    if index.get("byteorder") is not None:
+        byteorder = read_record(index, "byteorder", 16).decode("latin1")
+        if byteorder not in ("little", "big"):
+            raise InputError(f"{path}: byteorder record {byteorder!r} (little or big)")
+    restore = serialization._get_restore_location(map_location)
+    loaded: dict[str, Any] = {}
+
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        mapped = torch.UntypedStorage.from_file(os.fspath(path), False, size) if mmap else None
+
+        def storage_bytes(record, nbytes: int):
+            if mapped is not None:
+                storage = mapped[record.offset : record.offset + nbytes]
+                view = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,), (1,))
+            else:
+                view = torch.empty(nbytes, dtype=torch.uint8)
+                handle.seek(record.offset)
+                if nbytes and handle.readinto(memoryview(view.numpy())) != nbytes:
+                    raise InputError(f"{path}: truncated while it was read")
+                storage = view.untyped_storage()
+            check_crc(index, record, zlib.crc32(memoryview(view.numpy())) if nbytes else 0)
+            return storage
+
+        def persistent_load(saved_id):
+            if not isinstance(saved_id, tuple) or len(saved_id) != 5:
+                raise InputError(f"{path}: malformed persistent id in data.pkl")
+            kind, storage_type, key, location, numel = (
+                serialization._maybe_decode_ascii(v) if isinstance(v, bytes) else v for v in saved_id
+            )
+            dtype = torch.uint8 if storage_type is torch.UntypedStorage else getattr(storage_type, "dtype", None)
+            if kind != "storage" or not isinstance(dtype, torch.dtype) or not isinstance(key, str):
+                raise InputError(f"{path}: malformed persistent id in data.pkl")
+            if key in loaded:
+                return loaded[key]
+            record = index.get(f"data/{key}")
+            if record is None:
+                raise InputError(f"{path}: storage {key!r} missing from the archive")
+            if type(numel) is not int or numel < 0 or numel * torch._utils._element_size(dtype) != record.size:
+                raise InputError(f"{path}: storage {key} claims {numel} elements but holds {record.size} bytes")
+            storage = storage_bytes(record, record.size)
+            if byteorder != sys.byteorder:
+                storage.byteswap(dtype)
+            typed = torch.storage.TypedStorage(
+                wrap_storage=restore(storage, str(location)), dtype=dtype, _internal=True
+            )
+            loaded[key] = typed
+            return typed
+
+        unpickler = _weights_only_unpickler.Unpickler(io.BytesIO(data), encoding="utf-8")
+        unpickler.persistent_load = persistent_load
+        with torch.serialization.safe_globals(list(_safe_objects("deepspeed" in sys.modules))):
+            serialization._serialization_tls.map_location = map_location
+            try:
+                result = unpickler.load()
+            finally:
+                serialization._serialization_tls.map_location = None
+        torch._utils._validate_loaded_sparse_tensors()
+        return result
 
 
-def check_file(path: str | os.PathLike) -> Any:
-    """Unpickle the structure of ``path`` through the lazy gate (no tensor data is read); return it."""
+def check_file(path: str | os.PathLike, crcs: bool = False) -> Any:
+    """Unpickle the structure of ``path`` through the lazy gate (no tensor data is read); return it.
+    ``crcs``: check every record's CRC-32 as well (reads the whole file)."""
     from llmtools.ckpt.torchfile import load_lazy
 
-    return load_lazy(path)
+    structure = load_lazy(path)
+    if crcs:
+        from llmtools.ckpt.archive import check_crcs, read_index
+
+        check_crcs(read_index(path))
+    return structure
 
 
 def guard_engine(engine) -> None:

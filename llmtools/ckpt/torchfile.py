@@ -180,18 +180,11 @@ MAX_PICKLE_BYTES = 64 << 20  # the structure only (tensor bytes are records of t
 
 
 def read_pickle(index) -> bytes:
-    """The ``data.pkl`` record of a checked archive (:func:`llmtools.ckpt.archive.read_index`)."""
-    record = index.get("data.pkl")
-    if record is None:
-        raise InputError(f"{index.path}: no data.pkl in the archive (not a torch.save file)")
-    if record.size > MAX_PICKLE_BYTES:
-        raise InputError(f"{index.path}: data.pkl is {record.size} bytes (at most {MAX_PICKLE_BYTES})")
-    with open(index.path, "rb") as handle:
-        handle.seek(record.offset)
-        data = handle.read(record.size)
-    if len(data) != record.size:
-        raise InputError(f"{index.path}: truncated while it was read")
-    return data
+    """The ``data.pkl`` record of a checked archive (:func:`llmtools.ckpt.archive.read_index`), its CRC-32
+    checked."""
+    from llmtools.ckpt.archive import read_record
+
+    return read_record(index, "data.pkl", MAX_PICKLE_BYTES)
 
 
 def load_lazy(path: str | Path) -> Any:

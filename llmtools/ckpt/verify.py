@@ -270,7 +270,7 @@ def verify(
     for file in listed.values():
         if file.suffix == ".pt":
             try:
-                structures[file] = check_file(file)
+                structures[file] = check_file(file, crcs=checksums)  # CRC-32s: with the sha256s
             except InputError as error:
                 report.problems.append(str(error))
                 # The file has the size and sha256 the save recorded, yet our reader refuses it: not a
