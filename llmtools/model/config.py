@@ -31,6 +31,12 @@ from typing import Any
 from llmtools.errors import InputError
 
 ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+"""The keys of ``rope_scaling`` each ``rope_type`` uses, besides ``rope_type`` (or ``type``) itself."""
 
 # What a config may ask for, checked before anything is built from it (a model config is untrusted
 # input: 10**5 layers would make import-hf, init_from or convert run for minutes while memory grows).
@@ -425,13 +431,25 @@ def _check_rope_scaling(scaling: Any) -> dict | None:
         raise InputError(
             f"model.rope_scaling.rope_type: {kind!r} is not supported (one of {', '.join(ROPE_TYPES)})"
         )
+    if "type" in scaling and "rope_type" in scaling and scaling["type"] != scaling["rope_type"]:
+        raise InputError(
+            f"model.rope_scaling: type {scaling['type']!r} and rope_type {kind!r} disagree (give one)"
+        )
     scaling.pop("type", None)
     scaling["rope_type"] = kind
+    needed = list(ROPE_KEYS[kind])
+    # Only the keys the kind uses (transformers' validation lists the same): anything else would be
+    # silently ignored, and a mapping of unchecked keys is unbounded input.
+    extra = sorted(set(map(str, scaling)) - {"rope_type", *needed})
+    if extra:
+        hint = difflib.get_close_matches(extra[0], needed, n=1)
+        uses = ", ".join(needed) if needed else "no other key"
+        raise InputError(
+            f"model.rope_scaling: unknown key {extra[0]!r} for rope_type {kind!r}"
+            + (f" (did you mean {hint[0]!r}?)" if hint else "") + f"; it uses {uses}"
+        )
     if kind == "default":
         return None
-    needed = ["factor"]
-    if kind == "llama3":
-        needed += ["low_freq_factor", "high_freq_factor", "original_max_position_embeddings"]
     for key in needed:
         value = scaling[key] = _yaml_number(scaling.get(key))
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:

@@ -8,13 +8,13 @@ of it), so neither needs the other's loader.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from llmtools.errors import InputError
+from llmtools.formats import jsonfile, yamlfile
 from llmtools.model.config import ModelConfig
 from llmtools.model.hf_config import from_hf_config
 from llmtools.resources import resource_dir
@@ -32,17 +32,13 @@ def _read_mapping(path: Path) -> dict:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise InputError(f"{path}: cannot read ({error.strerror})") from None
-    try:
-        if path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text)
-    except Exception as error:  # yaml.YAMLError / JSONDecodeError: both are bad input
-        raise InputError(
-            f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({error})"
-        ) from None
+    if path.suffix == ".json":
+        try:
+            data = jsonfile.loads(text)
+        except ValueError as error:
+            raise InputError(f"{path}: not valid JSON ({error})") from None
+    else:
+        data = yamlfile.loads(text, str(path))
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a mapping of model fields")
     return data

@@ -31,9 +31,8 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from llmtools.errors import InputError, UsageError
+from llmtools.formats import yamlfile
 from llmtools.model.lora import LoraSection  # no torch at import: config validation stays instant
 from llmtools.train.config_sections import (
     CheckpointSection,
@@ -433,9 +432,11 @@ def parse_set(item: str) -> tuple[list[str], Any]:
             f"--set {item!r}: KEY must be section.key, e.g. training.train_steps" + suggest(key, all_keys())
         )
     try:
-        value = yaml.safe_load(text) if text.strip() else None
-    except (yaml.YAMLError, RecursionError):
-        value = text
+        value = yamlfile.loads(text, f"--set {item!r}") if text.strip() else None
+    except yamlfile.Refused as error:  # what YAML builds from a value is bounded as for a file
+        raise UsageError(str(error)) from None
+    except InputError:
+        value = text  # not YAML: the text as it is (the key's type then judges it)
     return parts, value
 
 
@@ -469,18 +470,7 @@ def load_train_config(path: str | os.PathLike | None, overrides: list[str] | Non
     if path is not None:
         path = Path(path)
         where = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise InputError(f"{path}: no such train config") from None
-        try:
-            raw = yaml.safe_load(text) or {}
-        except RecursionError:
-            raise InputError(f"{path}: not valid YAML (nested too deeply)") from None
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            line = f":{mark.line + 1}" if mark is not None else ""
-            raise InputError(f"{path}{line}: not valid YAML ({getattr(error, 'problem', error)})") from None
+        raw = yamlfile.read(path, "train config") or {}
     if not isinstance(raw, dict):
         raise InputError(f"{where}: a train config must be a mapping of sections")
     _schedule_follows_steps(raw, overrides or [], where)
