@@ -4,12 +4,17 @@ Loaded by Python at start-up (this folder is put first on PYTHONPATH) only by te
 ``LLMTOOLS_TEST_STOP_AT=N``: right after the N-th optimizer step of the process returns, the process
 sends itself SIGTERM; its own handler then finishes the step, saves a checkpoint and exits, as a
 preempted job does. Nothing else changes.
+
+``LLMTOOLS_TEST_THREADS=1``: after the first step, leave running what libraries leave running (an idle
+``ThreadPoolExecutor``, as inductor's compile pool, and a non-daemon thread that never returns), to check
+that the process still ends.
 """
 
 import os
 
 _at = os.environ.get("LLMTOOLS_TEST_STOP_AT")
-if _at:
+_threads = os.environ.get("LLMTOOLS_TEST_THREADS")
+if _at or _threads:
     import functools
     import signal
 
@@ -22,7 +27,14 @@ if _at:
     def _train_step(self, *args, **kwargs):
         out = _original(self, *args, **kwargs)
         _calls[0] += 1
-        if _calls[0] == int(_at):
+        if _threads and _calls[0] == 1:
+            import concurrent.futures
+            import threading
+
+            pool = concurrent.futures.ThreadPoolExecutor(2)
+            pool.submit(lambda: None).result()
+            threading.Thread(target=threading.Event().wait, name="never-returns").start()
+        if _at and _calls[0] == int(_at):
             os.kill(os.getpid(), signal.SIGTERM)
         return out
 
