@@ -125,6 +125,17 @@ def check(proc, what: str) -> None:
     assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{proc.stderr.decode()[-3000:]}"
 
 
+def check_stopped(proc, signal_name: str = "SIGTERM") -> None:
+    """A run a signal stopped before its end, its state saved: exit 128 + the signal, the resume line
+    the last one on stderr."""
+    import signal
+
+    err = proc.stderr.decode()
+    assert proc.returncode == 128 + signal.Signals[signal_name].value, f"({proc.returncode}):\n{err[-3000:]}"
+    assert err.strip().splitlines()[-1].startswith(f"stopped by {signal_name}: saved "), err[-3000:]
+
+
+
 @pytest.mark.parametrize("cell", sorted(CELLS))
 def test_stop_and_resume_is_exact(byte_data, tmp_path, cell):
     settings, stop = CELLS[cell]
@@ -132,7 +143,7 @@ def test_stop_and_resume_is_exact(byte_data, tmp_path, cell):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     check(llm_train(config, full), "the uninterrupted run")
     stopped = llm_train(config, resumed, stop_at=stop)
-    check(stopped, "the stopped run")
+    check_stopped(stopped)
     assert b"stopped by SIGTERM" in stopped.stderr and max(losses(resumed)) == stop
     check(llm_train(config, resumed, "--resume", "auto"), "the resumed run")
     if "health" in settings:
