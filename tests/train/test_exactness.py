@@ -71,17 +71,20 @@ def write_config(path: Path, mix: str, cell: dict) -> Path:
 
 
 def llm_train(
-    config: Path, run: Path, *extra: str, stop_at: int | None = None, timeout: float = 300, threads: bool = False
+    config: Path, run: Path, *extra: str, stop_at: int | None = None, timeout: float = 300, threads: bool = False,
+    inject: str | None = None,
 ):
     env = dict(os.environ)
     env.update({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    if stop_at is not None or threads:  # tests/train/hooks/sitecustomize.py says what each does
+    if stop_at is not None or threads or inject:  # tests/train/hooks/sitecustomize.py says what each does
         env["PYTHONPATH"] = f"{HOOKS}{os.pathsep}{env['PYTHONPATH']}"
     if stop_at is not None:
         env["LLMTOOLS_TEST_STOP_AT"] = str(stop_at)
     if threads:
         env["LLMTOOLS_TEST_THREADS"] = "1"
+    if inject:
+        env["LLMTOOLS_TEST_INJECT"] = inject
     argv = [str(BIN / "llm-train"), str(config), "--deepspeed", str(REPO / "configs/deepspeed/zero1.json")]
     return subprocess.run(
         [*argv, "-o", str(run), *extra], capture_output=True, timeout=timeout, env=env, cwd=run.parent
