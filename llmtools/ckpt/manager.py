@@ -258,6 +258,17 @@ class CheckpointManager:
         pending, self._pending = self._pending, None
         return self._commit(pending) if pending is not None else None
 
+    def abandon(self) -> Path | None:
+        """Leave the background save uncommitted (this rank only, no collective): its write waited for,
+        its folder removed by rank 0. Returns the folder it would have been committed as, or None."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        pending.writer.join()
+        if dist.rank() == 0:
+            shutil.rmtree(pending.tmp, ignore_errors=True)
+        return pending.final
+
     def _commit(self, pending: _Pending) -> Path:
         """Every rank reports what it wrote; rank 0 writes meta.json last, renames, updates ``latest``."""
         pending.writer.join()

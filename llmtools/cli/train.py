@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
 from pathlib import Path
 
 import typer
@@ -133,7 +135,7 @@ def train(
         hidden=True,
         help="Set by the deepspeed launcher (LOCAL_RANK is used).",
     ),
-) -> None:
+) -> int | None:
     from llmtools.train.config import load_train_config
     from llmtools.train.deepspeed_config import find_ds_config, load_ds_config
 
@@ -199,8 +201,11 @@ def train(
     finally:
         destroy()
         skip_native_teardown()
+    # Stopped by a signal before the end, its state saved and resumable: the shell's 128 + the signal,
+    # on every rank (a launcher sees what one process shows), after the results; the hint comes last.
+    code = 128 + signal.Signals[result.stopped].value if result.stopped else 0
     if int(os.environ.get("RANK", "0")) != 0:
-        return
+        return code
     if json_out:
         emit(
             jsonfile.output(
@@ -212,6 +217,7 @@ def train(
                         "final_loss": result.final_loss,
                         "eval_loss": result.eval_loss,
                         "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+                        "stopped": result.stopped,
                     }
                 )
             )
@@ -220,6 +226,10 @@ def train(
         emit(str(result.run_dir / "metrics.jsonl"))
         if result.checkpoint:
             emit(str(result.checkpoint))
+    if result.stop_hint:
+        sys.stdout.flush()
+        print(result.stop_hint, file=sys.stderr, flush=True)
+    return code
 
 
 def _claim_run_dir(run_dir: Path, given: list[Path], cfg, force: bool) -> None:

@@ -181,26 +181,70 @@ def destroy() -> None:
         dist.destroy_process_group()
 
 
-def exit_without_native_teardown(code: int) -> NoReturn:
-    """End a process whose distributed work is done and torn down (:func:`barrier`, :func:`destroy`).
+EXIT_BOUND_S = 10.0
+"""Seconds the end of a process may wait for the threads libraries left running (pools, writers)."""
+
+
+def exit_without_native_teardown(code: int, bound_s: float = EXIT_BOUND_S) -> NoReturn:
+    """End a process whose distributed work is done and torn down (:func:`barrier`, :func:`destroy`),
+    within ``bound_s`` seconds whatever threads are still running.
 
     After every file was closed and every group destroyed, a worker sometimes died in the C++ destructors
     that run after Python's (SIGABRT, "terminate called without an active exception"; gloo and DeepSpeed
     keep native threads), turning finished work into a failure for its launcher. Here Python's own
-    shutdown is done by hand (other threads joined, atexit handlers, streams flushed) and the process ends
-    without the native teardown. llm-train ends so; so do the tests' own distributed workers."""
+    shutdown is done by hand (thread pools told to stop, other threads joined, atexit handlers, streams
+    flushed) and the process ends without the native teardown. Each part waits only until the bound: a
+    pool nobody told to stop (inductor's compile workers) or a thread that never returns would otherwise
+    keep a finished run alive forever, and its scheduler and every ``--resume`` chain behind it waiting.
+    llm-train ends so; so do the tests' own distributed workers."""
     import threading
 
+    # Whatever below waits on a library's thread, this ends the process at the bound.
+    threading.Thread(target=_end_at_bound, args=(code, bound_s), name="llmtools-exit", daemon=True).start()
+    # What the interpreter's own shutdown does before it joins threads: concurrent.futures' executors
+    # (and any library that registered the same way) wake their idle workers and let them return.
+    _stop_thread_pools()
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
+    _flush()
+    os._exit(code)
+
+
+def _end_at_bound(code: int, bound_s: float) -> None:
+    import threading
+    import time
+
+    time.sleep(bound_s)
+    left = [t.name for t in threading.enumerate() if t.is_alive() and not t.daemon]
+    print(
+        f"warning: the process still waited {bound_s:g} s after its end (threads: {', '.join(left[:6])}): "
+        "it ends without them",
+        file=sys.stderr,
+    )
+    _flush()
+    os._exit(code)
+
+
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed or gone stream: nothing more can be said on it
             pass
-    os._exit(code)
+
+
+def _stop_thread_pools() -> None:
+    """Run the callbacks libraries registered with ``threading._register_atexit`` (how the interpreter
+    tells concurrent.futures' pools to stop), last registered first, as the interpreter does."""
+    import threading
+
+    for callback in reversed(list(getattr(threading, "_threading_atexits", []))):
+        try:
+            callback()
+        except Exception as error:  # noqa: BLE001 - one library's failure must not keep the others running
+            print(f"warning: at exit: {type(error).__name__}: {error}", file=sys.stderr)
 
 
 def log0(message: str, rank: int, quiet: bool = False) -> None:

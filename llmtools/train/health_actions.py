@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from pathlib import Path
+from typing import NoReturn
 
 from llmtools.ckpt import layout
 from llmtools.data.stages import ExhaustedSource
@@ -37,18 +38,21 @@ class HealthActions:
             return
         scale = self.loss_scale()
         step = self.progress.step
-        saved = self.save()
         reason = (
             f"the fp16 loss scale fell to its minimum {scale:g} (fp16.min_loss_scale) and the gradients of step "
             f"{step + 1} still overflow"
         )
-        event(self.metrics, step, "stop", f"stopped at step {step}: {reason}; checkpoint {saved}")
-        self.metrics.close()
-        raise RuntimeFailure(
-            f"stopped at step {step}: {reason}; the last good state is saved in {saved}; values exceed "
-            "fp16's range: train in bf16 (training.precision=bf16) or fp32, or lower optimizer.lr, then "
-            f"continue with --resume {saved}"
-        ) from None
+        lower = f"{self.cfg.optimizer.lr / 10:g}"
+        self._stop_run(
+            lambda saved, _before: f"stopped at step {step}: {reason}; checkpoint {saved}",
+            lambda saved, _before: (
+                f"stopped at step {step}: {reason}; the last good state is saved in {saved}; values exceed "
+                f"fp16's range: continue with a lower learning rate, --resume {saved} --set "
+                f"optimizer.lr={lower}, or train in bf16 as a new run from these weights, -o NEW_RUN "
+                f"--init-from {saved} --set training.precision=bf16"
+            ),
+            save=True,
+        )
 
     def _scale_collapsed(self, error: Exception) -> bool:
         """Whether ``error`` is DeepSpeed's dynamic loss scaler giving up at its minimum scale. DeepSpeed
@@ -108,13 +112,19 @@ class HealthActions:
         self.log(f"step {step}: {collapse}; {'stopping' if stop else 'continuing'}", always=True)
         if not stop:
             return
-        saved = self.save(blocking=True)
-        event(self.metrics, step, "stop", f"stopped at step {step}: health.moe_collapse_action=stop")
-        self.metrics.close()
-        raise RuntimeFailure(
-            f"stopped at step {step}: health.moe_collapse_action=stop ({collapse}); the state is saved in "
-            f"{saved}; raise model.router_aux_loss_coef or model.moe_capacity_factor, then resume with "
-            f"--resume {saved}"
+        if "dropped" in collapse:  # over the experts' capacity: more capacity, or none (dropless)
+            factor = self.plan.model_config.moe_capacity_factor or 1.0
+            change = f"--set model.moe_capacity_factor={factor * 2:g} (or null: dropless)"
+        else:  # most experts idle: the load-balancing loss weighs more
+            coef = self.plan.model_config.router_aux_loss_coef or 0.001
+            change = f"--set model.router_aux_loss_coef={coef * 10:g}"
+        self._stop_run(
+            lambda saved, _before: f"stopped at step {step}: health.moe_collapse_action=stop",
+            lambda saved, _before: (
+                f"stopped at step {step}: health.moe_collapse_action=stop ({collapse}); the state is saved in "
+                f"{saved}; continue with --resume {saved} {change}"
+            ),
+            save=True,
         )
 
     def _other_data_loss(self) -> float | None:
@@ -174,7 +184,7 @@ class HealthActions:
             healthy = math.isfinite(loss)
         if healthy:
             return
-        step, before = self.progress.step, self.last_saved
+        step = self.progress.step
         what = {"nan": "a NaN/inf loss or grad norm", "loss_spike": "a loss spike"}.get(
             gate.reason, "a grad-norm spike"
         )
@@ -183,10 +193,12 @@ class HealthActions:
             "cause is the config or the state (optimizer.lr, model.initializer_range, model.rope_theta, the "
             "task's settings), not the data; nothing was quarantined and this state was not saved"
         )
-        event(self.metrics, step, "stop", message, cause="config")
-        self.metrics.close()
-        self.finish_background_save()
-        raise RuntimeFailure(message + self._last_good_advice(before))
+        self._stop_run(
+            lambda _saved, _before: message,
+            lambda _saved, before: message + self._last_good_advice(before),
+            save=False,
+            cause="config",
+        )
 
     def _last_good_advice(self, newest: Path | None) -> str:
         """Where to continue from after a divergence the config caused: the last good state, never a
@@ -271,12 +283,12 @@ class HealthActions:
             decided = self.data.pass_over(records, step, self.progress.consumed_samples)
         except ExhaustedSource as exhausted:
             # nothing left to train on from that source: stop with this state (its update was skipped)
-            saved = self.save(blocking=True)
-            event(self.metrics, step, "stop", f"stopped at step {step}: {exhausted}; checkpoint {saved}")
-            self.metrics.close()
-            raise InputError(
-                f"{exhausted} (stopped at step {step}; the last good state is {saved})"
-            ) from None
+            self._stop_run(
+                lambda saved, _before: f"stopped at step {step}: {exhausted}; checkpoint {saved}",
+                lambda saved, _before: f"{exhausted} (stopped at step {step}; the last good state is {saved})",
+                save=True,
+                error=InputError,
+            )
         for line in decided.lines:
             self.log(line, always=decided.event is not None)
         if decided.event is not None:
@@ -286,14 +298,14 @@ class HealthActions:
         """Save the last good state and raise when health says stop, or after too many skipped updates."""
         gate, step = self.gate, self.progress.step
         if gate.update_spike is not None and self.cfg.health.update_spike_action == "stop":
-            before = self.last_saved
-            saved = self.save()
-            event(self.metrics, step, "stop", f"stopped at step {step}: health.update_spike_action=stop")
-            self.metrics.close()
-            raise RuntimeFailure(
-                f"stopped at step {step}: health.update_spike_action=stop ({gate.update_spike}); that update "
-                f"was applied: {saved} holds the state after it"
-                + (f"; {before} holds the last state saved before it" if before is not None else "")
+            self._stop_run(
+                lambda _saved, _before: f"stopped at step {step}: health.update_spike_action=stop",
+                lambda saved, before: (
+                    f"stopped at step {step}: health.update_spike_action=stop ({gate.update_spike}); that "
+                    f"update was applied: {saved} holds the state after it"
+                    + (f"; {before} holds the last state saved before it" if before is not None else "")
+                ),
+                save=True,
             )
         if not (gate.stop or gate.consecutive_skips >= self.cfg.health.max_skips):
             return
@@ -303,10 +315,48 @@ class HealthActions:
                 reason += " (a loss spike)"
         else:
             reason = f"{gate.consecutive_skips} consecutive skipped steps (health.max_skips)"
-        saved = self.save(blocking=True)
-        event(self.metrics, step, "stop", f"stopped at step {step}: {reason}; checkpoint {saved}")
-        self.metrics.close()
-        raise RuntimeFailure(
-            f"stopped at step {step}: {reason} (the update was not applied); the last good state is "
-            f"saved in {saved}; fix the cause and continue with --resume {saved}"
+        self._stop_run(
+            lambda saved, _before: f"stopped at step {step}: {reason}; checkpoint {saved}",
+            lambda saved, _before: (
+                f"stopped at step {step}: {reason} (the update was not applied); the last good state is "
+                f"saved in {saved}; fix the cause and continue with --resume {saved}"
+            ),
+            save=True,
         )
+
+    # -- the one ending of every stop ----------------------------------------------------------------
+    def _settle_saves(self, save: bool) -> tuple[Path | None, Path | None]:
+        """The saves a stop names, settled: the background save in flight committed (or, when its write
+        failed, abandoned and said), then, with ``save``, this step saved at once. Returns (this step's
+        checkpoint or None, the newest complete one before it or None); the last good state is
+        forgotten when it is not a complete checkpoint. Collective."""
+        try:
+            self.finish_background_save()
+        except RuntimeFailure as failed:  # the manager removed its folder: nothing half-written names it
+            self.log(f"warning: {failed}", always=True)
+        before = self.last_saved if _complete(self.last_saved) else None
+        if not _complete(self.good_checkpoint):
+            self.good_checkpoint = None
+        saved = None
+        if save:
+            step = self.progress.step
+            if before is not None and before.name == layout.step_name(step):
+                saved, before = before, None
+            else:
+                saved = self.save(blocking=True)
+        return saved, before
+
+    def _stop_run(self, stop_event, message, *, save: bool, error=RuntimeFailure, **fields) -> NoReturn:
+        """The one ending of every stop of the health gate (and of an fp16 scale or a source that gave
+        out): :meth:`_settle_saves`, then the stop event and the message, built from the checkpoints as
+        they now are (``stop_event`` and ``message``: callables of (saved, before)), metrics closed,
+        ``error`` raised. Collective."""
+        saved, before = self._settle_saves(save)
+        event(self.metrics, self.progress.step, "stop", stop_event(saved, before), **fields)
+        self.metrics.close()
+        raise error(message(saved, before)) from None
+
+
+def _complete(folder: Path | None) -> bool:
+    """Whether ``folder`` is a committed checkpoint (meta.json is written last, at the commit)."""
+    return folder is not None and (folder / layout.META).is_file()

@@ -73,6 +73,9 @@ class RunResult:
     losses: list[float] = field(default_factory=list)
     eval_loss: float | None = None
     stopped: str | None = None
+    """The signal that stopped the run before its end (its state saved), e.g. "SIGTERM"."""
+    stop_hint: str | None = None
+    """How to resume a stopped run (rank 0), printed last by the command."""
 
 
 def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:

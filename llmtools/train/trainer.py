@@ -338,9 +338,12 @@ class _Trainer(HealthActions):
                 # Every rank must agree to stop (one all-reduce): a rank whose peer is gone fails here,
                 # before any collective save is attempted, and is reported as a lost peer.
                 if stop.should_stop():
-                    self._stop_on_signal(stop, resume_command())
+                    result.stop_hint = self._stop_on_signal(stop, resume_command())
                     result.stopped = stop.signal_name
                     break
+        except Exception:
+            self._abandon_background_save()
+            raise
         finally:
             stop.restore()
         self.finish_background_save()
@@ -489,16 +492,18 @@ class _Trainer(HealthActions):
         self.log(f"step {step:>6}/{plan.steps} | eval loss {eval_loss:.4f} | eval ppl {ppl:.2f}{extra}")
         return eval_loss
 
-    def _stop_on_signal(self, stop, command: str) -> None:
-        """A signal asked to stop: make sure this step is saved, say how to resume."""
+    def _stop_on_signal(self, stop, command: str) -> str:
+        """A signal asked to stop: the one ending of a stop (:meth:`_settle_saves`) with this step saved;
+        returns how to resume (the command prints it last)."""
         step = self.progress.step
-        self.finish_background_save()  # the write in flight first
-        if self.last_saved is None or self.last_saved.name != f"step_{step:08d}":
-            self.save(blocking=True)
-        event(
-            self.metrics,
-            step,
-            "stop",
-            f"stopped by {stop.signal_name} at step {step}; checkpoint {self.last_saved}",
-        )
-        self.log(stop.resume_hint(command, str(self.last_saved)), always=True)
+        saved, _ = self._settle_saves(save=True)
+        event(self.metrics, step, "stop", f"stopped by {stop.signal_name} at step {step}; checkpoint {saved}")
+        return stop.resume_hint(command, str(saved))
+
+    def _abandon_background_save(self) -> None:
+        """An error ends the run: the background save in flight is left uncommitted (committing is
+        collective, and a peer may be gone); this rank's write is waited for, and rank 0 removes its
+        folder, so no half-written checkpoint stays behind."""
+        folder = self.manager.abandon()
+        if folder is not None:
+            self.log(f"warning: the checkpoint of {folder.name}, still being written, was abandoned", always=True)

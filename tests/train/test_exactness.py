@@ -70,13 +70,21 @@ def write_config(path: Path, mix: str, cell: dict) -> Path:
     return path
 
 
-def llm_train(config: Path, run: Path, *extra: str, stop_at: int | None = None, timeout: float = 300):
+def llm_train(
+    config: Path, run: Path, *extra: str, stop_at: int | None = None, timeout: float = 300, threads: bool = False,
+    inject: str | None = None,
+):
     env = dict(os.environ)
     env.update({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    if stop_at is not None:
+    if stop_at is not None or threads or inject:  # tests/train/hooks/sitecustomize.py says what each does
         env["PYTHONPATH"] = f"{HOOKS}{os.pathsep}{env['PYTHONPATH']}"
+    if stop_at is not None:
         env["LLMTOOLS_TEST_STOP_AT"] = str(stop_at)
+    if threads:
+        env["LLMTOOLS_TEST_THREADS"] = "1"
+    if inject:
+        env["LLMTOOLS_TEST_INJECT"] = inject
     argv = [str(BIN / "llm-train"), str(config), "--deepspeed", str(REPO / "configs/deepspeed/zero1.json")]
     return subprocess.run(
         [*argv, "-o", str(run), *extra], capture_output=True, timeout=timeout, env=env, cwd=run.parent
@@ -120,6 +128,17 @@ def check(proc, what: str) -> None:
     assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{proc.stderr.decode()[-3000:]}"
 
 
+def check_stopped(proc, signal_name: str = "SIGTERM") -> None:
+    """A run a signal stopped before its end, its state saved: exit 128 + the signal, the resume line
+    the last one on stderr."""
+    import signal
+
+    err = proc.stderr.decode()
+    assert proc.returncode == 128 + signal.Signals[signal_name].value, f"({proc.returncode}):\n{err[-3000:]}"
+    assert err.strip().splitlines()[-1].startswith(f"stopped by {signal_name}: saved "), err[-3000:]
+
+
+
 @pytest.mark.parametrize("cell", sorted(CELLS))
 def test_stop_and_resume_is_exact(byte_data, tmp_path, cell):
     settings, stop = CELLS[cell]
@@ -127,7 +146,7 @@ def test_stop_and_resume_is_exact(byte_data, tmp_path, cell):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     check(llm_train(config, full), "the uninterrupted run")
     stopped = llm_train(config, resumed, stop_at=stop)
-    check(stopped, "the stopped run")
+    check_stopped(stopped)
     assert b"stopped by SIGTERM" in stopped.stderr and max(losses(resumed)) == stop
     check(llm_train(config, resumed, "--resume", "auto"), "the resumed run")
     if "health" in settings:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.train.conftest import TINY
-from tests.train.test_exactness import STEPS, check, events, llm_train, losses, weights, write_config
+from tests.train.test_exactness import STEPS, check, check_stopped, events, llm_train, losses, weights, write_config
 
 SEQ, GBS = 64, 8  # write_config's global batch
 POISON = 255  # byte 0xFF: valid UTF-8 text never holds it; the init weights' embedding row for it is NaN
@@ -78,7 +78,7 @@ def test_a_quarantine_in_flight_is_applied_as_a_resume_applies_it(poisoned, tmp_
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     check(llm_train(config, full, timeout=BOUND), "the uninterrupted run")
     stopped = llm_train(config, resumed, stop_at=stop, timeout=BOUND)
-    check(stopped, "the stopped run")
+    check_stopped(stopped)
     assert b"stopped by SIGTERM" in stopped.stderr and max(losses(resumed)) == stop
     check(llm_train(config, resumed, "--resume", "auto", timeout=BOUND), "the resumed run")
     assert_bitwise(full, resumed)
