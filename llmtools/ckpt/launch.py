@@ -64,11 +64,31 @@ def _is_torchrun(argv: list[str]) -> bool:
     )
 
 
-def launcher_argv(env: dict | None = None, argv: list[str] | None = None) -> tuple[str, list[str]]:
+def _as_typed(argv: list[str], orig_argv: list[str] | None) -> list[str]:
+    """The plain command as the user typed it: under ``python -m MODULE`` ``sys.argv[0]`` is the module's
+    file (``.../train.py``, no command), so the interpreter and ``-m MODULE`` are taken from the
+    interpreter's own command line (``sys.orig_argv``), its options kept, followed by our arguments."""
+    at = 1
+    while orig_argv and at < len(orig_argv) - 1:  # the interpreter's own options only: a -m of ours is not
+        option = orig_argv[at]
+        if option == "-m":
+            return [*orig_argv[: at + 2], *argv[1:]]
+        if option in ("-c", "-") or not option.startswith("-"):
+            break
+        at += 2 if option in ("-X", "-W") else 1
+    return _readable(argv)
+
+
+def launcher_argv(
+    env: dict | None = None, argv: list[str] | None = None, orig_argv: list[str] | None = None
+) -> tuple[str, list[str]]:
     """(kind, command line) of how this process was started: kind is ``torchrun``, ``deepspeed``,
-    ``slurm`` (the command line is then the job's id) or ``plain``."""
+    ``slurm`` (the command line is then the job's id) or ``plain``. ``orig_argv``: the interpreter's
+    command line (``sys.orig_argv`` when ``argv`` is this process's own)."""
     env = os.environ if env is None else env
-    argv = list(sys.argv if argv is None else argv)
+    if argv is None:
+        argv, orig_argv = list(sys.argv), list(getattr(sys, "orig_argv", []))
+    argv = list(argv)
     parent = _parent(os.getpid())
     if env.get("TORCHELASTIC_RUN_ID") and parent is not None:
         launcher = _cmdline(parent)
@@ -85,12 +105,14 @@ def launcher_argv(env: dict | None = None, argv: list[str] | None = None) -> tup
             return "deepspeed", _readable(runner)
     if env.get("SLURM_JOB_ID") and env.get("SLURM_JOB_ID").isdigit():
         return "slurm", [env["SLURM_JOB_ID"]]
-    return "plain", _readable(argv)
+    return "plain", _as_typed(argv, orig_argv)
 
 
-def resume_command(env: dict | None = None, argv: list[str] | None = None) -> str:
+def resume_command(
+    env: dict | None = None, argv: list[str] | None = None, orig_argv: list[str] | None = None
+) -> str:
     """The command line that continues this run, ``--resume auto`` included."""
-    kind, line = launcher_argv(env, argv)
+    kind, line = launcher_argv(env, argv, orig_argv)
     if kind == "slurm":
         return f"scontrol requeue {line[0]} (the job's script passes --resume auto)"
     return shlex.join([*_without_our_flags(line), "--resume", "auto"])

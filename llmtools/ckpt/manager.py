@@ -365,8 +365,9 @@ class CheckpointManager:
 
         ``auto`` returns None when there is none (start fresh; ``exclude``: ones that failed to load); the
         others raise InputError when the checkpoint is missing or broken. A checkpoint of this run older
-        than its newest complete one is refused unless ``rollback``, which first moves the newer ones aside
-        (:meth:`abandon_after`). Under torch.distributed rank 0 decides (and moves) and tells the others.
+        than its newest complete one is refused unless ``rollback``; resolving moves nothing: the caller
+        moves the newer ones aside (:meth:`abandon_after`) once the chosen state has loaded, so a resume
+        that fails changes nothing. Under torch.distributed rank 0 decides and tells the others.
         """
         request = spec if isinstance(spec, ResumeRequest) else ResumeRequest.parse(spec, rollback=rollback)
         if dist.rank() == 0:
@@ -389,9 +390,7 @@ class CheckpointManager:
         later = self.later_than(path)
         if later and not request.rollback:
             raise self._rollback_refusal(path, later)
-        if later:
-            self.abandon_after(path)
-        return path
+        return path  # the newer ones stay until the state has loaded (abandon_after)
 
     def target(self, request: ResumeRequest) -> Path:
         """The folder a ``latest`` | ``STEP`` | ``PATH`` request names (not verified yet); InputError when
@@ -524,8 +523,9 @@ class CheckpointManager:
                 "a new run from its weights (llm-ckpt import-hf / convert --to hf)"
             )
         safeload.guard_engine(engine)  # DeepSpeed's own reads of its files: weights only, our allowlist
-        if (saved_world != current_dp and saved_stage > 0) or saved_stage != stage:
-            from llmtools.ckpt.reshard import load_resharded
+        from llmtools.ckpt.reshard import load_resharded, needs_universal
+
+        if needs_universal(saved_world, current_dp, saved_stage, stage):
 
             client_state = load_resharded(engine, path, meta, load_optimizer_states=load_optimizer_states)
         else:

@@ -16,9 +16,62 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmtools.ckpt import dist, dstool, layout, safeload
-from llmtools.errors import DiskFullError, InputError, RuntimeFailure
+from llmtools.ckpt import dist, dstool, layout, safeload, tensor_shards
+from llmtools.errors import DiskFullError, InputError, LlmtoolsError, RuntimeFailure
 from llmtools.fsutil import FULL_MARGIN, TMP_MARK, free_bytes
+
+
+def needs_universal(saved_partitions: int, partitions: int, saved_stage: int, stage: int) -> bool:
+    """Whether a checkpoint loads only through a universal checkpoint: ZeRO partitioned its state over
+    another number of ranks, or another stage saved it (ZeRO-0 keeps whole copies, loadable anywhere)."""
+    return (saved_partitions != partitions and saved_stage > 0) or saved_stage != stage
+
+
+def _saved_sequence(meta: dict[str, Any]) -> int:
+    config = meta.get("config")
+    parallel = config.get("parallel") if isinstance(config, dict) else None
+    value = parallel.get("sequence") if isinstance(parallel, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
+
+
+def check_layout(
+    meta: dict[str, Any], where: Path, *, world: int, stage: int, tensor: int = 1, sequence: int = 1
+) -> None:
+    """Refuse, before any work, a checkpoint this layout (``world`` ranks, ZeRO-``stage``, the tensor and
+    sequence degrees) cannot load, naming the layouts that resume it. What loads here is what
+    :meth:`~llmtools.ckpt.manager.CheckpointManager.load` loads: the same ZeRO partitions as saved, or a
+    conversion through DeepSpeed's universal checkpoint, which reads model-parallel files as tensor-parallel
+    shards and so cannot take a sequence- or tensor-parallel checkpoint to another partition count."""
+    if meta.get("init_only"):
+        return  # weights only: every layout loads them
+    try:
+        saved_world = int(meta["world_size"])
+        saved_parts = int(meta.get("dp_world_size") or saved_world)
+        saved_stage = int(meta["zero_stage"])
+    except (KeyError, TypeError, ValueError):
+        return  # an older or partial meta.json: the load names what is missing
+    saved_tensor, saved_sequence = tensor_shards.degree(meta), _saved_sequence(meta)
+    parts = world // max(tensor, 1)
+    if not needs_universal(saved_parts, parts, saved_stage, stage):
+        return
+    kind = None
+    if saved_tensor > 1:
+        kind = f"tensor-parallel (parallel.tensor {saved_tensor})"
+    elif saved_sequence > 1:
+        kind = f"sequence-parallel (parallel.sequence {saved_sequence})"
+    if kind is None:
+        return
+    same = f"ZeRO-{saved_stage} on {saved_world} rank(s)"
+    if saved_tensor > 1:
+        same += f" with parallel.tensor {saved_tensor}"
+    else:
+        same += f" (any parallel.sequence dividing {saved_world})"
+    raise InputError(
+        f"{where}: a {kind} checkpoint saved with ZeRO-{saved_stage} over {saved_world} rank(s) cannot be "
+        f"resharded for ZeRO-{stage} over {world} rank(s) (DeepSpeed's universal checkpoint reads its files "
+        f"as tensor-parallel shards); the checkpoint is whole and nothing was changed: resume it with {same}, "
+        "or start a new run from its weights (llm-ckpt convert --to hf, then model.init_from)"
+    )
 
 
 def to_universal(ckpt: str | os.PathLike, out_dir: str | os.PathLike, zero_stage: int) -> Path:
@@ -67,8 +120,27 @@ def to_universal(ckpt: str | os.PathLike, out_dir: str | os.PathLike, zero_stage
 
 
 def load_resharded(engine, path: Path, meta: dict[str, Any], load_optimizer_states: bool = True) -> dict:
-    """Convert ``path`` to universal form (rank 0), load it into ``engine`` (all ranks), clean up."""
+    """Convert ``path`` to universal form (rank 0), load it into ``engine`` (all ranks), clean up: the
+    checkpoints folder is left as it was whether the load succeeds or fails."""
     universal = path.parent / f"{path.name}{TMP_MARK}universal"
+    pointer = universal.parent / "latest_universal"  # written by ds_to_universal beside its output
+    before = pointer.read_bytes() if dist.rank() == 0 and pointer.is_file() else None
+    try:
+        return _load_universal(engine, path, universal, meta, load_optimizer_states)
+    finally:
+        dist.barrier()
+        if dist.rank() == 0:
+            shutil.rmtree(universal, ignore_errors=True)
+            if before is not None:
+                pointer.write_bytes(before)
+            elif pointer.is_file():
+                pointer.unlink()
+
+
+def _load_universal(
+    engine, path: Path, universal: Path, meta: dict[str, Any], load_optimizer_states: bool
+) -> dict:
+    error: LlmtoolsError | None = None
     if dist.rank() == 0:
         shutil.rmtree(universal, ignore_errors=True)
         print(
@@ -77,13 +149,10 @@ def load_resharded(engine, path: Path, meta: dict[str, Any], load_optimizer_stat
             file=sys.stderr,
             flush=True,
         )
-        error = None
         try:
             to_universal(path, universal, int(meta["zero_stage"]))
-        except RuntimeFailure as failure:
+        except LlmtoolsError as failure:  # every rank raises it alike
             error = failure
-    else:
-        error = None
     error = dist.broadcast(error)
     if error is not None:
         raise error
@@ -100,12 +169,6 @@ def load_resharded(engine, path: Path, meta: dict[str, Any], load_optimizer_stat
             )
     finally:
         config.load_universal_checkpoint = previous
-    dist.barrier()
-    if dist.rank() == 0:
-        shutil.rmtree(universal, ignore_errors=True)
-        pointer = universal.parent / "latest_universal"  # written by ds_to_universal beside its output
-        if pointer.is_file() and pointer.read_text(encoding="utf-8").strip() == universal.name:
-            pointer.unlink()
     if load_path is None:
         raise RuntimeFailure(f"{path}: DeepSpeed could not load the universal form of this checkpoint")
     if not client_state or "step" not in client_state:

@@ -77,7 +77,7 @@ def choose(
     """The checkpoint ``request`` names, reviewed against ``current`` (the resolved config); None when
     there is nothing to resume. Call on ALL ranks: rank 0 decides, the others follow; a refusal raises
     InputError on every rank. One older than the run's newest complete checkpoint needs the request's
-    ``rollback`` (the newer ones are then moved aside, on rank 0)."""
+    ``rollback`` (the newer ones are moved aside by :func:`resume`, once it has loaded)."""
     if request is None:
         return None
     path = manager.resolve(request, exclude=exclude)
@@ -134,6 +134,8 @@ def resume(
 
     With ``auto``, a checkpoint that verified but fails to load (DeepSpeed refuses its contents) is skipped
     with a warning naming it, and the previous complete one is tried; when every one fails, RuntimeFailure.
+    An InputError (a layout this run cannot load) is raised at once. With ``rollback``, the checkpoints
+    newer than the loaded one are moved aside only after it loaded: a resume that fails changes nothing.
     """
     accepted, failed = first, []
     while accepted is not None:
@@ -143,9 +145,13 @@ def resume(
         except Exception as caught:  # noqa: BLE001 - whatever DeepSpeed raises, the next candidate may load
             error, client_state = caught, None
         if not dist.any_rank(error is not None):
+            if request.rollback and dist.rank() == 0:  # only now that the chosen state has loaded
+                manager.abandon_after(accepted.path)
+            dist.barrier()
             return accepted, client_state
-        if isinstance(error, UnsafeFileError):
-            raise error  # put there on purpose: never skipped for an older checkpoint
+        if isinstance(error, UnsafeFileError | InputError):
+            # put there on purpose, or a layout this run cannot take: never skipped for an older one
+            raise error
         why = f"{type(error).__name__}: {error}" if error is not None else "it failed on another rank"
         if not request.auto:
             if isinstance(error, LlmtoolsError):
@@ -156,8 +162,12 @@ def resume(
             manager.warn(f"could not load {accepted.path} ({why}); trying the previous complete checkpoint")
         accepted = choose(manager, request, current, options, exclude=tuple(failed))
     if failed:
+        # Each one verified (sizes, checksums, shapes) before it was tried: the files are whole, so what
+        # failed is loading them here; --force, which deletes them, is no advice for that.
         raise RuntimeFailure(
-            f"{manager.ckpt_dir}: no checkpoint could be loaded (tried {', '.join(p.name for p in failed)}); "
-            "--force starts the run over"
+            f"{manager.ckpt_dir}: no checkpoint could be loaded by this run (tried "
+            f"{', '.join(p.name for p in failed)}; each verified, the warnings above say what failed); nothing "
+            "was changed: resume with the ranks, ZeRO stage and parallel degrees that saved them (llm-ckpt "
+            "inspect shows them)"
         )
     return None, None

@@ -151,6 +151,22 @@ def _quiet_deepspeed() -> None:
         pass
 
 
+def _nothing_to_train(
+    plan: TrainPlan, options: RunOptions, chosen: checkpointing.Accepted, rank: int
+) -> RunResult:
+    """A resume whose checkpoint is at (or past) the config's last step: said before any work, and the
+    run folder is left as it was (no engine, no resharding, no config.N.yaml, no event, no tracker run);
+    a changed ``training.train_steps`` below the checkpoint's step is refused by the resume policy."""
+    log0(
+        f"nothing to train: {chosen.path} is at step {chosen.step}, the last of this config's {plan.steps} "
+        "steps (raise training.train_steps to train on)",
+        rank,
+    )
+    return RunResult(
+        run_dir=options.run_dir, steps=chosen.step, final_loss=None, first_loss=None, checkpoint=chosen.path
+    )
+
+
 def _train(
     plan: TrainPlan,
     options: RunOptions,
@@ -174,6 +190,8 @@ def _train(
     )
     resolved = resolved_config(plan)
     chosen = checkpointing.choose(manager, request, resolved, review)
+    if chosen is not None and chosen.step >= plan.steps:
+        return _nothing_to_train(plan, options, chosen, dist_info.rank)
     if chosen is None and dist_info.rank == 0:
         write_resolved(plan, options.run_dir)
     from llmtools.train.trainer import _Trainer  # it imports this module (RunOptions, RunResult)

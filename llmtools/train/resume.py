@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtools.ckpt import rng
+from llmtools.ckpt.reshard import check_layout
 from llmtools.errors import InputError, RuntimeFailure
 from llmtools.formats import jsonfile
 from llmtools.model.config import SHAPE_FIELDS
@@ -252,7 +253,25 @@ def review(
                 f"{refusal}"
             )
         _check_reshardable(change, where, now.get("optimizer.name"))
+    _check_layout(meta, where, now)
     return changes
+
+
+def _check_layout(meta: dict, where: Path, now: dict[str, Any]) -> None:
+    """A layout the checkpoint cannot be loaded in is refused here, before any work, as such (never as a
+    damaged checkpoint, nor by trying older ones that share its layout)."""
+    world, stage = now.get("world_size"), now.get("zero_optimization.stage")
+    if not isinstance(world, int) or not isinstance(stage, int):
+        return
+    tensor, sequence = now.get("parallel.tensor", 1), now.get("parallel.sequence", 1)
+    check_layout(
+        meta,
+        where.parent,
+        world=world,
+        stage=stage,
+        tensor=tensor if isinstance(tensor, int) else 1,
+        sequence=sequence if isinstance(sequence, int) else 1,
+    )
 
 
 def _order(key: str) -> int:

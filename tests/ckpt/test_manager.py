@@ -76,11 +76,38 @@ def test_resolve_specs(saved_run):
     with pytest.raises(UsageError, match=r"step 4 is older .*\(later steps: 6\).*--rollback"):
         manager.resolve("4")  # older than the newest: would overwrite step 6
     assert manager.resolve("4", rollback=True) == ckpt_dir / "step_00000004"
+    assert not list(ckpt_dir.glob("abandoned-*"))  # resolving moves nothing: the caller does, once loaded
+    manager.abandon_after(ckpt_dir / "step_00000004")
     (abandoned,) = ckpt_dir.glob("abandoned-*")
     assert [p.name for p in abandoned.iterdir()] == ["step_00000006"]  # moved, not deleted
     assert manager.resolve("auto") == manager.resolve("latest") == ckpt_dir / "step_00000004"
     assert manager.resolve(str(ckpt_dir / "step_00000002"), rollback=True) == ckpt_dir / "step_00000002"
+    manager.abandon_after(ckpt_dir / "step_00000002")
     assert manager.resolve("auto") == ckpt_dir / "step_00000002"  # auto never jumps forward to 4 or 6
+
+
+@pytest.mark.parametrize("spec", ["2", "4", "latest"])
+def test_a_rollback_acts_only_once_the_chosen_state_loaded(saved_run, spec):
+    """A resume whose load fails (here: a ZeRO-2 engine, a ZeRO-1 checkpoint, no --reshard) leaves the
+    run folder byte for byte as it was, --rollback or not; once a load succeeds the newer checkpoints
+    are moved aside."""
+    from llmtools.ckpt.request import ResumeRequest
+    from llmtools.train import checkpointing
+    from tests.folder_snapshot import changes, snapshot
+
+    manager = CheckpointManager(saved_run)
+    request = ResumeRequest.parse(spec, rollback=True)
+    options = checkpointing.ReviewOptions()
+    before = snapshot(saved_run)
+    chosen = checkpointing.choose(manager, request, {}, options)
+    assert changes(before, snapshot(saved_run)) == []
+    with pytest.raises(InputError, match="ZeRO-1, this run uses ZeRO-2"):
+        checkpointing.resume(manager, worker.build_engine(2), chosen, request, {}, options)
+    assert changes(before, snapshot(saved_run)) == []
+    accepted, state = checkpointing.resume(manager, worker.build_engine(1), chosen, request, {}, options)
+    assert accepted.path == chosen.path and state["step"] == accepted.step
+    later = [p.name for p in chosen.path.parent.glob("step_*") if p.name > chosen.path.name]
+    assert later == [] and (list(saved_run.glob("checkpoints/abandoned-*")) != []) == (spec != "latest")
 
 
 def test_resolve_auto_on_fresh_run_is_none(tmp_path):

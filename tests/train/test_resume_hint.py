@@ -15,6 +15,9 @@ from pathlib import Path
 
 import yaml
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from llmtools.ckpt.launch import launcher_argv, resume_command
 from tests.ports import free_port
 from tests.train.conftest import TINY
@@ -28,6 +31,36 @@ def test_the_plain_command_and_slurm():
     assert resume_command(env={}, argv=argv) == "llm-train c.yaml -o 'run dir' --resume auto"
     assert launcher_argv(env={"SLURM_JOB_ID": "4242"}, argv=argv) == ("slurm", ["4242"])
     assert resume_command(env={"SLURM_JOB_ID": "4242"}, argv=argv).startswith("scontrol requeue 4242 ")
+
+
+_WORDS = st.text(alphabet="ab -m'$\"x./=", min_size=1, max_size=6)
+_OPTIONS = st.lists(
+    st.sampled_from([["-u"], ["-X", "dev"], ["-W", "ignore"], ["-Xutf8"], ["-O"], ["-I"], ["-B"]]), max_size=3
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    python=st.sampled_from(["python", "python3", "/venv/bin/python3.12", "./.venv/bin/python"]),
+    options=_OPTIONS,
+    args=st.lists(_WORDS, max_size=5),
+    module=st.sampled_from(["llmtools.cli.train", "llmtools.cli"]),
+)
+def test_under_python_m_the_hint_is_the_interpreter_line(python, options, args, module):
+    """Under ``python [options] -m MODULE ...`` sys.argv[0] is the module's file: the hint is the
+    interpreter's line as typed (a command), not ``train.py``; arguments that look like ``-m`` are ours."""
+    flat = [word for option in options for word in option]
+    argv = [f"/site-packages/{module.replace('.', '/')}.py", *args]
+    orig = [python, *flat, "-m", module, *args]
+    hint = shlex.split(resume_command(env={}, argv=argv, orig_argv=orig))
+    kept = [a for a in args if a not in ("--force", "--rollback")]
+    assert hint[: len(flat) + 3] == [python, *flat, "-m", module], hint
+    assert hint[len(flat) + 3 :] == [*kept, "--resume", "auto"], hint
+    # the console script: an argument of ours spelled -m is never read as the interpreter's
+    script = ["/venv/bin/llm-train", *args]
+    assert shlex.split(resume_command(env={}, argv=script, orig_argv=["/venv/bin/python", *script]))[0] == (
+        "llm-train"
+    )
 
 
 def _children(pid: int) -> list[int]:
@@ -123,3 +156,18 @@ def test_under_the_deepspeed_launcher_the_hint_is_its_runner_line_and_it_resumes
     assert hint.startswith(f"deepspeed --num_gpus 2 --master_port {port} {BIN / 'llm-train'} "), hint
     assert hint.endswith(" --resume auto") and "--force" not in hint and "--local_rank" not in hint, hint
     _resume_as_printed(hint, both, tmp_path, env)
+
+
+def test_under_python_m_the_hint_runs_as_printed(byte_data, tmp_path, cli_env):
+    """``python -m llmtools.cli.train ...`` stopped by SIGTERM: the hint is that line, and it resumes."""
+    config = _long_run_config(tmp_path, byte_data["mix"])
+    launch = [sys.executable, "-m", "llmtools.cli.train", str(config), "--deepspeed",
+              str(ROOT / "configs/deepspeed/zero1.json"), "-o", "run", "--force"]  # fmt: skip
+    proc = _start_and_wait_for_a_step(launch, tmp_path, cli_env)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    err = err.decode()
+    hints = re.findall(r"resume with: (.*)", err)
+    assert hints, err[-3000:]
+    assert hints[0] == shlex.join([*launch[:-1], "--resume", "auto"]), hints[0]
+    _resume_as_printed(hints[0], err, tmp_path, cli_env)
