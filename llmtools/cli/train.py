@@ -67,7 +67,11 @@ app = new_app("llm-train", "Pretrain a LLaMA-family model with DeepSpeed ZeRO.",
     "data that ends too early fail before any compute (exit 2). One llm-train per run folder: a second one "
     "exits 2 naming the first (RUN/run.lock). With --resume the config is compared with the checkpoint's: a "
     "key that may change is applied and announced (stderr, metrics.jsonl), one that may not is refused "
-    "before anything is written, naming the flag that would allow it (--reset-data, --reshard).\n" + EXAMPLES,
+    "before anything is written, naming the flag that would allow it (--reset-data, --reshard). "
+    "Checkpoints: every checkpoint.save_every steps, once checkpoint.save_every_minutes (default 30) of "
+    "training have passed since the last one, and at the end, so a run killed without warning loses at most "
+    "about 30 minutes. Evaluation: every eval.every steps (default 0: off; it needs a valid split, llm-mix "
+    "--valid-samples, and protects no work).\n" + EXAMPLES,
     no_args_is_help=True,
 )
 def train(
