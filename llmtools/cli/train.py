@@ -69,7 +69,11 @@ app = new_app("llm-train", "Pretrain a LLaMA-family model with DeepSpeed ZeRO.",
     "data that ends too early fail before any compute (exit 2). One llm-train per run folder: a second one "
     "exits 2 naming the first (RUN/run.lock). With --resume the config is compared with the checkpoint's: a "
     "key that may change is applied and announced (stderr, metrics.jsonl), one that may not is refused "
-    "before anything is written, naming the flag that would allow it (--reset-data, --reshard).\n" + EXAMPLES,
+    "before anything is written, naming the flag that would allow it (--reset-data, --reshard). "
+    "Checkpoints: every checkpoint.save_every steps, once checkpoint.save_every_minutes (default 30) of "
+    "training have passed since the last one, and at the end, so a run killed without warning loses at most "
+    "about 30 minutes. Evaluation: every eval.every steps (default 0: off; it needs a valid split, llm-mix "
+    "--valid-samples, and protects no work).\n" + EXAMPLES,
     no_args_is_help=True,
 )
 def train(
@@ -151,16 +155,29 @@ def train(
     deepspeed = find_ds_config(deepspeed)  # a path, or a shipped config by name (zero2)
     ds_raw = load_ds_config(deepspeed)
     run_dir = output or Path("runs") / config.stem
-    if resume is None and not dry_run:
+    from llmtools.train.loop import RunOptions
+
+    def claim() -> None:
         _claim_run_dir(run_dir, [config, deepspeed], cfg, force)
-    if dry_run:
+
+    options = RunOptions(
+        run_dir=run_dir,
+        ds_source=str(deepspeed),
+        tensorboard=tensorboard,
+        resume=resume,
+        force=force,
+        reset_data=reset_data,
+        reshard=reshard,
+        rollback=rollback,
+        # a new run claims the run folder's entries; a resumed one continues its own
+        claim=claim if resume is None else None,
+    )
+    if dry_run:  # every check the run makes before compute, the same list (llmtools.train.loop.CHECKS)
         from llmtools.train.distributed import detect_environment
-        from llmtools.train.plan import make_plan
+        from llmtools.train.loop import check_before_compute
 
         detect_environment()
-        plan = make_plan(
-            cfg, ds_raw, world_size=int(os.environ.get("WORLD_SIZE", "1")), ds_source=str(deepspeed)
-        )
+        plan = check_before_compute(cfg, ds_raw, options, cpu=True).plan
         emit(
             jsonfile.output(
                 {
@@ -177,24 +194,10 @@ def train(
         return
 
     from llmtools.train.distributed import barrier, destroy
-    from llmtools.train.loop import RunOptions
     from llmtools.train.loop import train as run_training
 
     try:
-        result = run_training(
-            cfg,
-            ds_raw,
-            RunOptions(
-                run_dir=run_dir,
-                ds_source=str(deepspeed),
-                tensorboard=tensorboard,
-                resume=resume,
-                force=force,
-                reset_data=reset_data,
-                reshard=reshard,
-                rollback=rollback,
-            ),
-        )
+        result = run_training(cfg, ds_raw, options)
         # Every rank done before any tears its connections down: a gloo peer that closes while another
         # still finishes its last writes can make that one's transport thread fail at exit.
         barrier()

@@ -403,21 +403,34 @@ def from_dict(raw: Any, where: str = "<config>") -> TrainConfig:
     name = TASKS[config.task].section
     if name is not None and name not in own:  # the task's own section, with its defaults
         own[name] = SECTION_TYPES[name]()
-    steps, total = config.training.train_steps, config.schedule.total_steps
-    if total is not None and steps is not None and steps > total:
+    if config.training.train_steps is not None:  # in tokens: checked once the data names seq_length
+        check_run_length(config, config.training.train_steps, where)
+    return config
+
+
+def check_run_length(config: TrainConfig, steps: int, where: str, seq_length: int | None = None) -> None:
+    """Every check on the run's length, whichever way it is given: ``steps`` are training.train_steps, or
+    training.train_tokens in whole steps of ``seq_length`` tokens per sample (known once the data is open)."""
+    if config.training.train_steps is not None or seq_length is None:
+        given, follows = f"training.train_steps={steps}", "training.train_steps"
+    else:
+        tokens, batch = config.training.train_tokens, config.training.global_batch_size
+        given = f"training.train_tokens={tokens} ({steps} steps of {batch} x {seq_length} tokens)"
+        follows = "training.train_tokens"
+    total = config.schedule.total_steps
+    if total is not None and steps > total:
         raise InputError(
-            f"{where}: training.train_steps={steps} runs past schedule.total_steps={total}; "
-            f"set schedule.total_steps >= {steps} or remove it (it then follows training.train_steps)"
+            f"{where}: {given} runs past schedule.total_steps={total}; "
+            f"set schedule.total_steps >= {steps} or remove it (it then follows {follows})"
         )
     length = total if total is not None else steps
     warmup = config.schedule.warmup_steps
-    if length is not None and warmup > 0 and warmup >= length:
-        which = "schedule.total_steps" if total is not None else "training.train_steps"
+    if warmup > 0 and warmup >= length:
+        which = f"schedule.total_steps={total}" if total is not None else given
         raise InputError(
-            f"{where}: schedule.warmup_steps={warmup} is not shorter than {which}={length}: the whole "
+            f"{where}: schedule.warmup_steps={warmup} is not shorter than {which}: the whole "
             f"run would be warmup; set schedule.warmup_steps below {length} (e.g. {max(length // 10, 0)})"
         )
-    return config
 
 
 def parse_set(item: str) -> tuple[list[str], Any]:
@@ -440,26 +453,53 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     return parts, value
 
 
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply ``--set`` items to a parsed config; unknown keys are refused with a suggestion."""
-    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+@dataclasses.dataclass(frozen=True)
+class Override:
+    """One ``--set`` item, parsed and checked once: every later look at it reads ``value``, never the text."""
+
+    item: str
+    section: str
+    key: str
+    value: Any
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.section}.{self.key}"
+
+
+def parse_overrides(overrides: list[str]) -> list[Override]:
+    """``--set`` items parsed as YAML and checked against the key's type as the file's value is (``+8``,
+    ``8.0`` and ``8`` are one integer, here as in a file); unknown keys are refused with a suggestion."""
     known = set(all_keys())
+    parsed = []
     for item in overrides:
         (section, key), value = parse_set(item)
         dotted = f"{section}.{key}"
         if dotted not in known and section != "model":
             raise UsageError(f"--set {item!r}: unknown key {dotted}" + suggest(dotted, known))
-        if section != "model":
+        if section != "model":  # the model's inline keys are checked when the model resolves
             attr = field_name(SECTION_TYPES[section], key)
             value = coerce(
                 value, typing.get_type_hints(SECTION_TYPES[section])[attr], dotted, f"--set {item!r}"
             )
-        target = raw.setdefault(section, {})
+        parsed.append(Override(item, section, key, value))
+    return parsed
+
+
+def apply_overrides(raw: dict, overrides: list[str] | list[Override]) -> dict:
+    """Apply ``--set`` items (text, or already parsed) to a parsed config."""
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    if overrides and isinstance(overrides[0], str):
+        overrides = parse_overrides(overrides)
+    for override in overrides:
+        target = raw.setdefault(override.section, {})
         if target is None:
-            target = raw[section] = {}
+            target = raw[override.section] = {}
         if not isinstance(target, dict):
-            raise UsageError(f"--set {item!r}: section {section} is not a mapping in the config")
-        target[key] = value
+            raise UsageError(
+                f"--set {override.item!r}: section {override.section} is not a mapping in the config"
+            )
+        target[override.key] = override.value
     return raw
 
 
@@ -473,30 +513,34 @@ def load_train_config(path: str | os.PathLike | None, overrides: list[str] | Non
         raw = yamlfile.read(path, "train config") or {}
     if not isinstance(raw, dict):
         raise InputError(f"{where}: a train config must be a mapping of sections")
-    _schedule_follows_steps(raw, overrides or [], where)
-    raw = apply_overrides(raw, overrides or [])
+    parsed = parse_overrides(overrides or [])
+    _schedule_follows_steps(raw, parsed, where)
+    raw = apply_overrides(raw, parsed)
     config = from_dict(raw, where)
     return config
 
 
-def _set_keys(overrides: list[str]) -> set[str]:
-    return {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
+def _file_steps(section: Any, key: str) -> int | None:
+    """An integer of the file's ``section`` read as from_dict reads it (None when absent or not one)."""
+    value = section.get(key) if isinstance(section, dict) else None
+    try:
+        return coerce(value, int, key, "")
+    except InputError:
+        return None  # not an integer: from_dict names it
 
 
-def _schedule_follows_steps(raw: dict, overrides: list[str], where: str) -> None:
+def _schedule_follows_steps(raw: dict, overrides: list[Override], where: str) -> None:
     """``--set training.train_steps=N`` over a file whose schedule.total_steps equals its train_steps (a
     full curve, as the file's author meant it): the schedule would stay on the file's length and the run
     stop part-way down its curve without a word. Refused with both values and the two ways out. A file
     whose total_steps differs from its train_steps (one curve over several runs) is taken as written."""
-    keys = _set_keys(overrides)
+    keys = {override.dotted for override in overrides}
     if "training.train_steps" not in keys or "schedule.total_steps" in keys:
         return
-    schedule, training = raw.get("schedule"), raw.get("training")
-    total = schedule.get("total_steps") if isinstance(schedule, dict) else None
-    steps = training.get("train_steps") if isinstance(training, dict) else None
-    text = [item.split("=", 1)[1] for item in overrides if _set_keys([item]) == {"training.train_steps"}]
-    new = text[-1].strip()
-    if total is None or total != steps or not new.isdigit() or int(new) == total:
+    total = _file_steps(raw.get("schedule"), "total_steps")
+    steps = _file_steps(raw.get("training"), "train_steps")
+    new = [o.value for o in overrides if o.dotted == "training.train_steps"][-1]
+    if total is None or total != steps or new is None or new == total:
         return
     raise UsageError(
         f"--set training.train_steps={new}: {where} sets schedule.total_steps={total} (its full run), so the "

@@ -383,7 +383,9 @@ class EvalSection:
     """Evaluation on the valid split: loss, perplexity, token accuracy (top-1) and bits per byte."""
 
     every: int = ruled(FROM_NEXT_STEP, 0)
-    """Evaluate every N steps (and after the last step); 0 disables."""
+    """Evaluate every N steps (and after the last step); 0 (the default) disables: evaluation costs compute,
+    needs a valid split (llm-mix --valid-samples, 0 by default) and protects no work, which
+    checkpoint.save_every_minutes does."""
     iters: int = ruled(FROM_NEXT_STEP, 4)
     """Micro-batches per rank per evaluation."""
     per_source: bool = ruled(FROM_NEXT_STEP, False)
@@ -447,7 +449,11 @@ class CheckpointSection:
     """When checkpoints are written (through llmtools.ckpt) and which are kept."""
 
     save_every: int = ruled(FROM_NEXT_STEP, 0)
-    """Save every N steps (and at the end); 0 saves only at the end."""
+    """Save every N steps (and at the end); 0: by save_every_minutes and at the end only."""
+    save_every_minutes: float = ruled(FROM_NEXT_STEP, 30.0)
+    """Also save once this many minutes of training have passed since the run started (or resumed) or last
+    saved, so a run killed without warning loses at most about this much work; rank 0's clock decides for
+    every rank. 0 turns it off (then only save_every and the end save)."""
     save_final: bool = ruled(FROM_NEXT_STEP, True)
     """Save after the last step."""
     keep_last: int | None = ruled(FROM_NEXT_STEP, None)
@@ -462,6 +468,10 @@ class CheckpointSection:
     def __post_init__(self) -> None:
         if self.save_every < 0:
             raise _bad("checkpoint.save_every", f"must be >= 0, got {self.save_every}")
+        if not self.save_every_minutes >= 0:
+            raise _bad(
+                "checkpoint.save_every_minutes", f"must be >= 0 (0: off), got {self.save_every_minutes}"
+            )
         for name in ("keep_last", "keep_every"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -61,6 +61,9 @@ class RunOptions:
     """With --resume: allow another ZeRO stage (1 <-> 2) through a DeepSpeed universal checkpoint."""
     rollback: bool = False
     """Resume from a checkpoint older than the run's newest: move the newer ones aside first."""
+    claim: Callable[[], None] | None = None
+    """The command's check that it may write the run folder's entries (llm-train's: cli/claim.py), made
+    first of the checks before compute."""
 
 
 @dataclass
@@ -78,35 +81,99 @@ class RunResult:
     """How to resume a stopped run (rank 0), printed last by the command."""
 
 
+@dataclass
+class Checked:
+    """What the checks before compute decided (:func:`check_before_compute`)."""
+
+    plan: TrainPlan
+    request: ResumeRequest | None
+    data: PlainData
+    review: checkpointing.ReviewOptions
+
+
+class _Checking:
+    """What the checks before compute share as they go, in the order of :data:`CHECKS`."""
+
+    def __init__(self, config: TrainConfig, ds_raw: dict, options: RunOptions, cpu: bool) -> None:
+        self.config, self.ds_raw, self.options, self.cpu = config, ds_raw, options, cpu
+        self.where = config.source or "<train config>"
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        # --resume, parsed once (any value parses; what it names is checked below): every check takes it.
+        self.request = ResumeRequest.parse(options.resume, rollback=options.rollback, reshard=options.reshard)
+        self.plan: TrainPlan | None = None
+        self.data: PlainData | None = None
+        self.review: checkpointing.ReviewOptions | None = None
+
+
+def _check_outputs(c: _Checking) -> None:
+    if c.options.claim is not None:
+        c.options.claim()
+
+
+def _check_plan(c: _Checking) -> None:
+    # a resumed run's data length is checked once it is known where its data continues (_check_data)
+    c.plan = make_plan(
+        c.config, c.ds_raw, world_size=c.world, cpu=c.cpu, ds_source=c.options.ds_source,
+        check_length=c.request is None,
+    )  # fmt: skip
+
+
+def _check_trackers(c: _Checking) -> None:
+    check_available(c.config.logging.reporters(), f"{c.where}: logging.report_to")
+
+
+def _check_fp16_device(c: _Checking) -> None:
+    if c.config.training.precision == "fp16":
+        check_fp16_support(c.where)
+
+
+def _check_run_folder(c: _Checking) -> None:
+    prepare_run_dir(c.options.run_dir, c.request, c.options.force, c.rank)
+
+
+def _check_resume_policy(c: _Checking) -> None:
+    # the resume policy's verdict, before torch loads: a refused config change exits in about a second
+    c.data = data_part(c.plan, c.options.run_dir, c.options.reset_data)
+    c.review = _review_options(c.plan, c.options, c.data)
+    checkpointing.precheck(c.options.run_dir, c.request, resolved_config(c.plan), c.review)
+
+
+def _check_data(c: _Checking) -> None:
+    c.data.precheck(c.request, c.options.force)  # how the data continues (the task's data ledger)
+
+
+CHECKS: tuple[tuple[str, Callable[[_Checking], None]], ...] = (
+    ("outputs", _check_outputs),
+    ("plan", _check_plan),  # model, data, lengths, DeepSpeed config (llmtools.train.plan)
+    ("trackers", _check_trackers),  # a tracker whose library is missing
+    ("fp16 device", _check_fp16_device),  # a device without fp16 arithmetic
+    ("run folder", _check_run_folder),
+    ("resume policy", _check_resume_policy),
+    ("data continuation", _check_data),
+)
+"""Every check a run makes before compute, in order: the run and ``llm-train --dry-run`` both make exactly
+these (:func:`check_before_compute`). They read and write nothing but their inputs' bytes."""
+
+
+def check_before_compute(
+    config: TrainConfig, ds_raw: dict, options: RunOptions, *, cpu: bool = False
+) -> Checked:
+    """Make every check of :data:`CHECKS`; the first refusal raises (InputError/UsageError, one line).
+    ``cpu``: resolve the DeepSpeed config for the CPU (what ``--dry-run`` prints)."""
+    checking = _Checking(config, ds_raw, options, cpu)
+    for _name, check in CHECKS:
+        check(checking)
+    return Checked(checking.plan, checking.request, checking.data, checking.review)
+
+
 def train(config: TrainConfig, ds_raw: dict, options: RunOptions) -> RunResult:
     """Run training as the library entry point (call on every rank)."""
     detect_environment()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    # --resume, parsed once: every step below takes this request.
-    request = ResumeRequest.parse(options.resume, rollback=options.rollback, reshard=options.reshard)
     # Every check before any compute, before torch is even imported (a bad config fails in about a second)
-    # and before the process group exists (so it fails on every rank alike).
-    plan = make_plan(
-        config,
-        ds_raw,
-        world_size=world,
-        cpu=False,
-        ds_source=options.ds_source,
-        check_length=request is None,
-    )
-    # A tracker whose library is missing: refused before anything is written.
-    check_available(config.logging.reporters(), f"{config.source or '<train config>'}: logging.report_to")
-    # A device without fp16 arithmetic: refused before anything is written.
-    if config.training.precision == "fp16":
-        check_fp16_support(config.source or "<train config>")
-    prepare_run_dir(options.run_dir, request, options.force, rank)
-    # The resume policy's verdict, before torch loads: a refused config change exits in about a second.
-    data = data_part(plan, options.run_dir, options.reset_data)
-    review = _review_options(plan, options, data)
-    checkpointing.precheck(options.run_dir, request, resolved_config(plan), review)
-    # How the data continues (the task's data ledger), also before torch.
-    data.precheck(request, options.force)
+    # and before the process group exists (so it fails on every rank alike); --dry-run makes the same ones.
+    checked = check_before_compute(config, ds_raw, options)
+    plan, request, data, review = checked.plan, checked.request, checked.data, checked.review
     import torch
 
     if not torch.cuda.is_available():

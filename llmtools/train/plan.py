@@ -24,7 +24,7 @@ from llmtools.model import ModelConfig, load_model_config
 from llmtools.model.config import shape_mismatch
 from llmtools.tokenize.loader import load_tokenizer
 from llmtools.tokenize.token_bytes import byte_lengths_for
-from llmtools.train.config import TrainConfig
+from llmtools.train.config import TrainConfig, check_run_length
 from llmtools.train.deepspeed_config import resolve_ds_config, zero_stage
 from llmtools.train.downstream import load_tasks
 from llmtools.train.moe import check_expert_parallel, expert_parallel_ds_config
@@ -176,11 +176,7 @@ def make_plan(
     seq_length = train.seq_length
     steps = config.steps(seq_length * per_sample)
     total_steps = config.total_steps(seq_length * per_sample)
-    if steps > total_steps:
-        raise InputError(
-            f"{where}: the run has {steps} steps but schedule.total_steps={total_steps}: "
-            "raise schedule.total_steps (the LR curve would end before the data does)"
-        )
+    check_run_length(config, steps, where, seq_length * per_sample)
 
     if check_length:
         check_data_length(config, train, steps)

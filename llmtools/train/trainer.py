@@ -40,6 +40,7 @@ from llmtools.train.moe import RouterLoss, RouterMeter
 from llmtools.train.norms import NormMonitor
 from llmtools.train.plan import TrainPlan
 from llmtools.train.rundir import write_resolved
+from llmtools.train.save_clock import SaveClock
 from llmtools.train.state import Progress, run_state
 from llmtools.train.step import accumulate_and_update, step_means
 from llmtools.train.tasks import RunContext
@@ -78,6 +79,7 @@ class _Trainer(HealthActions):
             cfg.checkpoint.keep_every,
             async_save=cfg.checkpoint.async_,
         )
+        self.save_clock = SaveClock(cfg.checkpoint.save_every_minutes, self.rank, self.world, self.device)
         self.resolved: dict | None = None  # the resolved config, recorded in every checkpoint (resume())
         self.progress = Progress()
         self.last_saved: Path | None = None
@@ -260,6 +262,7 @@ class _Trainer(HealthActions):
         self.finish_background_save()  # at most one in flight: the previous one commits first
         step = self.progress.step
         self.last_saved = checkpointing.save(self.manager, self.engine, step, self.state, blocking=blocking)
+        self.save_clock.restart()
         self.unchecked_checkpoint = self.last_saved
         if self.manager.in_flight == self.last_saved:
             self.log(f"checkpoint {self.last_saved}: writing in the background")
@@ -282,7 +285,9 @@ class _Trainer(HealthActions):
 
     def _checkpoint_due(self) -> bool:
         step, c = self.progress.step, self.cfg.checkpoint
-        return bool(c.save_every and step % c.save_every == 0) or (step == self.plan.steps and c.save_final)
+        by_steps = bool(c.save_every and step % c.save_every == 0)
+        # the clock last: its answer is rank 0's on every rank (a collective when the others are not due)
+        return by_steps or (step == self.plan.steps and c.save_final) or self.save_clock.due()
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -307,6 +312,7 @@ class _Trainer(HealthActions):
         self.engine.train()
         # SIGTERM/SIGINT (a scheduler's preemption, Ctrl-C) finish the current step, save, and return.
         stop = StopRequested(announce=self.rank == 0).install()
+        self.save_clock.restart()  # minutes of training: from the first step on
         try:
             for step in range(self.progress.step + 1, plan.steps + 1):
                 loss, grad_norm = self.train_step(batches)
