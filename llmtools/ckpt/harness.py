@@ -8,7 +8,9 @@ lm-eval task definitions that read them with ``dataset_path: json`` (nothing is 
 ``HF_DATASETS_OFFLINE`` and ``HF_HUB_OFFLINE`` are set):
 
 * multiple choice: ``output_type: multiple_choice``, ``target_delimiter: ""``, metrics ``acc`` and
-  ``acc_norm`` (lm-eval's own definitions);
+  ``acc_norm`` (lm-eval's own definitions); each request is tokenized as lm-eval's ``hf`` model does
+  (:func:`llmtools.model.scoring.encode_pair`: an empty context is the BOS or EOD token), and a request
+  it refuses is refused before any scoring, naming the file and example;
 * perplexity: ``output_type: loglikelihood_rolling``, metrics ``word_perplexity``, ``byte_perplexity``,
   ``bits_per_byte``. Without a BOS token the first token has no context: it is not scored (as in the
   in-loop evaluation), where lm-eval's ``hf`` model scores it after its prefix token.
@@ -66,28 +68,35 @@ def task_yaml(task: TaskFile) -> dict[str, Any]:
     }
 
 
+def check_requests(tasks: list[TaskFile], tokenizer, max_length: int, limit: int | None = None) -> None:
+    """Every multiple-choice request lm-eval will make is one it can score (an InputError naming the file
+    and example otherwise), before lm-eval starts."""
+    from llmtools.model.scoring import encode_pair
+
+    for task in tasks:
+        if task.kind != "multiple_choice":
+            continue
+        for number, item in enumerate(task.examples[:limit], 1):
+            for choice in item["choices"]:
+                try:
+                    encode_pair(tokenizer, item["context"], choice, max_length)
+                except InputError as error:
+                    raise InputError(f"{task.path}: example {number}: {error}") from None
+
+
 def make_lm(model, tokenizer, max_length: int, batch: int):
     """Our model (a transformers causal LM) and our tokenizer as an lm-eval ``LM``."""
     from lm_eval.api.model import LM
 
-    from llmtools.model.scoring import score_continuations
+    from llmtools.model.scoring import encode_pair, score_continuations
 
     class LlmtoolsLM(LM):
         def _score(self, sequences: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
             scored = score_continuations(lambda ids: model(ids).logits, sequences, model.device, batch)
             return [(total, greedy) for total, _, greedy in scored]
 
-        def _pair(self, context: str, continuation: str) -> tuple[list[int], int]:
-            spaces = len(context) - len(context.rstrip())
-            if spaces:  # lm-eval's _encode_pair: a space ending the context belongs to the continuation
-                context, continuation = context[:-spaces], context[-spaces:] + continuation
-            whole = list(tokenizer.encode(context + continuation))
-            start = len(tokenizer.encode(context))
-            cut = max(0, len(whole) - (max_length + 1))
-            return whole[cut:], max(1, start - cut)
-
         def loglikelihood(self, requests):
-            return self._score([self._pair(*r.args) for r in requests])
+            return self._score([encode_pair(tokenizer, *r.args, max_length) for r in requests])
 
         def loglikelihood_rolling(self, requests):
             out = []
@@ -125,6 +134,7 @@ def evaluate_checkpoint(
         folder = to_hf(checkpoint, Path(scratch) / "hf", dtype="fp32")
         model = AutoModelForCausalLM.from_pretrained(str(folder)).eval().float()
         max_length = int(model.config.max_position_embeddings) - 1
+        check_requests(tasks, tokenizer, max_length, limit)
         task_dir = Path(scratch) / "tasks"
         task_dir.mkdir()
         for task in tasks:
