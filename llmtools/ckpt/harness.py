@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -142,14 +143,37 @@ def evaluate_checkpoint(
         import lm_eval
         from lm_eval.tasks import TaskManager
 
-        results = lm_eval.simple_evaluate(
-            model=make_lm(model, tokenizer, max_length, batch),
-            tasks=[task.name for task in tasks],
-            task_manager=TaskManager(include_path=str(task_dir)),
-            limit=limit,
-            log_samples=False,
-        )
+        with _without_environment_probe():
+            results = lm_eval.simple_evaluate(
+                model=make_lm(model, tokenizer, max_length, batch),
+                tasks=[task.name for task in tasks],
+                task_manager=TaskManager(include_path=str(task_dir)),
+                limit=limit,
+                log_samples=False,
+            )
     return {name: _metrics(values) for name, values in results["results"].items()}
+
+
+@contextmanager
+def _without_environment_probe():
+    """lm-eval records with every result the git commit of the working folder (``git describe``, whose
+    "fatal: not a git repository" lands on our stderr outside a repository) and the machine's environment
+    (torch's collect_env: pip, compilers, GPUs; ~20 s on a busy machine). We report neither, so neither
+    runs."""
+    import lm_eval.evaluator as evaluator
+
+    names = ("get_git_commit_hash", "add_env_info")
+    saved = {name: getattr(evaluator, name) for name in names if hasattr(evaluator, name)}
+    evaluator.get_git_commit_hash = lambda: None
+    evaluator.add_env_info = lambda storage: None
+    try:
+        yield
+    finally:
+        for name in names:
+            if name in saved:
+                setattr(evaluator, name, saved[name])
+            else:
+                delattr(evaluator, name)
 
 
 def _metrics(values: dict) -> dict[str, float]:
