@@ -8,7 +8,9 @@ lm-eval task definitions that read them with ``dataset_path: json`` (nothing is 
 ``HF_DATASETS_OFFLINE`` and ``HF_HUB_OFFLINE`` are set):
 
 * multiple choice: ``output_type: multiple_choice``, ``target_delimiter: ""``, metrics ``acc`` and
-  ``acc_norm`` (lm-eval's own definitions);
+  ``acc_norm`` (lm-eval's own definitions); each request is tokenized as lm-eval's ``hf`` model does
+  (:func:`llmtools.model.scoring.encode_pair`: an empty context is the BOS or EOD token), and a request
+  it refuses is refused before any scoring, naming the file and example;
 * perplexity: ``output_type: loglikelihood_rolling``, metrics ``word_perplexity``, ``byte_perplexity``,
   ``bits_per_byte``. Without a BOS token the first token has no context: it is not scored (as in the
   in-loop evaluation), where lm-eval's ``hf`` model scores it after its prefix token.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -66,28 +69,35 @@ def task_yaml(task: TaskFile) -> dict[str, Any]:
     }
 
 
+def check_requests(tasks: list[TaskFile], tokenizer, max_length: int, limit: int | None = None) -> None:
+    """Every multiple-choice request lm-eval will make is one it can score (an InputError naming the file
+    and example otherwise), before lm-eval starts."""
+    from llmtools.model.scoring import encode_pair
+
+    for task in tasks:
+        if task.kind != "multiple_choice":
+            continue
+        for number, item in enumerate(task.examples[:limit], 1):
+            for choice in item["choices"]:
+                try:
+                    encode_pair(tokenizer, item["context"], choice, max_length)
+                except InputError as error:
+                    raise InputError(f"{task.path}: example {number}: {error}") from None
+
+
 def make_lm(model, tokenizer, max_length: int, batch: int):
     """Our model (a transformers causal LM) and our tokenizer as an lm-eval ``LM``."""
     from lm_eval.api.model import LM
 
-    from llmtools.model.scoring import score_continuations
+    from llmtools.model.scoring import encode_pair, score_continuations
 
     class LlmtoolsLM(LM):
         def _score(self, sequences: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
             scored = score_continuations(lambda ids: model(ids).logits, sequences, model.device, batch)
             return [(total, greedy) for total, _, greedy in scored]
 
-        def _pair(self, context: str, continuation: str) -> tuple[list[int], int]:
-            spaces = len(context) - len(context.rstrip())
-            if spaces:  # lm-eval's _encode_pair: a space ending the context belongs to the continuation
-                context, continuation = context[:-spaces], context[-spaces:] + continuation
-            whole = list(tokenizer.encode(context + continuation))
-            start = len(tokenizer.encode(context))
-            cut = max(0, len(whole) - (max_length + 1))
-            return whole[cut:], max(1, start - cut)
-
         def loglikelihood(self, requests):
-            return self._score([self._pair(*r.args) for r in requests])
+            return self._score([encode_pair(tokenizer, *r.args, max_length) for r in requests])
 
         def loglikelihood_rolling(self, requests):
             out = []
@@ -125,6 +135,7 @@ def evaluate_checkpoint(
         folder = to_hf(checkpoint, Path(scratch) / "hf", dtype="fp32")
         model = AutoModelForCausalLM.from_pretrained(str(folder)).eval().float()
         max_length = int(model.config.max_position_embeddings) - 1
+        check_requests(tasks, tokenizer, max_length, limit)
         task_dir = Path(scratch) / "tasks"
         task_dir.mkdir()
         for task in tasks:
@@ -132,14 +143,37 @@ def evaluate_checkpoint(
         import lm_eval
         from lm_eval.tasks import TaskManager
 
-        results = lm_eval.simple_evaluate(
-            model=make_lm(model, tokenizer, max_length, batch),
-            tasks=[task.name for task in tasks],
-            task_manager=TaskManager(include_path=str(task_dir)),
-            limit=limit,
-            log_samples=False,
-        )
+        with _without_environment_probe():
+            results = lm_eval.simple_evaluate(
+                model=make_lm(model, tokenizer, max_length, batch),
+                tasks=[task.name for task in tasks],
+                task_manager=TaskManager(include_path=str(task_dir)),
+                limit=limit,
+                log_samples=False,
+            )
     return {name: _metrics(values) for name, values in results["results"].items()}
+
+
+@contextmanager
+def _without_environment_probe():
+    """lm-eval records with every result the git commit of the working folder (``git describe``, whose
+    "fatal: not a git repository" lands on our stderr outside a repository) and the machine's environment
+    (torch's collect_env: pip, compilers, GPUs; ~20 s on a busy machine). We report neither, so neither
+    runs."""
+    import lm_eval.evaluator as evaluator
+
+    names = ("get_git_commit_hash", "add_env_info")
+    saved = {name: getattr(evaluator, name) for name in names if hasattr(evaluator, name)}
+    evaluator.get_git_commit_hash = lambda: None
+    evaluator.add_env_info = lambda storage: None
+    try:
+        yield
+    finally:
+        for name in names:
+            if name in saved:
+                setattr(evaluator, name, saved[name])
+            else:
+                delattr(evaluator, name)
 
 
 def _metrics(values: dict) -> dict[str, float]:

@@ -62,7 +62,7 @@ def open_source(prefix: str, base: Path | None = None) -> Source:
         (c for c in candidates if Path(f"{c}.idx").exists() and Path(f"{c}.bin").exists()), candidates[0]
     )
     if not Path(f"{chosen}.idx").exists() and not Path(f"{chosen}.bin").exists():
-        raise InputError(f"{given}: no such dataset (expected {given}.bin and {given}.idx)")
+        raise InputError(f"{given}: no such dataset (expected {given}.bin and {given}.idx){_written_as(candidates)}")
     reader = IndexedDatasetReader(chosen)  # validated on open
     if reader.num_tokens == 0:
         raise InputError(
@@ -76,6 +76,25 @@ def open_source(prefix: str, base: Path | None = None) -> Source:
         "bin": fingerprint(reader.bin_file, sampled=True),
     }
     return Source(given, os.path.abspath(str(chosen)), reader, sidecar, idx_sha256, files)
+
+
+def _written_as(candidates: list[Path], shown: int = 4) -> str:
+    """``; ... did you mean P_text_document?`` when a candidate is what was given to ``json2bin -o``: the
+    datasets it wrote are ``<prefix>_<key>_document`` (one per JSON key)."""
+    import glob
+
+    for prefix in candidates:
+        found = sorted(
+            idx[: -len(".idx")]
+            for idx in glob.glob(glob.escape(str(prefix)) + "_*_document.idx")
+            if Path(idx[: -len(".idx")] + ".bin").exists()
+        )
+        if found:
+            break
+    else:
+        return ""
+    more = f" and {len(found) - shown} more" if len(found) > shown else ""
+    return f"; json2bin -o {prefix} writes {prefix}_<key>_document: did you mean {' or '.join(found[:shown])}{more}?"
 
 
 def check_tokenizers(sources: list[Source], allow_mixed: bool) -> tuple[dict | None, list[str]]:

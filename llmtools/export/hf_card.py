@@ -42,6 +42,7 @@ def dataset_card(manifest: dict) -> str:
         "input_ids": "token ids",
         "labels": "token ids, equal to `input_ids` (the model shifts them: predicts token t+1 from tokens <= t)",
         "sequence_lengths": "lengths of the sequences (e.g. sentences) a document was split into in the source",
+        "source": "the mix source the sample was drawn from (`Counter(ds['source'])` shows the realized blend)",
         "text": "the detokenized row"
         + (" (without the appended end-of-document token)" if manifest["mode"] == "documents" else ""),
     }

@@ -352,12 +352,18 @@ def _open_mix(config: ExportConfig):
         else np.dtype(np.int32)
     )
     out_dtype = narrowest_dtype(dataset.vocab_size, fallback)
-    rows = MixSamples(dataset, out_dtype, config.batch_rows)
+    rows = MixSamples(dataset, out_dtype, config.batch_rows, source_names(plan["sources"]))
     sidecar = {"tokenizer": dataset.tokenizer} if dataset.tokenizer else None
     provenance = {"kind": "mix", "path": os.path.abspath(config.source), "split": config.split,
                   "mix": {k: plan.get(k) for k in ("seq_length", "seed", "sources", "cache") if k in plan},
                   "sidecar": sidecar}  # fmt: skip
     return rows, None, provenance
+
+
+def source_names(sources: list[dict]) -> list[str]:
+    """The ``source`` column's value for each mix source: its unique name in the mix.json (the one mix
+    reports and training metrics use), or its prefix in a mix.json that records none."""
+    return [str(s.get("name") or s["prefix"]) for s in sources]
 
 
 def export_hf(config: ExportConfig) -> ExportResult:
@@ -421,6 +427,9 @@ def _estimated_bytes(rows, columns: dict) -> int:
     for name, dtype in columns.items():
         if name == "sequence_lengths":  # one int32 per sequence, far fewer than tokens
             total += rows.num_rows * 8
+            continue
+        if name == "source":  # one short name per row
+            total += rows.num_rows * 24
             continue
         per_token = 4 if dtype == "string" else np.dtype(dtype).itemsize
         total += rows.num_rows * 4 + rows.total_tokens * per_token

@@ -171,11 +171,14 @@ class MixSamples:
 
     Each row is one training sample of ``seq_length + 1`` tokens (Megatron's samples overlap by one
     token: it trains on ``tokens[:-1] -> tokens[1:]``); ``labels == input_ids`` so a Hugging Face
-    causal-LM model, which shifts the labels itself, computes exactly the same loss.
+    causal-LM model, which shifts the labels itself, computes exactly the same loss. ``source`` names the
+    mix source the sample was drawn from (its unique ``sources[].name`` in the mix.json, as mix reports and
+    training metrics name it), so the blend can be checked from the dataset itself.
     """
 
-    def __init__(self, dataset, out_dtype: np.dtype, batch_rows: int) -> None:
+    def __init__(self, dataset, out_dtype: np.dtype, batch_rows: int, source_names: list[str]) -> None:
         self.dataset = dataset
+        self.source_names = np.asarray(source_names, dtype=object)
         self.out_dtype = out_dtype
         self.row_length = int(dataset.seq_length) + 1
         self.num_rows = len(dataset)
@@ -183,16 +186,20 @@ class MixSamples:
         self.rows_per_batch = max(1, min(batch_rows, BATCH_TOKENS // self.row_length))
 
     def columns(self) -> dict[str, np.dtype | str]:
-        return {"input_ids": self.out_dtype, "labels": self.out_dtype}
+        return {"input_ids": self.out_dtype, "labels": self.out_dtype, "source": "string"}
 
     def batches(self, releaser: PageReleaser | None) -> Iterator[tuple[dict, int]]:
+        import pyarrow as pa
+
         n = self.row_length
         for lo in range(0, self.num_rows, self.rows_per_batch):
             hi = min(lo + self.rows_per_batch, self.num_rows)
             block = np.asarray(self.dataset.batch(np.arange(lo, hi, dtype=np.int64)))
             values = _cast_ids(block.reshape(-1), self.out_dtype, "mix sample")
             ids = _list_array(values, np.arange(hi - lo + 1, dtype=np.int64) * n)
-            yield {"input_ids": ids, "labels": ids}, (hi - lo) * n
+            which = np.asarray(self.dataset.dataset_index[lo:hi], dtype=np.int64)
+            source = pa.array(self.source_names[which], type=pa.string())
+            yield {"input_ids": ids, "labels": ids, "source": source}, (hi - lo) * n
 
 
 def _cast_ids(values: np.ndarray, dtype: np.dtype, origin) -> np.ndarray:

@@ -53,6 +53,7 @@ from llmtools.prep.encode_guard import guarded
 from llmtools.prep.hf_import import file_inputs
 from llmtools.prep.hf_open import looks_like_hf, open_hf
 from llmtools.prep.jsonl import JsonlSource
+from llmtools.progress import Progress
 from llmtools.tokenize import load_tokenizer
 
 FORMATS = ("messages", "prompt-response", "alpaca")
@@ -354,6 +355,14 @@ def mask_from_offsets(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.n
 # ---------------------------------------------------------------------------------------------------
 # Reading inputs
 # ---------------------------------------------------------------------------------------------------
+def counted(records: Iterator, desc: str, enabled: bool = True) -> Iterator:
+    """``records`` as they are, counted on a progress line (:mod:`llmtools.progress`: silent when short)."""
+    with Progress(None, desc, unit=" samples", enabled=enabled) as bar:
+        for record in records:
+            yield record
+            bar.update(1)
+
+
 def iter_records(config, inputs: list[dict], skipped: dict[str, int]) -> Iterator[tuple[str, object]]:
     """``(place, record)`` for every record of every input, in order; ``place`` is ``file:line``.
 
@@ -471,10 +480,10 @@ class Packer:
 def build_sft(config: SftConfig, progress: bool | None = None) -> SftResult:
     """Run the whole pipeline; outputs appear only if it succeeds (one writer per output prefix)."""
     with config.output() as output:
-        return _build_sft(config, output)
+        return _build_sft(config, output, progress)
 
 
-def _build_sft(config: SftConfig, output: DatasetOutput) -> SftResult:
+def _build_sft(config: SftConfig, output: DatasetOutput, progress: bool | None = None) -> SftResult:
     tokenizer = load_tokenizer(config.tokenizer, backend="tokenizers", special_tokens="split")
     template = load_chat_template(config.chat_template, config.tokenizer, time_limit=config.template_timeout)
     if config.append_eod and tokenizer.eod_id is None:
@@ -516,7 +525,8 @@ def _build_sft(config: SftConfig, output: DatasetOutput) -> SftResult:
 
     pending: list[tuple[str, list]] = []  # rendered, waiting to be tokenized as one batch
     places: list[str] = []
-    for place, record in iter_records(config, inputs, result.skipped):
+    records = counted(iter_records(config, inputs, result.skipped), "llm-prep sft", progress is not False)
+    for place, record in records:
         try:
             if isinstance(record, BadSample):
                 raise record

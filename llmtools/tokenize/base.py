@@ -106,6 +106,11 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
 
+    def encode_plain(self, text: str) -> list[int]:
+        """``text``'s ids without what the tokenizer adds around every text (an HF post-processor's
+        BOS/EOS): transformers' ``encode(text, add_special_tokens=False)``."""
+        return self.encode(text)
+
     def encode_flat(self, texts: list[str], dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
         """Encode ``texts``: (all ids back to back, int64 length of each text).
 

@@ -228,5 +228,8 @@ class HFTokenizer(Tokenizer):
         self._settle()
         return [e.ids for e in self.tok.encode_batch(texts)]
 
+    def encode_plain(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False).ids)
+
     def decode(self, ids) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)

@@ -26,6 +26,7 @@ from llmtools.tokenize.base import Tokenizer, check_policy
 from llmtools.tokenize.byte_tokenizer import ByteTokenizer
 from llmtools.tokenize.hf import HFTokenizer
 from llmtools.tokenize.spm import SentencePieceTokenizer
+from llmtools.tokenize.transformers_view import transformers_view
 
 BACKENDS = ("auto", "tokenizers", "gigatoken")
 HF_FOLDER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
@@ -183,19 +184,15 @@ def _load_hf_folder(
         "backend": backend,
         "defer_probe": defer_probe,
     }
-    hf = None
-    if (path / "tokenizer_config.json").exists():
-        try:  # transformers applies the config (add_bos_token, ...) to the backend, as Megatron sees it
-            from transformers import AutoTokenizer
-
-            hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True)
-        except Exception:  # noqa: BLE001 - not installed or not loadable: read the config ourselves
-            hf = None
-    if hf is not None and getattr(hf, "is_fast", False):
-        before = hf.backend_tokenizer.get_vocab_size(with_added_tokens=True)
-        tok = _adjust(hf.backend_tokenizer, add_special_tokens, extra_special)
-        vocab = len(hf) + tok.get_vocab_size(with_added_tokens=True) - before  # len(): Megatron's vocab size
-        return HFTokenizer(tok, vocab_size=vocab, eod_id=hf.eos_token_id, bos_id=hf.bos_token_id, **common)
+    # transformers applies the config (add_bos_token, ...) to the backend, as Megatron sees it; what it makes
+    # of the folder is computed once and cached (importing transformers costs more than most commands' work)
+    view = transformers_view(path) if (path / "tokenizer_config.json").exists() else None
+    if view is not None:
+        tok, length, eos, bos = view
+        before = tok.get_vocab_size(with_added_tokens=True)
+        tok = _adjust(tok, add_special_tokens, extra_special)
+        vocab = length + tok.get_vocab_size(with_added_tokens=True) - before  # len(): Megatron's vocab size
+        return HFTokenizer(tok, vocab_size=vocab, eod_id=eos, bos_id=bos, **common)
 
     try:
         tok = _tokenizer_from_file(path / "tokenizer.json")

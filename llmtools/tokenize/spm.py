@@ -42,5 +42,9 @@ class SentencePieceTokenizer(Tokenizer):
     def _encode_list(self, texts: list[str]) -> list[list[int]]:
         return self._encode(texts)
 
+    def encode_plain(self, text: str) -> list[int]:
+        ids = self.encode(text)
+        return ids[1:] if self.add_bos and ids[:1] == [self.bos_id] else ids
+
     def decode(self, ids) -> str:
         return self.sp.decode([int(i) for i in ids])

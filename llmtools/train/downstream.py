@@ -7,9 +7,10 @@ A task file holds one JSON object per line, all of one kind:
 
 * multiple choice: ``{"context": str, "choices": [str, ...], "gold": int}``. Each choice is scored by the
   log-likelihood of its tokens after the context, as lm-evaluation-harness scores ``multiple_choice``
-  tasks: the pair is tokenized whole and the context's tokens split off (a space ending the context
-  moves to the choice); ``acc`` takes the choice of highest log-likelihood, ``acc_norm`` the highest
-  log-likelihood per character of the choice.
+  tasks (:func:`llmtools.model.scoring.encode_pair`): the pair is tokenized whole and the context's
+  tokens split off (a space ending the context moves to the choice), an empty context is the BOS (else
+  EOD) token, so every token of the choice is scored; ``acc`` takes the choice of highest
+  log-likelihood, ``acc_norm`` the highest log-likelihood per character of the choice.
 * perplexity: ``{"text": str}``: cross-entropy per token (``loss``) and bits per UTF-8 byte (``bpb``).
 
 Files are read and tokenized before any compute (:func:`load_tasks`); a line that does not parse is an
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmtools.errors import InputError
+from llmtools.model.scoring import encode_pair
 
 
 @dataclass
@@ -35,16 +37,6 @@ class Task:
     gold: list[int] = field(default_factory=list)
     choice_chars: list[list[int]] = field(default_factory=list)
     text_bytes: list[int] = field(default_factory=list)
-
-
-def _encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], int]:
-    """lm-eval's ``_encode_pair``: whole = encode(context + continuation), context = encode(context)."""
-    spaces = len(context) - len(context.rstrip())
-    if spaces:
-        context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole = list(tokenizer.encode(context + continuation))
-    start = len(tokenizer.encode(context))
-    return whole, start
 
 
 def load_tasks(paths: list[str], tokenizer, base: Path | None, max_len: int) -> list[Task]:
@@ -66,13 +58,10 @@ def load_tasks(paths: list[str], tokenizer, base: Path | None, max_len: int) -> 
                 continue
             pairs, chars = [], []
             for choice in item["choices"]:
-                ids, start = _encode_pair(tokenizer, item["context"], choice)
-                if start >= len(ids):
-                    raise InputError(f"{where}: choice {choice!r} has no tokens after the context")
-                cut = max(
-                    0, len(ids) - (max_len + 1)
-                )  # keep the last tokens (the choice and what it follows)
-                pairs.append((ids[cut:], max(1, start - cut)))
+                try:
+                    pairs.append(encode_pair(tokenizer, item["context"], choice, max_len))
+                except InputError as error:
+                    raise InputError(f"{where}: {error}") from None
                 chars.append(len(choice))
             task.pairs.append(pairs)
             task.gold.append(item["gold"])

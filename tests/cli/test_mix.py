@@ -16,6 +16,7 @@ from llmtools.formats.indexed import IndexedDatasetReader, IndexedDatasetWriter
 from llmtools.formats.sidecar import write_sidecar
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
+Path = __import__("pathlib").Path
 
 
 def write_source(prefix, num_docs, seed, tokenizer_hash=None, dtype=np.uint16):
@@ -292,3 +293,35 @@ def test_real_command_and_fast_help(data, cli_env):
         result.returncode == 2
         and result.stderr.strip() == "llm-mix: error: give exactly one of --num-samples N or --tokens T"
     )
+
+
+@pytest.mark.parametrize(
+    "written, given",
+    [
+        (["web_text_document"], "web"),  # the json2bin -o prefix instead of its dataset
+        (["web_text_document", "web_code_document"], "web"),  # one dataset per --json-keys key
+        ([f"web_k{i}_document" for i in range(7)], "web"),  # many keys: the first few, and a count
+        (["web_en_text_document"], "web_en"),  # an underscore in the prefix itself
+        (["sub/web_text_document"], "sub/web"),  # a prefix in a folder keeps its folder
+        (["web_text_document"], "other"),  # nothing written from this prefix: no suggestion
+    ],
+)
+def test_a_json2bin_output_prefix_gets_its_datasets_suggested(tmp_path, cli_env, written, given):
+    for k, name in enumerate(written):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        write_source(tmp_path / name, 20, k)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "llm-mix"), given,
+         "--num-samples", "10", "--seq-length", "16", "-o", "mix.json"],
+        cwd=tmp_path, env=cli_env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and out.stdout == "", out.stderr
+    assert f"{given}: no such dataset" in out.stderr
+    mine = sorted(n for n in written if n.startswith(given + "_"))
+    if not mine:
+        assert "did you mean" not in out.stderr
+        return
+    shown = mine[:4]
+    assert f"did you mean {' or '.join(shown)}" in out.stderr, out.stderr
+    assert (f"and {len(mine) - 4} more?" in out.stderr) == (len(mine) > 4)
+    assert not (tmp_path / "mix.json").exists()

@@ -342,6 +342,41 @@ def test_mix_export_equals_training_samples_row_for_row(tmp_path, fmt, split):
         assert (out / "data" / f"{split}-00000-of-00001.parquet").exists()
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("same_names", [False, True])
+def test_mix_export_names_the_source_of_every_sample(tmp_path, fmt, same_names):
+    """The blend can be checked from the dataset: each row's source is the mix source the training
+    dataset draws that sample from, by its unique name in the mix.json (two files of one name too)."""
+    from collections import Counter
+
+    from llmtools.data.dataset import BlendedGPTDataset
+
+    mix = make_mix(tmp_path)
+    if same_names:  # the same file name in two folders
+        for k in (0, 1):
+            (tmp_path / f"d{k}").mkdir()
+            for ext in ("bin", "idx"):
+                (tmp_path / f"part{k}.{ext}").rename(tmp_path / f"d{k}" / f"part.{ext}")
+        from llmtools.data.mix import build_plan, save_plan
+        from llmtools.data.mix_config import Blend, MixConfig
+
+        prefixes = [str(tmp_path / "d0" / "part"), str(tmp_path / "d1" / "part")]
+        plan = build_plan(MixConfig(Blend(prefixes, [0.7, 0.3]), seq_length=24, num_samples=300, valid_samples=30))
+        save_plan(plan, mix)
+    plan = json.loads(mix.read_text())
+    names = [s["name"] for s in plan["sources"]]
+    assert len(set(names)) == 2
+    out = tmp_path / "hf"
+    export_hf(ExportConfig(mix, out, format=fmt, progress=False, batch_rows=16))
+    ds = load(out, fmt, tmp_path)
+    training = BlendedGPTDataset.from_mix(mix, split="train")
+    assert ds["source"] == [names[int(d)] for d in training.dataset_index]
+    assert Counter(ds["source"]) == {name: s["samples_drawn"] for name, s in zip(names, plan["sources"], strict=True)}
+    manifest = json.loads((out / "llmtools.json").read_text())
+    assert manifest["features"]["source"]["dtype"] == "string"
+    assert "`source` (string)" in (out / "README.md").read_text()
+
+
 def test_mix_with_int32_and_uint16_sources_and_vocabulary(tmp_path):
     mix = make_mix(tmp_path, dtypes=(np.uint16, np.int32))
     export_hf(ExportConfig(mix, tmp_path / "hf", progress=False))

@@ -1,0 +1,109 @@
+"""A Hugging Face tokenizer folder as ``transformers`` makes it, computed once per folder.
+
+transformers applies a folder's ``tokenizer_config.json`` to the backend tokenizer (``add_bos_token``, added
+tokens, a model class that rebuilds the pipeline), and Megatron-LM tokenizes with what it makes, so we do
+too. Importing transformers (and the torch it imports) costs 5 to 50 s, far more than rendering and
+tokenizing a chat set, and it was paid by every command. What transformers makes of a folder (the backend
+tokenizer's JSON, ``len(tokenizer)``, the EOS and BOS ids) is therefore kept in the cache
+(``$LLMTOOLS_CACHE``, default ``~/.cache/llmtools``; ``tokenizers/<hash>.json``), named by the hash of the
+folder's files and transformers' version: later loads read that file, as fast as the folder's own
+``tokenizer.json``. A cache that cannot be written is skipped; one that does not parse is made again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from llmtools.fsutil import sha256_file, write_text_atomic
+
+FORMAT = 1  # bumped when what is stored changes
+READ_BY_TRANSFORMERS = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "config.json",
+    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
+)  # fmt: skip
+"""The files that can change what transformers makes of a folder (config.json names the class when the
+tokenizer config does not); the cache key hashes each one present."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("LLMTOOLS_CACHE")
+    if root:
+        return Path(root)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "llmtools"
+
+
+def transformers_view(path: Path):
+    """``(tokenizers.Tokenizer, len(tokenizer), eos_id, bos_id)`` as transformers loads the folder ``path``,
+    or None when transformers is not installed or gives no fast tokenizer for it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("transformers")
+    except PackageNotFoundError:
+        return None
+    digest = hashlib.sha256(f"{release}\0{FORMAT}\0".encode())
+    for name in READ_BY_TRANSFORMERS:
+        if (path / name).is_file():
+            digest.update(f"{name}\0{sha256_file(path / name)}\n".encode())
+    import tokenizers
+
+    cached = cache_dir() / "tokenizers" / (digest.hexdigest() + ".json")
+    view = _read(cached)
+    if view is not None:
+        try:
+            return tokenizers.Tokenizer.from_str(view["tokenizer"]), *_ids(view)
+        except Exception:  # noqa: BLE001 - tokenizers raises bare Exception: a damaged entry, made again
+            pass
+    print(f"reading {path} through transformers (once; kept in {cached})", file=sys.stderr, flush=True)
+    view = _make(path)
+    if view is None:
+        return None
+    _write(cached, view)
+    return tokenizers.Tokenizer.from_str(view["tokenizer"]), *_ids(view)
+
+
+def _ids(view: dict) -> tuple:
+    return view["vocab_size"], view["eos_id"], view["bos_id"]
+
+
+def _make(path: Path) -> dict | None:
+    try:
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True)
+    except Exception:  # noqa: BLE001 - not loadable by transformers: the caller reads the config itself
+        return None
+    if not getattr(hf, "is_fast", False):
+        return None
+    return {
+        "tokenizer": hf.backend_tokenizer.to_str(),
+        "vocab_size": len(hf),
+        "eos_id": hf.eos_token_id,
+        "bos_id": hf.bos_token_id,
+    }
+
+
+def _read(cached: Path) -> dict | None:
+    try:
+        view = json.loads(cached.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(view, dict) or not isinstance(view.get("tokenizer"), str):
+        return None
+    numbers = [view.get("vocab_size"), view.get("eos_id"), view.get("bos_id")]
+    if not isinstance(numbers[0], int) or not all(n is None or isinstance(n, int) for n in numbers[1:]):
+        return None
+    return view
+
+
+def _write(cached: Path, view: dict) -> None:
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(cached, json.dumps(view))
+    except OSError:
+        pass  # no cache: the next load asks transformers again
