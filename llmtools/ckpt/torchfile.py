@@ -102,7 +102,11 @@ class LazyTensor:
         return self.read_flat().view(self.shape) if self.shape else self.read_flat()[0]
 
 
-def _rebuild_tensor(storage, storage_offset, size, stride, *_args):
+def _rebuild_tensor(storage, storage_offset, size, stride, *flags):
+    # torch's own takes (requires_grad, backward_hooks[, metadata]) after these: what it would refuse,
+    # refused here too, so that a file this reader passes is one torch's loader reads
+    if len(flags) not in (2, 3):
+        raise pickle.UnpicklingError(f"_rebuild_tensor_v2 with {4 + len(flags)} arguments (6 or 7)")
     if not isinstance(storage, LazyStorage):
         raise pickle.UnpicklingError("a tensor whose storage is not one of the file's storages")
     try:
@@ -115,13 +119,21 @@ def _rebuild_tensor(storage, storage_offset, size, stride, *_args):
     return LazyTensor(storage, offset, shape, strides)
 
 
-def _rebuild_parameter(data, *_args):
+def _rebuild_parameter(data, *flags):
+    if len(flags) != 2:  # requires_grad, backward_hooks
+        raise pickle.UnpicklingError(f"_rebuild_parameter with {1 + len(flags)} arguments (3)")
+    return data
+
+
+def _rebuild_parameter_with_state(data, *flags):
+    if len(flags) != 3:  # requires_grad, backward_hooks, state
+        raise pickle.UnpicklingError(f"_rebuild_parameter_with_state with {1 + len(flags)} arguments (4)")
     return data
 
 
 def _rebuild_from_type_v2(func, _new_type, args, _state):
     # Tensor subclasses (ZeRO-3 saves nn.Parameter this way): keep the plain lazy tensor.
-    if func not in (_rebuild_tensor, _rebuild_parameter):
+    if func not in (_rebuild_tensor, _rebuild_parameter, _rebuild_parameter_with_state):
         raise pickle.UnpicklingError("_rebuild_from_type_v2 of something other than a tensor")
     return func(*args)
 
@@ -160,7 +172,9 @@ def _enum_value(value):
 def _stand_in(module: str, name: str):
     """What the lazy unpickler puts in place of an allowed global."""
     if module == "torch._utils":
-        return _rebuild_tensor if name == "_rebuild_tensor_v2" else _rebuild_parameter
+        return {"_rebuild_tensor_v2": _rebuild_tensor, "_rebuild_parameter": _rebuild_parameter}.get(
+            name, _rebuild_parameter_with_state
+        )
     if module == "torch._tensor":
         return _rebuild_from_type_v2
     if module == "torch" and name != "Size":
