@@ -179,3 +179,36 @@ def test_optimizer_moments_marked_as_a_folder_are_refused(run, env, train_files,
     proc = cli(*_commands(run, out, train_files)[path], env=env, timeout=600)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert str(run / OPTIM) in error_line(proc)
+
+
+@pytest.fixture
+def hf_bin_folder(run, env, tmp_path):
+    """A Hugging Face folder of the run's last step whose weights are an older ``pytorch_model.bin``."""
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "hf"
+    proc = cli("ckpt", "convert", run / STEP4, "--to", "hf", "-o", folder, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    weights = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save(weights, folder / "pytorch_model.bin")
+    return folder, weights
+
+
+@pytest.mark.parametrize("kind", [None, *HOSTILE])
+def test_import_hf_reads_a_weights_bin_through_the_checked_loader(hf_bin_folder, env, tmp_path, kind):
+    from llmtools.ckpt.reader import CheckpointReader
+
+    folder, weights = hf_bin_folder
+    if kind is not None:
+        plant(kind, folder / "pytorch_model.bin")
+    proc = cli("ckpt", "import-hf", folder, "-o", tmp_path / "ckpt", env=env)
+    if kind is None:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        with CheckpointReader(tmp_path / "ckpt") as reader:
+            got = {name: source.load() for name, source in reader.sources().items()}
+        assert all(torch.equal(got[name], weights[name].float()) for name in weights if name in got)
+        return
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert str(folder / "pytorch_model.bin") in error_line(proc)
+    assert not (tmp_path / "ckpt").exists()
