@@ -154,9 +154,10 @@ class _Record:
     def __new__(cls, *_args, **_kwargs):
         return object.__new__(cls)
 
-    def __init__(self, *args, **kwargs) -> None:
-        self.args = args
-        self.__dict__.update(kwargs)
+    def __init__(self, *_args, **_kwargs) -> None:
+        # Only a call runs __init__ (REDUCE): DeepSpeed's objects are pickled as NEWOBJ with their
+        # state after it, and a call with made-up arguments is what the real class would refuse
+        raise pickle.UnpicklingError("a DeepSpeed object called with arguments (it is rebuilt from its state)")
 
     def __repr__(self) -> str:
         return f"_Record({self.__dict__})"
