@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmtools.ckpt import layout
+from llmtools.ckpt import layout, safeload
 from llmtools.errors import InputError, UsageError
 from llmtools.formats import jsonfile
 from llmtools.fsutil import atomic_dir, atomic_path, check_writable
@@ -443,7 +443,7 @@ def _import_hf(hf_dir: Path, output: Path, force: bool) -> Path:
 
     # Three passes over the weights, each with its own bar: read, write, hash.
     with Progress(weight_files_size(hf_dir), "import-hf: read", unit="B") as bar:
-        model = load_hf_model(hf_dir, progress=bar)
+        model = load_hf_model(hf_dir, progress=bar, load_pt=lambda path: safeload.load(path, mmap=True))
     config = model.config
     state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
     if config.tie_word_embeddings:

@@ -45,9 +45,10 @@ def load_init_weights(model, spec: str) -> None:
     (any ZeRO stage; a LoRA checkpoint with its adapters merged into the base)."""
     path = init_checkpoint(spec)
     if path is None:
+        from llmtools.ckpt.safeload import load
         from llmtools.model.hf import load_hf_weights
 
-        load_hf_weights(model, spec)
+        load_hf_weights(model, spec, load_pt=lambda path: load(path, mmap=True))
         return
     import torch
 

@@ -256,9 +256,9 @@ def guard_engine(engine) -> None:
 
     DeepSpeed (0.19) reads model and ZeRO optimizer states with ``engine.checkpoint_engine.load(path,
     map_location)``, which calls ``torch.load(weights_only=False)``. This replaces that one method on this
-    engine's checkpoint engine (not on the class, not for other engines). Its child-process tools
-    (``ds_to_universal``, ``zero_to_fp32``) cannot be routed: they only ever see folders that
-    :func:`check_file` passed file by file (``llm-ckpt verify``).
+    engine's checkpoint engine (not on the class, not for other engines). DeepSpeed's tools
+    (``ds_to_universal`` in its child, ``zero_to_fp32``, the universal loader) call ``torch.load``
+    themselves: :func:`routed_torch_load` sends those calls here too.
     """
     checkpoint_engine = getattr(engine, "checkpoint_engine", None)
     if checkpoint_engine is None or getattr(checkpoint_engine, "_llmtools_safe", False):

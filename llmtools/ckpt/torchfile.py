@@ -102,7 +102,11 @@ class LazyTensor:
         return self.read_flat().view(self.shape) if self.shape else self.read_flat()[0]
 
 
-def _rebuild_tensor(storage, storage_offset, size, stride, *_args):
+def _rebuild_tensor(storage, storage_offset, size, stride, *flags):
+    # torch's own takes (requires_grad, backward_hooks[, metadata]) after these: what it would refuse,
+    # refused here too, so that a file this reader passes is one torch's loader reads
+    if len(flags) not in (2, 3):
+        raise pickle.UnpicklingError(f"_rebuild_tensor_v2 with {4 + len(flags)} arguments (6 or 7)")
     if not isinstance(storage, LazyStorage):
         raise pickle.UnpicklingError("a tensor whose storage is not one of the file's storages")
     try:
@@ -115,13 +119,21 @@ def _rebuild_tensor(storage, storage_offset, size, stride, *_args):
     return LazyTensor(storage, offset, shape, strides)
 
 
-def _rebuild_parameter(data, *_args):
+def _rebuild_parameter(data, *flags):
+    if len(flags) != 2:  # requires_grad, backward_hooks
+        raise pickle.UnpicklingError(f"_rebuild_parameter with {1 + len(flags)} arguments (3)")
+    return data
+
+
+def _rebuild_parameter_with_state(data, *flags):
+    if len(flags) != 3:  # requires_grad, backward_hooks, state
+        raise pickle.UnpicklingError(f"_rebuild_parameter_with_state with {1 + len(flags)} arguments (4)")
     return data
 
 
 def _rebuild_from_type_v2(func, _new_type, args, _state):
     # Tensor subclasses (ZeRO-3 saves nn.Parameter this way): keep the plain lazy tensor.
-    if func not in (_rebuild_tensor, _rebuild_parameter):
+    if func not in (_rebuild_tensor, _rebuild_parameter, _rebuild_parameter_with_state):
         raise pickle.UnpicklingError("_rebuild_from_type_v2 of something other than a tensor")
     return func(*args)
 
@@ -142,9 +154,10 @@ class _Record:
     def __new__(cls, *_args, **_kwargs):
         return object.__new__(cls)
 
-    def __init__(self, *args, **kwargs) -> None:
-        self.args = args
-        self.__dict__.update(kwargs)
+    def __init__(self, *_args, **_kwargs) -> None:
+        # Only a call runs __init__ (REDUCE): DeepSpeed's objects are pickled as NEWOBJ with their
+        # state after it, and a call with made-up arguments is what the real class would refuse
+        raise pickle.UnpicklingError("a DeepSpeed object called with arguments (it is rebuilt from its state)")
 
     def __repr__(self) -> str:
         return f"_Record({self.__dict__})"
@@ -160,7 +173,9 @@ def _enum_value(value):
 def _stand_in(module: str, name: str):
     """What the lazy unpickler puts in place of an allowed global."""
     if module == "torch._utils":
-        return _rebuild_tensor if name == "_rebuild_tensor_v2" else _rebuild_parameter
+        return {"_rebuild_tensor_v2": _rebuild_tensor, "_rebuild_parameter": _rebuild_parameter}.get(
+            name, _rebuild_parameter_with_state
+        )
     if module == "torch._tensor":
         return _rebuild_from_type_v2
     if module == "torch" and name != "Size":
@@ -219,7 +234,7 @@ def load_lazy(path: str | Path) -> Any:
             raise InputError(f"{path}: storage {key} claims {numel} elements but holds {record.size} bytes")
         return LazyStorage(path, record.offset, dtype, numel)
 
-    class _Unpickler(pickle.Unpickler):
+    class _Unpickler(pickle._Unpickler):  # pure Python: a signal stops it between two opcodes
         def find_class(self, module, name):
             return _stand_in(*allowed_name(path, module, name))
 

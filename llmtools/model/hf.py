@@ -66,20 +66,22 @@ def expected_parameter_names(config: ModelConfig, include_tied: bool = False) ->
 
 
 def load_hf_state_dict(
-    folder: str | os.PathLike, dtype: str | torch.dtype | None = None, progress=None
+    folder: str | os.PathLike, dtype: str | torch.dtype | None = None, progress=None, load_pt=None
 ) -> dict[str, torch.Tensor]:
     """All tensors of a Hugging Face model folder: ``model.safetensors``, sharded safetensors with
     ``model.safetensors.index.json``, or (older folders) ``pytorch_model.bin`` (+ index).
 
     ``progress`` (a :class:`llmtools.progress.Progress`, in bytes) is told each tensor as it is read;
-    :func:`weight_files_size` is its total."""
+    :func:`weight_files_size` is its total. ``load_pt(path)``: how a ``.bin`` (a ``torch.save`` zip) is
+    read — the checkpoint layer passes its checked loader, so torch never parses an untrusted archive;
+    without it, ``torch.load(weights_only=True)``."""
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"{folder}: not a folder")
     target = _as_dtype(dtype) if dtype is not None else None
     state: dict[str, torch.Tensor] = {}
     for path in _weight_files(folder):
-        for name, tensor in _read_weight_file(path):
+        for name, tensor in _read_weight_file(path, load_pt):
             if progress is not None:
                 progress.update(tensor.nbytes)
             if name.endswith(IGNORED_SUFFIXES):
@@ -95,7 +97,7 @@ def weight_files_size(folder: str | os.PathLike) -> int:
     return sum(path.stat().st_size for path in _weight_files(Path(folder)))
 
 
-def _read_weight_file(path: Path) -> Iterable[tuple[str, torch.Tensor]]:
+def _read_weight_file(path: Path, load_pt=None) -> Iterable[tuple[str, torch.Tensor]]:
     """The (name, tensor) pairs of one weight file, one tensor at a time for safetensors."""
     from safetensors import SafetensorError, safe_open
 
@@ -105,7 +107,10 @@ def _read_weight_file(path: Path) -> Iterable[tuple[str, torch.Tensor]]:
                 for name in handle.keys():  # noqa: SIM118 (a safetensors handle is not a dict)
                     yield name, handle.get_tensor(name)
             return
-        part = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        if load_pt is not None:
+            part = load_pt(path)
+        else:
+            part = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except (SafetensorError, OSError, RuntimeError, pickle.UnpicklingError) as error:
         # pickle: torch's weights-only loader refused a global (only tensors may be in weights)
         raise InputError(f"{path}: cannot read weights ({str(error).strip().splitlines()[0]})") from None
@@ -172,7 +177,7 @@ def load_state_dict_into(
         model.lm_head.weight = model.model.embed_tokens.weight
 
 
-def load_hf_model(folder: str | os.PathLike, dtype: str | torch.dtype | None = None, progress=None):
+def load_hf_model(folder: str | os.PathLike, dtype: str | torch.dtype | None = None, progress=None, load_pt=None):
     """A :class:`LlamaForCausalLM` with the config and weights of a Hugging Face folder.
 
     Built on the meta device and filled by assignment, so the weights are held once.
@@ -181,20 +186,20 @@ def load_hf_model(folder: str | os.PathLike, dtype: str | torch.dtype | None = N
 
     folder = Path(folder)
     config = from_hf_config(read_hf_config(folder), source=str(folder / "config.json"))
-    state = load_hf_state_dict(folder, dtype=dtype, progress=progress)
+    state = load_hf_state_dict(folder, dtype=dtype, progress=progress, load_pt=load_pt)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     load_state_dict_into(model, state, str(folder), assign=True)
     return model
 
 
-def load_hf_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
+def load_hf_weights(model: torch.nn.Module, folder: str | os.PathLike, load_pt=None) -> None:
     """Copy a Hugging Face folder's weights into an existing model (``--init-from``), after checking
     that the folder's config describes the same shape."""
     folder = Path(folder)
     theirs = from_hf_config(read_hf_config(folder), source=str(folder / "config.json"))
     check_same_shape(model.config, theirs, str(folder / "config.json"))
-    state = load_hf_state_dict(folder)
+    state = load_hf_state_dict(folder, load_pt=load_pt)
     with torch.no_grad():
         load_state_dict_into(model, state, str(folder))
 

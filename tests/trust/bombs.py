@@ -43,7 +43,25 @@ def deep_item(_base: int, depth: int = 100_000) -> bytes:
     return b"]" * depth + b"a" * (depth - 1)
 
 
-ITEMS = {"doubling": doubling_item, "huge-memo": huge_memo_item, "self": self_item, "deep": deep_item}
+def collision_item(_base: int, count: int = 60_000) -> bytes:
+    """A dict of ``count`` integer keys that all hash alike (multiples of 2**61-1, Python's hash modulus):
+    each insertion compares with every key before it, so building it is quadratic (minutes for 60,000
+    keys, 0.8 MB) inside one C call that holds the GIL."""
+    modulus = (1 << 61) - 1
+    out = b"}("  # EMPTY_DICT, MARK
+    for i in range(1, count + 1):
+        key = (modulus * i).to_bytes(((modulus * i).bit_length() + 8) // 8, "little", signed=True)
+        out += b"\x8a" + bytes([len(key)]) + key + b"N"  # LONG1 key, None
+    return out + b"u"  # SETITEMS
+
+
+ITEMS = {
+    "doubling": doubling_item,
+    "huge-memo": huge_memo_item,
+    "self": self_item,
+    "deep": deep_item,
+    "collisions": collision_item,
+}
 
 
 def with_item(data: bytes, kind: str) -> bytes:

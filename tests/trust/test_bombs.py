@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,27 @@ def test_bombs_are_refused_within_bounds(run, env, baseline_peak, kind, command)
     assert str(run / MODEL) in error_line(proc)
     assert elapsed < TIME_BOUND
     assert peak < baseline_peak[command] + RSS_MARGIN, (peak, baseline_peak[command])
+
+
+def _console_verify(step, env):
+    """The installed ``llm-ckpt verify STEP``: (process, seconds)."""
+    start = time.monotonic()
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "llm-ckpt"), "verify", str(step)],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=TIME_BOUND, preexec_fn=_cap_memory,
+    )  # fmt: skip
+    return proc, time.monotonic() - start
+
+
+def test_keys_that_hash_alike_are_refused_before_unpickling(run, env):
+    """60,000 integer keys that all hash alike (0.8 MB): unpickling them is quadratic, minutes inside one
+    C call that holds the GIL, deaf to SIGTERM. The installed command refuses them in about the time it
+    takes to verify the good checkpoint."""
+    good, baseline = _console_verify(run / STEP4, env)
+    assert good.returncode == 0, good.stderr[-2000:]
+    _plant(run, "collisions")
+    proc, elapsed = _console_verify(run / STEP4, env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = error_line(proc)
+    assert str(run / MODEL) in line and "dict key" in line, line
+    assert elapsed < baseline + 20, (elapsed, baseline)
