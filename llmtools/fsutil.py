@@ -127,6 +127,28 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+def printable(text: str) -> str:
+    """``text`` (prose that names paths: a dataset card, a message) as valid Unicode: each byte of a path
+    that is not UTF-8 (Python's lone surrogate ``\\udcNN``) shown as ``\\xNN``, the way a shell's
+    ``$'...'`` writes it; any other lone surrogate as its ``\\uNNNN`` escape. Text that is valid already
+    is returned unchanged. For prose only: a file that must give the bytes back uses ``bytes_b64``
+    (:func:`llmtools.formats.jsonfile.portable`)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    out = []
+    for char in text:
+        if "\udc80" <= char <= "\udcff":
+            out.append(f"\\x{ord(char) - 0xDC00:02x}")
+        elif "\ud800" <= char <= "\udfff":
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
 # -- temporaries -----------------------------------------------------------------------------------
 @contextlib.contextmanager
 def text_path(path: str | os.PathLike) -> Iterator[str]:

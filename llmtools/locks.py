@@ -170,11 +170,14 @@ on_abort(_unlink_held)
 class Lock:
     """A held lock; :meth:`release` (or leaving the ``with`` block) lets it go."""
 
-    def __init__(self, lock_file: Path, target: str, key: str) -> None:
+    def __init__(self, lock_file: Path, target: str, key: str, fresh: bool = False) -> None:
         self.path = lock_file
         self.target = target
         self._key = key
         self._released = False
+        self.fresh = fresh
+        """Taken here from no holder (not a nested hold, not a filesystem without locks): every earlier
+        writer of the target is gone."""
 
     def release(self) -> None:
         if self._released:
@@ -219,10 +222,10 @@ def acquire(
         entry = _held.get(key)
         if entry is not None:  # this process holds it already (a library call inside another)
             entry[1] += 1
-            return Lock(lock_file, target, key)
+            return Lock(lock_file, target, key, fresh=False)
         fd = _acquire(lock_file, target, _me(command))
         _held[key] = [fd, 1]
-    return Lock(lock_file, target, key)
+    return Lock(lock_file, target, key, fresh=fd is not None)
 
 
 def _acquire(lock_file: Path, target: str, me: Holder) -> int | None:
@@ -321,7 +324,64 @@ def lock_output(
     targets = sorted({os.path.normpath(str(o)) for o in outputs})
     with contextlib.ExitStack() as stack:
         held = [stack.enter_context(acquire(lock_path(t), t, command)) for t in targets]
+        for target, lock in zip(targets, held, strict=True):
+            if lock.fresh:  # a nested hold: the temporaries there may be this process's own
+                remove_dead_temporaries(target)
         yield held
+
+
+def _lock_is_free(lock_file: Path) -> bool:
+    """No live process holds ``lock_file`` (missing, or lockable now; the test lock is let go at once)."""
+    try:
+        fd = os.open(lock_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # a link or something unreadable: not ours to judge
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the test lock
+    return True
+
+
+def remove_dead_temporaries(target: str | os.PathLike) -> list[Path]:
+    """The temporaries a killed writer of ``target`` left beside it (``TARGET.tmp-*``, and those of its
+    files, ``TARGET.bin.tmp-*``...), removed by whoever holds ``target``'s lock now: a writer takes the lock
+    before its first temporary, so with the lock held here no live writer of ``target`` has any. A
+    temporary another output could own (``TARGET.v2.bin.tmp-*`` is also ``TARGET.v2``'s) is left while
+    that output's lock is held. Returns what was removed."""
+    import shutil
+
+    from llmtools.fsutil import TMP_MARK
+
+    target = Path(target)
+    folder, name = target.parent, target.name
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        owner, mark, _ = entry.name.partition(TMP_MARK)
+        if not mark or not (owner == name or owner.startswith(name + ".")):
+            continue
+        # Every other output this could be a temporary of: OWNER, and OWNER less its dotted suffixes.
+        others = [owner]
+        while "." in others[-1] and others[-1] != name:
+            others.append(others[-1].rsplit(".", 1)[0])
+        if not all(_lock_is_free(lock_path(folder / other)) for other in others if other != name):
+            continue
+        path = folder / entry.name
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path)
+    return removed
 
 
 @contextlib.contextmanager

@@ -21,6 +21,19 @@ from typing import Any, Protocol
 from llmtools.errors import UsageError
 
 
+def _anchored(identity: Any) -> Any:
+    """The tokenizer identity with its source made absolute: a relative source means the folder the run
+    was started in, which a later reader (``llm-ckpt eval`` from elsewhere) cannot know."""
+    if not isinstance(identity, Mapping) or not isinstance(identity.get("source"), str):
+        return identity
+    import os
+
+    source = identity["source"]
+    if source == "byte" or os.path.isabs(source) or not os.path.exists(source):
+        return identity
+    return {**identity, "source": os.path.abspath(source)}
+
+
 class Stateful(Protocol):
     """A checkpointed part of a run."""
 
@@ -43,7 +56,7 @@ def summarize(client_state: Mapping[str, Any]) -> dict[str, Any]:
         "config_hash": client_state.get("config_hash"),
         "config": client_state.get("config"),  # what a resume compares its config with
         "model": client_state.get("model"),
-        "tokenizer": client_state.get("tokenizer"),
+        "tokenizer": _anchored(client_state.get("tokenizer")),
         "expert_parallel": client_state.get("expert_parallel"),
     }
 

@@ -23,11 +23,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from llmtools.ckpt.meta import TensorLayout, parse_tensor_layout, tensor_layout
 from llmtools.errors import InputError
 
 # How DeepSpeed's AutoTP layers cut their weight: class name -> the dimension of the weight that is split.
 SPLIT_LAYERS = {"LinearLayer": 0, "LinearAllreduce": 1}
-MAX_DEGREE = 1024
 
 
 def split_dims(module) -> dict[str, int]:
@@ -63,13 +63,8 @@ def describe(module, degree: int, group) -> dict[str, Any]:
 
 def degree(meta: dict[str, Any] | None) -> int:
     """The tensor-parallel degree a checkpoint was saved with (1 when meta.json records none)."""
-    record = (meta or {}).get("tensor_parallel")
-    if record is None:
-        return 1
-    found = record.get("degree") if isinstance(record, dict) else None
-    if isinstance(found, bool) or not isinstance(found, int) or not 1 <= found <= MAX_DEGREE:
-        raise InputError(f"meta.json[tensor_parallel][degree]: {found!r} (an integer 1..{MAX_DEGREE})")
-    return found
+    found = tensor_layout(meta)
+    return 1 if found is None else found.degree
 
 
 def check_same_replicas(meta: dict[str, Any], where: Path, saved: int, now: int) -> None:
@@ -84,25 +79,10 @@ def check_same_replicas(meta: dict[str, Any], where: Path, saved: int, now: int)
 
 
 def _checked(record: Any, where: str) -> tuple[int, dict[str, int], dict[str, tuple[int, ...]]]:
-    if not isinstance(record, dict):
+    found = record if isinstance(record, TensorLayout) else parse_tensor_layout(record, where)
+    if found is None:
         raise InputError(f"{where}: not an object")
-    n = degree({"tensor_parallel": record})
-    dims, shapes = record.get("split_dims"), record.get("shapes")
-    if not isinstance(dims, dict) or not isinstance(shapes, dict) or set(dims) != set(shapes):
-        raise InputError(f"{where}: split_dims and shapes must be objects naming the same parameters")
-    out_shapes = {}
-    for name, dim in dims.items():
-        shape = shapes[name]
-        if (
-            not isinstance(shape, list)
-            or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 40 for s in shape)
-            or isinstance(dim, bool)
-            or not isinstance(dim, int)
-            or not 0 <= dim < len(shape)
-        ):
-            raise InputError(f"{where}[{name}]: split dimension {dim!r} of shape {shape!r} is not valid")
-        out_shapes[name] = tuple(shape)
-    return n, dict(dims), out_shapes
+    return found.degree, found.split_dims, found.shapes
 
 
 class Joined:
@@ -162,19 +142,19 @@ def joined_sources(checkpoint: Path, meta: dict[str, Any]) -> Iterator[dict[str,
     from llmtools.ckpt.reader import CheckpointReader
 
     where = f"{checkpoint / 'meta.json'}[tensor_parallel]"
-    n = degree(meta)
+    found = tensor_layout(meta)
+    if found is None:
+        raise InputError(f"{where}: missing (not a tensor-parallel checkpoint)")
     with contextlib.ExitStack() as stack:
-        readers = [stack.enter_context(CheckpointReader(checkpoint, mp_rank=m)) for m in range(n)]
-        yield join(
-            [reader.sources(include_buffers=False) for reader in readers], meta["tensor_parallel"], where
-        )
+        readers = [stack.enter_context(CheckpointReader(checkpoint, mp_rank=m)) for m in range(found.degree)]
+        yield join([reader.sources(include_buffers=False) for reader in readers], found, where)
 
 
 def whole_parameters(shapes: dict[str, list[int]], meta: dict[str, Any]) -> int:
     """The number of parameters of the whole model, from shard 0's shapes and the record."""
-    whole = dict(shapes)
-    record = meta.get("tensor_parallel") if isinstance(meta.get("tensor_parallel"), dict) else {}
-    whole.update(record.get("shapes") or {})
+    whole: dict[str, Any] = dict(shapes)
+    found = tensor_layout(meta)
+    whole.update(found.shapes if found is not None else {})
     return sum(math.prod(int(s) for s in shape) for shape in whole.values())
 
 

@@ -12,18 +12,16 @@ save time. A checkpoint that verifies is safe to resume from, convert or inspect
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llmtools.ckpt import layout
+from llmtools.ckpt.meta import REQUIRED_KEYS, read_meta  # noqa: F401 - the one reader of meta.json, re-exported
 from llmtools.errors import InputError
-from llmtools.formats import jsonfile
 from llmtools.fsutil import inside
 
 _CHUNK = 1 << 22
-REQUIRED_KEYS = ("format", "version", "step", "complete", "files", "world_size", "zero_stage", "precision")
 
 
 def sha256_file(path: str | Path, progress=None) -> str:
@@ -68,80 +66,6 @@ def file_manifest(folder: str | Path, fsync: bool = False, progress=None) -> dic
             fsync_file(file)
         files[name] = {"size": file.stat().st_size, "sha256": sha256_file(file, progress)}
     return files
-
-
-def read_meta(path: str | Path) -> dict[str, Any]:
-    """meta.json of a checkpoint folder; InputError naming the file when missing or malformed."""
-    meta_path = Path(path) / layout.META
-    try:
-        text = meta_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(
-            f"{meta_path}: missing (the save did not finish, or this is not a checkpoint)"
-        ) from None
-    try:
-        meta = jsonfile.loads(text, ours=True)
-    except json.JSONDecodeError as error:
-        raise InputError(f"{meta_path}:{error.lineno}: not valid JSON ({error.msg})") from None
-    if not isinstance(meta, dict):
-        raise InputError(f"{meta_path}: expected a JSON object")
-    for key in REQUIRED_KEYS:
-        if key not in meta:
-            raise InputError(f"{meta_path}[{key}]: missing")
-    if meta["format"] != layout.META_FORMAT:
-        raise InputError(f"{meta_path}[format]: {meta['format']!r}, expected {layout.META_FORMAT!r}")
-    _check_types(meta, meta_path)
-    return meta
-
-
-def _is_int(value: Any, low: int = 0, high: int | None = None) -> bool:
-    return (
-        isinstance(value, int)
-        and not isinstance(value, bool)
-        and value >= low
-        and (high is None or value <= high)
-    )
-
-
-def _check_types(meta: dict[str, Any], meta_path: Path) -> None:
-    """The fields the readers use, with the types they assume (a hostile or mangled meta.json stops here)."""
-
-    def bad(key: str, expected: str) -> InputError:
-        return InputError(f"{meta_path}[{key}]: {meta.get(key)!r}, expected {expected}")
-
-    checks = {
-        "version": (_is_int(meta["version"]), "an integer"),
-        "step": (_is_int(meta["step"]), "an integer >= 0"),
-        "complete": (isinstance(meta["complete"], bool), "true or false"),
-        "files": (isinstance(meta["files"], dict), "an object of file entries"),
-        "world_size": (_is_int(meta["world_size"], 1), "an integer >= 1"),
-        "zero_stage": (_is_int(meta["zero_stage"], 0, 3), "0, 1, 2 or 3"),
-        "precision": (isinstance(meta["precision"], str), "a string"),
-    }
-    optional = {
-        "dp_world_size": lambda v: _is_int(v, 1),
-        "consumed_samples": lambda v: _is_int(v),
-        "consumed_tokens": lambda v: _is_int(v),
-        "param_shapes": lambda v: (
-            isinstance(v, dict)
-            and all(isinstance(s, list) and all(_is_int(d) for d in s) for s in v.values())
-        ),
-        "model": lambda v: isinstance(v, dict),
-        "tokenizer": lambda v: isinstance(v, dict),
-        "init_only": lambda v: isinstance(v, bool),
-        "time": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    }
-    for key, (ok, expected) in checks.items():
-        if not ok:
-            raise bad(key, expected)
-    for key, ok in optional.items():
-        if meta.get(key) is not None and not ok(meta[key]):
-            raise bad(key, "a value of the right type (see schemas/checkpoint-meta.schema.json)")
-    for name, entry in meta["files"].items():
-        if not (
-            isinstance(entry, dict) and _is_int(entry.get("size")) and isinstance(entry.get("sha256"), str)
-        ):
-            raise InputError(f"{meta_path}[files.{name}]: expected {{size: integer, sha256: string}}")
 
 
 @dataclass

@@ -134,7 +134,7 @@ def inspect_(
 
 def _data_ledger(path: Path, as_json: bool) -> str:
     from llmtools.ckpt.convert import resolve_checkpoint
-    from llmtools.ckpt.verify import read_meta
+    from llmtools.ckpt.meta import read_meta
     from llmtools.data.ledger_report import format_ledger, ledger_report
     from llmtools.formats.quarantine import quarantine_path, read_records
 
@@ -305,10 +305,8 @@ def eval_(
 ) -> None:
     from llmtools.ckpt import harness
     from llmtools.ckpt.convert import resolve_checkpoint
-    from llmtools.ckpt.verify import read_meta
     from llmtools.dirfd import make_folder, refuse_link
     from llmtools.fsutil import write_text_atomic
-    from llmtools.tokenize.loader import load_tokenizer
 
     if limit is not None and limit < 1:
         raise InputError(f"--limit: must be >= 1, got {limit}")
@@ -316,13 +314,7 @@ def eval_(
         raise InputError(f"--batch: must be >= 1, got {batch}")
     found = harness.check_ready(tasks)
     path = resolve_checkpoint(checkpoint)
-    source = tokenizer or ((read_meta(path).get("tokenizer") or {}).get("source"))
-    if not source:
-        raise InputError(f"{path}/meta.json[tokenizer]: records no tokenizer; pass --tokenizer")
-    try:
-        tok = load_tokenizer(str(source), backend="tokenizers")
-    except InputError as error:
-        raise InputError(f"--tokenizer: {source}: {error}") from None
+    tok = _eval_tokenizer(path, tokenizer)
     where = harness.results_path(path)
     refuse_link(where.parent)  # a link at RUN/eval is refused before the work, and again when writing
     results = harness.evaluate_checkpoint(path, found, tok, limit=limit, batch=batch)
@@ -335,6 +327,32 @@ def eval_(
     write_text_atomic(where, harness.dumps(report))
     log(f"llm-ckpt: results in {where}")
     emit(jsonfile.output(report))
+
+
+def _eval_tokenizer(path: Path, given: str | None):
+    """The tokenizer ``llm-ckpt eval`` scores with: ``--tokenizer``, else the one meta.json records,
+    found relative to the run (never the current folder) and refused unless it has the recorded hash."""
+    from llmtools.ckpt.meta import read_meta, recorded_tokenizer
+    from llmtools.tokenize.loader import load_tokenizer
+
+    if given:
+        try:
+            return load_tokenizer(given, backend="tokenizers")
+        except InputError as error:
+            raise InputError(f"--tokenizer: {given}: {error}") from None
+    recorded = recorded_tokenizer(path, read_meta(path))
+    if recorded is None:
+        raise InputError(f"{path}/meta.json[tokenizer]: records no tokenizer; pass --tokenizer")
+    try:
+        tok = load_tokenizer(recorded.source, backend="tokenizers")
+    except InputError as error:
+        raise InputError(f"{recorded.where}: {error} (pass --tokenizer)") from None
+    if recorded.hash and tok.hash != recorded.hash:
+        raise InputError(
+            f"{recorded.where}: the tokenizer at {recorded.source} is not the one the checkpoint's data was "
+            f"made with (sha256 {tok.hash[:12]}..., recorded {recorded.hash[:12]}...); pass --tokenizer"
+        )
+    return tok
 
 
 IMPORT_HELP = """Bring a Hugging Face Llama/Qwen3 model folder in as a step-0 checkpoint.

@@ -87,18 +87,28 @@ def _report_counts(counts, quiet: bool) -> None:
 
 
 class _StopFlag:
-    """First Ctrl-C / SIGTERM asks the follow loop to stop after a last commit; a second one aborts."""
+    """First Ctrl-C / SIGTERM asks the follow loop to stop after a last commit; a second one aborts.
+
+    A follow stopped by a signal still ends as every command a signal stops does (:meth:`finish`, once
+    its results are out): exit 128 + the signal, so a script or scheduler sees it was stopped."""
 
     def __init__(self) -> None:
         self.stop = False
+        self.signum: int | None = None
 
     def __call__(self, signum, frame) -> None:
         if self.stop:
             from llmtools.errors import Interrupted
 
             raise Interrupted(signum)
-        self.stop = True
+        self.stop, self.signum = True, signum
         log("llm-log: stopping (committing what was converted; Ctrl-C again to abort)")
+
+    def finish(self) -> None:
+        if self.signum is not None:
+            from llmtools.errors import Interrupted
+
+            raise Interrupted(self.signum)
 
 
 @app.command("tb", help=TB_HELP, no_args_is_help=True)
@@ -151,6 +161,7 @@ def tb(
     else:
         for info in result.runs.values():
             emit(info["events_file"])
+    flag.finish()
 
 
 TRACK_HELP = """Upload a run to {title}: every metric at its step ({what}).
@@ -212,6 +223,7 @@ def _upload(
     else:
         for name, info in result["runs"].items():
             emit(f"{name}\t{info['id']}\t{info['points']} new points")
+    flag.finish()
 
 
 _DIR_HELP = "Folder for the tracker's local files (W&B offline runs, MLflow's folder store) and the state."

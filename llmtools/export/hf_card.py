@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmtools.formats import jsonfile
+from llmtools.fsutil import printable
 
 
 def dataset_card(manifest: dict) -> str:
@@ -82,4 +83,6 @@ def dataset_card(manifest: dict) -> str:
     if sidecar.get("counts"):
         lines.append(f"- counts: `{jsonfile.dumps(sidecar['counts'])}`")
     lines.append("")
-    return "\n".join(lines)
+    # Prose for people and the Hub (which wants UTF-8): paths that are not UTF-8 shown by the one rule;
+    # llmtools.json beside it keeps their exact bytes.
+    return printable("\n".join(lines))

@@ -118,6 +118,19 @@ def flatten(config: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+class TrackerWarning(str):
+    """The line a failing tracker warns with (``warning: NAME: ... failed (...); reporting to NAME stops
+    here``); ``failure`` is what failed without the level, for a caller that reports it as an error
+    (one level per line: never "error: ... warning: ...")."""
+
+    failure: str
+
+    def __new__(cls, failure: str, name: str) -> TrackerWarning:
+        line = super().__new__(cls, f"warning: {failure}; reporting to {name} stops here")
+        line.failure = failure
+        return line
+
+
 class TrackerState:
     """The ids of the tracker runs a training run reports to: a stateful part saved with each checkpoint,
     so that a resumed run continues the same tracker runs."""
@@ -157,9 +170,7 @@ class Tracker:
         except Exception as error:  # noqa: BLE001 - any failure of a tracker: warn, go on without it
             self.alive = False
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            self.warn(
-                f"warning: {self.name}: {what} failed ({first[:300]}); reporting to {self.name} stops here"
-            )
+            self.warn(TrackerWarning(f"{self.name}: {what} failed ({first[:300]})", self.name))
             return None
 
     def new_metrics(self, record: dict, step: int) -> dict[str, float]:

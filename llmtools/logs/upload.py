@@ -132,7 +132,7 @@ def upload(
                 tracking_uri=config.tracking_uri,
             )  # fmt: skip
             if not trackers:
-                raise RuntimeFailure(f"{path}: {warnings[-1] if warnings else 'the tracker did not start'}")
+                raise RuntimeFailure(f"{path}: {_failure(warnings) or 'the tracker did not start'}")
             entry.update(ids.state_dict())
             # the id first, durably: a crash after this continues the same tracker run
             write_text_atomic(state_path, jsonfile.dumps(state, indent=1) + "\n")
@@ -155,7 +155,7 @@ def upload(
                         written += fresh
                         points[name] += fresh
                 if not tracker.alive:
-                    raise RuntimeFailure(f"{reader.name}: {warnings[-1]}")
+                    raise RuntimeFailure(f"{reader.name}: {_failure(warnings)}")
             return written
 
         if not config.follow:
@@ -172,7 +172,7 @@ def upload(
             counts.merge(reader.counts)
             tracker.close()
             if not tracker.alive:
-                raise RuntimeFailure(f"{reader.name}: {warnings[-1]}")
+                raise RuntimeFailure(f"{reader.name}: {_failure(warnings)}")
     finally:
         for _, _, _, reader in opened:
             reader.close()
@@ -184,6 +184,13 @@ def upload(
         "lines": counts.as_dict(),
         "counts": counts,
     }
+
+
+def _failure(warnings: list[str]) -> str:
+    """The last tracker warning as the cause of an error: what failed, without its own level."""
+    if not warnings:
+        return ""
+    return getattr(warnings[-1], "failure", warnings[-1].removeprefix("warning: "))
 
 
 def _log(tracker: Tracker, record: Record) -> int:

@@ -132,7 +132,7 @@ def test_follow_uploads_as_the_log_grows(tmp_path, env):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, stderr
+    assert proc.returncode == 128 + signal.SIGINT, stderr  # stopped by a signal, as every command
     assert [s for s, _ in mlflow_history(tmp_path / "t", "train/loss")] == expected
 
 
