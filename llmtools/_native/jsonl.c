@@ -174,14 +174,18 @@ static int string_value(cursor *c, uint8_t *out, int64_t *written, int *escaped)
 }
 
 /* -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? -- NaN and Infinity (which json.loads accepts) are
- * not plain. */
+ * not plain, nor an integer part longer than MAX_INT_DIGITS (the Python parser refuses such an integer,
+ * llmtools.formats.jsonfile.MAX_INT_DIGITS, and decides the line). */
+#define MAX_INT_DIGITS 4300
 static int number_value(cursor *c) {
     if (c->p < c->end && *c->p == '-') c->p++;
     if (c->p >= c->end) return 0;
     if (*c->p == '0') {
         c->p++;
     } else if (*c->p >= '1' && *c->p <= '9') {
+        const uint8_t *first = c->p;
         while (c->p < c->end && *c->p >= '0' && *c->p <= '9') c->p++;
+        if (c->p - first > MAX_INT_DIGITS) return 0;
     } else {
         return 0;
     }

@@ -39,7 +39,8 @@ Bad pairs (malformed JSON, missing key, unknown role, one answer a string and th
 no assistant answer after the prompt, a prompt rendered differently before the two answers, a
 template that fails or exceeds its limits: 16M characters per conversation, --template-timeout)
 stop the run with FILE:LINE and exit 2, leaving no output; --skip-bad skips
-and counts them.
+and counts them. Renderings are deterministic: strftime_now gives --template-date (never the
+clock), and a template that uses a source of randomness (random, lipsum) is refused, exit 2.
 
 \b
 Examples:
@@ -86,18 +87,26 @@ def pref_cmd(
     template_timeout: float = typer.Option(
         10.0, "--template-timeout", help="Seconds a conversation may take to render (a bad pair beyond)."
     ),
+    template_date: str = typer.Option(
+        None,
+        "--template-date",
+        help="The day a template's strftime_now gives, YYYY-MM-DD (default 2024-07-26, never the clock; "
+        "recorded in the sidecar).",
+    ),
     force: bool = typer.Option(False, "--force", help="Replace earlier outputs of llmtools."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary on stderr."),
 ) -> None:
     from llmtools.cli.claim import claim, input_paths
     from llmtools.prep.pref import PrefConfig, build_pref
+    from llmtools.prep.template_sandbox import DEFAULT_TEMPLATE_DATE
 
     config = PrefConfig(inputs=inputs, tokenizer=tokenizer, output_prefix=output, chat_template=chat_template,
                         prompt_key=prompt_key, chosen_key=chosen_key, rejected_key=rejected_key,
                         system_key=system_key, system_prompt=system_prompt, max_length=max_length,
                         max_prompt_length=max_prompt_length, overflow=overflow, split=split, skip_bad=skip_bad,
-                        force=force, template_timeout=template_timeout)  # fmt: skip
+                        force=force, template_timeout=template_timeout,
+                        template_date=template_date or DEFAULT_TEMPLATE_DATE)  # fmt: skip
     claim(config.output().claimed(), inputs=input_paths([*inputs, tokenizer, chat_template]), force=force)
     result = build_pref(config)
     report("llm-prep pref", result, as_json, quiet)

@@ -25,6 +25,8 @@ INPUT: JSONL files, globs or - (.gz/.zst ok), or local HF datasets (save_to_disk
 \b
 --chat-template: default the tokenizer's own (tokenizer_config.json / chat_template.jinja in its
 folder), rendered exactly as transformers' apply_chat_template; or chatml, llama3; or a file.
+Renderings are deterministic: strftime_now gives --template-date (never the clock), and a template
+that uses a source of randomness (the random filter, lipsum) is refused in one line, exit 2.
 Bad records (malformed JSON, missing key, unknown role, empty assistant turn, no assistant turn,
 a template that fails, or exceeds its limits: 16M characters per conversation, --template-timeout)
 stop the run with FILE:LINE and exit 2, leaving no output; --skip-bad skips and counts them. Over-long samples are truncated or dropped (--overflow) and counted.
@@ -81,18 +83,26 @@ def sft_cmd(
     template_timeout: float = typer.Option(
         10.0, "--template-timeout", help="Seconds a conversation may take to render (a bad record beyond)."
     ),
+    template_date: str = typer.Option(
+        None,
+        "--template-date",
+        help="The day a template's strftime_now gives, YYYY-MM-DD (default 2024-07-26, never the clock; "
+        "recorded in the sidecar).",
+    ),
     force: bool = typer.Option(False, "--force", help="Replace earlier outputs of llmtools."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary on stderr."),
 ) -> None:
     from llmtools.cli.claim import claim, input_paths
     from llmtools.prep.sft import SftConfig, build_sft
+    from llmtools.prep.template_sandbox import DEFAULT_TEMPLATE_DATE
 
     config = SftConfig(inputs=inputs, tokenizer=tokenizer, output_prefix=output, format=fmt,
                        chat_template=chat_template, messages_key=messages_key, prompt_key=prompt_key,
                        response_key=response_key, system_key=system_key, system_prompt=system_prompt,
                        max_length=max_length, overflow=overflow, pack=pack, append_eod=append_eod, split=split,
-                       skip_bad=skip_bad, force=force, template_timeout=template_timeout)  # fmt: skip
+                       skip_bad=skip_bad, force=force, template_timeout=template_timeout,
+                        template_date=template_date or DEFAULT_TEMPLATE_DATE)  # fmt: skip
     claim(config.output().claimed(), inputs=input_paths([*inputs, tokenizer, chat_template]), force=force)
     result = build_sft(config)
     report("llm-prep sft", result, as_json, quiet)

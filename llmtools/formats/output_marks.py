@@ -27,7 +27,6 @@ replace is :func:`llmtools.cli.claim.claim`'s.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import struct
 from pathlib import Path
@@ -90,7 +89,7 @@ def _json_format(path: Path) -> str | None:
     try:
         if path.stat().st_size > 64 << 20:  # none of our JSON files is this large
             return None
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = jsonfile.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     value = data.get("format") if isinstance(data, dict) else None
@@ -102,7 +101,7 @@ def _jsonl_format(path: Path) -> str | None:
     try:
         with open(path, "rb") as handle:
             first = handle.readline(1 << 20)
-        data = json.loads(first)
+        data = jsonfile.loads(first)
     except (OSError, ValueError):
         return None
     value = data.get("format") if isinstance(data, dict) else None
@@ -133,7 +132,7 @@ def safetensors_producer(path: Path) -> str | None:
             (size,) = struct.unpack("<Q", handle.read(8))
             if size > 100 << 20:
                 return None
-            header = json.loads(handle.read(size))
+            header = jsonfile.loads(handle.read(size))
     except (OSError, ValueError, struct.error):
         return None
     meta = header.get("__metadata__") if isinstance(header, dict) else None

@@ -161,10 +161,7 @@ def sample_tokens(path: str | os.PathLike, numbered: list) -> list[tuple[dict, d
 def _parse(raw: bytes, at: str, run: str | None, whose: str) -> dict:
     if len(raw) > MAX_LINE:
         raise InputError(f"{at}: a line of {len(raw)} bytes (more than {MAX_LINE}); not a quarantine file")
-    try:
-        record = jsonfile.loads(raw, ours=True)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise InputError(f"{at}: not valid JSON ({error})") from None
+    record = jsonfile.parse_line(raw, at, ours=True)
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise InputError(f"{at}: not a quarantine record (format is not {FORMAT!r})")
     if record.get("version") != VERSION:

@@ -10,13 +10,15 @@ file's kind is an :class:`InputError` naming the file and line.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmtools.errors import InputError
+from llmtools.formats import jsonfile
 
 KINDS = ("multiple_choice", "perplexity")
+MAX_LINE_BYTES = 64 << 20
+"""The longest example line read (a task file is read whole into memory)."""
 
 
 @dataclass
@@ -40,26 +42,24 @@ def read_task_files(paths: list[str], base: Path | None = None, where: str = "ev
         if name in names:
             raise InputError(f"{where}: two tasks named {name!r} (file names must differ)")
         names.add(name)
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            raise InputError(f"{where}: {path}: no such task file") from None
-        except (OSError, UnicodeDecodeError) as error:
-            raise InputError(f"{where}: {path}: unreadable ({error})") from None
+        if not path.is_file():
+            raise InputError(f"{where}: {path}: no such task file")
         task = TaskFile(name, path, "")
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            at = f"{path}:{number}"
-            try:
-                item = json.loads(line)
-            except ValueError as error:
-                raise InputError(f"{at}: not JSON ({error})") from None
-            kind = example_kind(item, at)
-            if task.kind and kind != task.kind:
-                raise InputError(f"{at}: a {kind} example in a {task.kind} task (one kind per file)")
-            task.kind = kind
-            task.examples.append(item)
+        # The bounded parser, strict: lm-eval reads the same file again with a JSON reader that takes
+        # neither NaN nor Infinity, and a lone surrogate cannot be tokenized.
+        try:
+            for number, item in jsonfile.read_lines(path, max_line=MAX_LINE_BYTES, finite=True, strings=True):
+                at = f"{path}:{number}"
+                kind = example_kind(item, at)
+                if task.kind and kind != task.kind:
+                    raise InputError(f"{at}: a {kind} example in a {task.kind} task (one kind per file)")
+                task.kind = kind
+                task.examples.append(item)
+        except jsonfile.BadLine as error:
+            if error.kind != "malformed_json":
+                raise
+            what = error.what.removeprefix("malformed JSON: ")
+            raise InputError(f"{error.place}: not JSON ({what})") from None
         if not task.examples:
             raise InputError(f"{where}: {path}: no examples")
         tasks.append(task)

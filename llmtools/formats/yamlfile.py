@@ -66,7 +66,8 @@ def loads(text: str, where: str) -> Any:
         line = f":{mark.line + 1}" if mark is not None else ""
         if isinstance(error, _Refused):
             raise Refused(f"{where}{line}: {error.problem}") from None
-        raise InputError(f"{where}{line}: not valid YAML ({getattr(error, 'problem', None) or error})") from None
+        problem = getattr(error, "problem", None) or error
+        raise InputError(f"{where}{line}: not valid YAML ({problem})") from None
     except RecursionError:  # the scanner's own recursion, before a node is composed
         raise Refused(f"{where}: YAML nested too deeply") from None
 
@@ -78,7 +79,8 @@ def read(path, what: str = "YAML file") -> Any:
     except FileNotFoundError:
         raise InputError(f"{path}: no such {what}") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"{path}: cannot read this {what} ({getattr(error, 'strerror', None) or error})") from None
+        reason = getattr(error, "strerror", None) or error
+        raise InputError(f"{path}: cannot read this {what} ({reason})") from None
     return loads(text, str(path))
 
 

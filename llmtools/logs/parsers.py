@@ -94,12 +94,15 @@ class JsonlParser(Parser):
         return isinstance(data, dict) and "step" in data
 
     def parse(self, line: str, number: int) -> tuple[str, list[Record]]:
-        try:
-            data = jsonfile.loads(line)
-        except ValueError as error:
-            if line.lstrip().startswith("{"):
-                return "invalid", [Record("invalid", 0, None, message=f"not valid JSON ({error})")]
-            return "other", []
+        try:  # a name holding a lone surrogate ("\ud800") cannot be a tag in any writer: refused too
+            data = jsonfile.parse_line(line, f"line {number}", strings=True)
+        except jsonfile.BadLine as error:
+            if not line.lstrip().startswith("{"):
+                return "other", []
+            what = error.what
+            if error.kind == "malformed_json":
+                what = f"not valid JSON ({what.removeprefix('malformed JSON: ')})"
+            return "invalid", [Record("invalid", 0, None, message=what)]
         if not isinstance(data, dict):
             return "invalid", [Record("invalid", 0, None, message="a JSON value that is not an object")]
         kind = data.get("kind", "train")

@@ -19,7 +19,6 @@ library that is not installed) is :func:`check_available`'s business.
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import os
 from collections.abc import Callable
@@ -319,7 +318,7 @@ def read_wandb_history(wandb_dir: Path, run_id: str) -> list[tuple[int, dict[str
                 row, step = {}, None
                 for item in record.history.item:
                     key = item.key or "/".join(item.nested_key)
-                    value = json.loads(item.value_json)
+                    value = jsonfile.loads(item.value_json)
                     if key == "_step":
                         step = int(value)
                     elif not key.startswith("_"):
@@ -352,7 +351,7 @@ def read_wandb_summary(wandb_dir: Path, run_id: str) -> dict[str, Any]:
                 for item in record.summary.update:
                     key = item.key or "/".join(item.nested_key)
                     if key.startswith("event/") or key.startswith("checkpoint/"):
-                        out[key] = json.loads(item.value_json)
+                        out[key] = jsonfile.loads(item.value_json)
         except Exception:  # noqa: BLE001, S112 - a torn last block
             continue
     return out
@@ -443,7 +442,7 @@ def backfill(trackers: list[Tracker], metrics_path: Path, upto: int) -> int:
     with open(metrics_path, encoding="utf-8") as handle:
         for line in handle:
             try:
-                record = json.loads(line)
+                record = jsonfile.loads(line)
             except ValueError:
                 continue  # a line torn by the kill; the step it was about is replayed by training
             step = record.get("step") if isinstance(record, dict) else None

@@ -68,6 +68,7 @@ from llmtools.errors import InputError, UsageError
 from llmtools.formats.jsonfile import read_json_object
 from llmtools.prep.chat_spans import bounded_spans
 from llmtools.prep.template_sandbox import (
+    DEFAULT_TEMPLATE_DATE,
     MAX_RENDER_CHARS,
     MAX_RENDER_SECONDS,
     CompileError,
@@ -75,7 +76,9 @@ from llmtools.prep.template_sandbox import (
     TemplateLimitError,
     TemplateRenderError,
     compile_template,
+    check_date,
     has_generation_blocks,
+    pinned_date,
     recording_generation_blocks,
     render_limits,
 )
@@ -130,6 +133,8 @@ class ChatTemplate:
     special_tokens: dict[str, object] = field(default_factory=dict)
     time_limit: float = MAX_RENDER_SECONDS
     """Seconds one conversation may take to render (all its prefixes together)."""
+    date: str = DEFAULT_TEMPLATE_DATE
+    """The day ``strftime_now`` gives the template (YYYY-MM-DD): renderings never read the clock."""
     linear: bool = True
     """Find assistant spans from a bounded number of renderings where that is verified to give the
     prefix-by-prefix result (False: always prefix by prefix). Templates with ``{% generation %}`` blocks
@@ -140,7 +145,7 @@ class ChatTemplate:
         return "sha256:" + hashlib.sha256(self.text.encode("utf-8")).hexdigest()
 
     def identity(self) -> dict:
-        return {"source": self.source, "hash": self.hash}
+        return {"source": self.source, "hash": self.hash, "date": self.date}
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         """The conversation as text, exactly as ``apply_chat_template(..., tokenize=False)`` gives it."""
@@ -157,7 +162,7 @@ class ChatTemplate:
         import jinja2
 
         template = self._compiled()
-        with render_limits(self.source, self.time_limit):
+        with render_limits(self.source, self.time_limit), pinned_date(self.date):
             try:
                 pieces, size = [], 0
                 for piece in template.generate(
@@ -198,7 +203,7 @@ class ChatTemplate:
                 place = f"{self.source}[chat_template]{f' line {error.lineno}' if error.lineno else ''}"
             else:
                 place = f"{self.source}{f':{error.lineno}' if error.lineno else ''}"
-            raise TemplateSyntaxError(f"{place}: chat template syntax error: {error.message}") from None
+            raise TemplateSyntaxError(f"{place}: chat template {error.what}: {error.message}") from None
 
     def assistant_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
         """The rendering and the ``[start, end)`` character span of every assistant turn in it (of every
@@ -343,6 +348,7 @@ def load_chat_template(
     spec: str | os.PathLike | None,
     tokenizer: str | os.PathLike | None = None,
     time_limit: float = MAX_RENDER_SECONDS,
+    date: str = DEFAULT_TEMPLATE_DATE,
 ) -> ChatTemplate:
     """The template named by ``spec`` (built-in name or file), else the tokenizer's own.
 
@@ -377,7 +383,9 @@ def load_chat_template(
             )
         text = _template_from_file(path)
         source = str(path)
-    template = ChatTemplate(source=source, text=text, special_tokens=specials, time_limit=time_limit)
+    template = ChatTemplate(
+        source=source, text=text, special_tokens=specials, time_limit=time_limit, date=check_date(date)
+    )
     template._compiled()  # syntax errors surface now, naming the template file and line
     return template
 

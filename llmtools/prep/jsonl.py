@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import os
 import stat
 import zlib
@@ -157,6 +156,8 @@ class JsonlChunk:
             return None
         if any(cls is not str for cls in set(map(type, texts))):
             return None
+        if jsonfile.too_deep(self.data) is not None:  # orjson reads 1,024 levels; every reader of ours 512
+            return None
         lines = range(self.first_line, self.first_line + len(rows))
         return DocBatch({key: texts}, self.source, lines, [], nbytes=len(self.data), blank_lines=0)
 
@@ -173,6 +174,8 @@ class JsonlChunk:
             number += 1
             try:
                 obj = loads(row)
+                if jsonfile.too_deep(row) is not None:
+                    raise ValueError(row)
             except ValueError:  # JSON errors and UnicodeDecodeError alike: the slow path decides
                 obj = _load_slow(row, self.source, number, self.unterminated and number == last, keys)
                 if obj is None:
@@ -204,45 +207,35 @@ def count_newlines(data: bytes) -> int:
 
 
 def _loads():
-    """orjson (several times faster on text-heavy lines) when installed, else the standard library."""
+    """orjson (several times faster on text-heavy lines) when installed, else the one bounded parser."""
     try:
         import orjson
     except ImportError:
-        return json.loads
+        return jsonfile.loads
     return orjson.loads
 
 
 def _load_slow(row: bytes, source: str, number: int, is_last_unterminated: bool, keys: Sequence[str]):
-    """A line orjson refused, judged by the standard library (what Megatron-LM parses with).
+    """A line orjson refused, judged by the one bounded parser (:func:`jsonfile.parse_line`, the standard
+    library's json, what Megatron-LM parses with, with its costs bounded).
 
     Returns the object (e.g. a NaN elsewhere in the line, which ``json`` accepts), a BadRecord worded
-    as the standard library words it, or None for a blank line.
+    as the parser words it, or None for a blank line.
     """
     if not row.strip():
         return None
+    place = f"{source}:{number}"
     try:
-        text = row.decode("utf-8")
-    except UnicodeDecodeError as error:
-        return BadRecord(
-            "invalid_utf8",
-            f"{source}:{number}: invalid UTF-8 (byte 0x{row[error.start]:02x} at column {error.start + 1})",
-            number,
-        )
-    try:
-        obj = jsonfile.loads(text)
-    except json.JSONDecodeError as error:
-        if is_last_unterminated:
+        obj = jsonfile.parse_line(row, place)
+    except jsonfile.BadLine as error:
+        if error.kind == "malformed_json" and is_last_unterminated:
             return BadRecord(
                 "truncated_line",
-                f"{source}:{number}: truncated last line (no newline at end of file "
-                f"and not valid JSON: {error.msg} at column {error.colno})",
+                f"{place}: truncated last line (no newline at end of file and not valid "
+                f"JSON: {error.what.removeprefix('malformed JSON: ')})",
                 number,
             )
-        return BadRecord(
-            "malformed_json",
-            f"{source}:{number}: malformed JSON: {error.msg} at column {error.colno}",
-            number,
-        )
+        return BadRecord(error.kind, str(error), number)
     if isinstance(obj, dict):
         for key in keys:
             value = obj.get(key)
@@ -252,7 +245,7 @@ def _load_slow(row: bytes, source: str, number: int, is_last_unterminated: bool,
                 except UnicodeEncodeError:  # a \ud800-style escape: no tokenizer can encode it
                     return BadRecord(
                         "invalid_utf8",
-                        f"{source}:{number}: key {key!r} holds a lone surrogate escape (not valid Unicode)",
+                        f"{place}: key {key!r} holds a lone surrogate escape (not valid Unicode)",
                         number,
                     )
     return obj

@@ -55,6 +55,7 @@ from llmtools.formats.output_marks import check_output_prefix
 from llmtools.formats.pref_layout import KEYS, PREF_FORMAT, SIDES
 from llmtools.formats.sidecar import build_sidecar
 from llmtools.prep.chat_template import (
+    DEFAULT_TEMPLATE_DATE,
     MAX_RENDER_SECONDS,
     ChatTemplate,
     TemplateRenderError,
@@ -73,7 +74,7 @@ from llmtools.prep.sft import (
     kind_name,
     system_turn,
 )
-from llmtools.prep.template_sandbox import has_generation_blocks
+from llmtools.prep.template_sandbox import check_date, has_generation_blocks
 from llmtools.tokenize import load_tokenizer
 
 ENCODE_BATCH = 128  # pairs rendered per tokenizer call (two renderings each)
@@ -104,8 +105,13 @@ class PrefConfig:
     skip_bad: bool = False
     force: bool = False
     template_timeout: float = MAX_RENDER_SECONDS
+    template_date: str = DEFAULT_TEMPLATE_DATE
 
     def __post_init__(self) -> None:
+        try:
+            check_date(self.template_date)
+        except InputError as error:
+            raise UsageError(str(error)) from None
         if not self.inputs:
             raise UsageError("INPUT: give at least one input file or dataset")
         if not (0 < self.template_timeout <= 86400):
@@ -362,7 +368,9 @@ def build_pref(config: PrefConfig) -> PrefResult:
 
 def _build_pref(config: PrefConfig, output: DatasetOutput) -> PrefResult:
     tokenizer = load_tokenizer(config.tokenizer, backend="tokenizers", special_tokens="split")
-    template = load_chat_template(config.chat_template, config.tokenizer, time_limit=config.template_timeout)
+    template = load_chat_template(
+        config.chat_template, config.tokenizer, time_limit=config.template_timeout, date=config.template_date
+    )
     encoder = SampleEncoder(tokenizer, template)
     ids_dtype = dtype_for_vocab(tokenizer.vocab_size)
     dtypes = {key: (ids_dtype if key.endswith("input_ids") else np.dtype(np.uint8)) for key in KEYS}

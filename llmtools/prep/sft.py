@@ -27,7 +27,6 @@ with ``file:line: what is wrong`` (exit 2, no output); ``skip_bad`` skips and co
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from llmtools.formats.output_marks import check_output_prefix
 from llmtools.formats.sft_layout import KEYS, SFT_FORMAT
 from llmtools.formats.sidecar import build_sidecar
 from llmtools.prep.chat_template import (
+    DEFAULT_TEMPLATE_DATE,
     MAX_RENDER_SECONDS,
     ChatTemplate,
     TemplateRenderError,
@@ -54,6 +54,8 @@ from llmtools.prep.hf_import import file_inputs
 from llmtools.prep.hf_open import looks_like_hf, open_hf
 from llmtools.prep.jsonl import JsonlSource
 from llmtools.progress import Progress
+
+from llmtools.prep.template_sandbox import check_date
 from llmtools.tokenize import load_tokenizer
 
 FORMATS = ("messages", "prompt-response", "alpaca")
@@ -84,8 +86,13 @@ class SftConfig:
     skip_bad: bool = False
     force: bool = False
     template_timeout: float = MAX_RENDER_SECONDS
+    template_date: str = DEFAULT_TEMPLATE_DATE
 
     def __post_init__(self) -> None:
+        try:
+            check_date(self.template_date)
+        except InputError as error:
+            raise UsageError(str(error)) from None
         if not (0 < self.template_timeout <= 86400):
             raise UsageError(
                 f"--template-timeout: must be between 0 and 86400 seconds, got {self.template_timeout}"
@@ -391,51 +398,14 @@ def _jsonl_records(spec: str, config, inputs: list[dict], skipped: dict[str, int
                 skipped["blank_line"] = skipped.get("blank_line", 0) + 1
                 continue
             try:
-                text = row.decode("utf-8")
-            except UnicodeDecodeError as error:
-                yield place, BadSample("invalid_utf8", f"invalid UTF-8 at byte {error.start}")
-                continue
-            try:
-                record = jsonfile.loads(text)
-            except json.JSONDecodeError as error:
-                yield (
-                    place,
-                    BadSample("malformed_json", f"malformed JSON: {error.msg} (column {error.colno})"),
-                )
-                continue
-            # json.loads accepts an escaped lone surrogate ("\ud800"), which no tokenizer can encode.
-            where = _lone_surrogate(record, "") if "\\u" in text else None
-            if where is not None:
-                yield (
-                    place,
-                    BadSample(
-                        "invalid_utf8",
-                        f"{where or 'the record'}: a lone surrogate escape (not valid Unicode)",
-                    ),
-                )
+                record = jsonfile.parse_line(row, place, strings=True)
+            except jsonfile.BadLine as error:
+                yield place, BadSample(error.kind, error.what)
                 continue
             yield place, record
     for kind, count in source.skipped.items():
         skipped[kind] = skipped.get(kind, 0) + count
     inputs.extend(source.inputs())
-
-
-def _lone_surrogate(value, path: str) -> str | None:
-    """The path (``[messages][0][content]``) of the first string in ``value`` holding a lone surrogate."""
-    stack = [(value, path)]
-    while stack:
-        item, where = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return where
-        elif isinstance(item, dict):
-            stack.extend((v, f"{where}[{k}]") for k, v in reversed(list(item.items())))
-            stack.extend((k, f"{where}[{k!r} (a key)]") for k in item if isinstance(k, str))
-        elif isinstance(item, list):
-            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
-    return None
 
 
 def _hf_records(spec: str, config, inputs: list[dict]):
@@ -485,7 +455,9 @@ def build_sft(config: SftConfig, progress: bool | None = None) -> SftResult:
 
 def _build_sft(config: SftConfig, output: DatasetOutput, progress: bool | None = None) -> SftResult:
     tokenizer = load_tokenizer(config.tokenizer, backend="tokenizers", special_tokens="split")
-    template = load_chat_template(config.chat_template, config.tokenizer, time_limit=config.template_timeout)
+    template = load_chat_template(
+        config.chat_template, config.tokenizer, time_limit=config.template_timeout, date=config.template_date
+    )
     if config.append_eod and tokenizer.eod_id is None:
         raise UsageError(f"--append-eod: tokenizer {config.tokenizer} has no EOD token")
     encoder = SampleEncoder(tokenizer, template)

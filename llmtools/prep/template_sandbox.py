@@ -2,7 +2,11 @@
 
 Templates are untrusted code. Compiled as ``transformers`` compiles them (an ``ImmutableSandboxedEnvironment``
 with ``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, ``{% generation %}``, a non-escaping ``tojson``,
-``raise_exception`` and ``strftime_now``), and on top of that bounded: operations that multiply sizes (``*``,
+``raise_exception`` and ``strftime_now``), and on top of that deterministic and bounded. Deterministic: the same
+conversation gives the same text in every run. ``strftime_now`` reads a pinned date (:func:`pinned_date`, by
+default :data:`DEFAULT_TEMPLATE_DATE`), never the clock; the sources of randomness Jinja offers (the ``random``
+filter, the ``lipsum`` global) are refused when the template compiles, and printing an object whose text holds its
+memory address (a function, a ``joiner``) is refused when it renders. Bounded: operations that multiply sizes (``*``,
 ``**``, ``%`` and ``format`` widths, ``ljust``/``center``/``indent``/``join``/``replace`` ...) are checked
 before they run; every string or list a template builds is checked after; a rendering that runs too long is
 stopped (SIGALRM in the main thread, checks at each call and attribute access elsewhere). Exceeding a limit is
@@ -34,6 +38,14 @@ MAX_NUMBER_DIGITS = 4300
 """Largest power a template may compute, in decimal digits (Python's own limit for printing an int)."""
 
 
+DEFAULT_TEMPLATE_DATE = "2024-07-26"
+"""The date ``strftime_now`` gives a template unless the user pins another (``--template-date``): the one
+Llama 3.1's template falls back to when it has no clock, so a rendering never depends on the day it ran."""
+RANDOM_FILTERS = ("random",)
+RANDOM_GLOBALS = ("lipsum",)
+"""Jinja's sources of randomness: a template that names one is refused when it compiles."""
+
+
 class TemplateRenderError(InputError):
     """The template failed on this conversation (raise_exception, an undefined variable, a type error)."""
 
@@ -45,9 +57,9 @@ class TemplateLimitError(TemplateRenderError):
 class CompileError(Exception):
     """The template does not compile: Jinja's line and message (the caller names the template)."""
 
-    def __init__(self, lineno: int | None, message: str) -> None:
+    def __init__(self, lineno: int | None, message: str, what: str = "syntax error") -> None:
         super().__init__(message)
-        self.lineno, self.message = lineno, message
+        self.lineno, self.message, self.what = lineno, message, what
 
 
 # -- generation blocks -----------------------------------------------------------------------------
@@ -106,6 +118,70 @@ def has_generation_blocks(text: str) -> bool:
         isinstance(node.call.node, jinja2.nodes.ExtensionAttribute) and node.call.node.name == "_recorded"
         for node in tree.find_all(jinja2.nodes.CallBlock)
     )
+
+
+# -- the pinned date -------------------------------------------------------------------------------
+_date: contextvars.ContextVar[str | None] = contextvars.ContextVar("template_date", default=None)
+
+
+def check_date(text: str, flag: str = "--template-date") -> str:
+    """``text`` if it is a date ``YYYY-MM-DD``; an InputError naming ``flag`` otherwise."""
+    from datetime import date
+
+    try:
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+            raise ValueError
+        date.fromisoformat(text)
+    except (TypeError, ValueError):
+        raise InputError(
+            f"{flag}: {text!r} is not a date YYYY-MM-DD (e.g. {DEFAULT_TEMPLATE_DATE})"
+        ) from None
+    return text
+
+
+@contextlib.contextmanager
+def pinned_date(text: str):
+    """The date ``strftime_now`` gives the renderings done inside (midnight of ``text``, YYYY-MM-DD)."""
+    token = _date.set(check_date(text))
+    try:
+        yield
+    finally:
+        _date.reset(token)
+
+
+def _strftime_now(format):
+    from datetime import datetime
+
+    return datetime.fromisoformat(_date.get() or DEFAULT_TEMPLATE_DATE).strftime(format)
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _finalize(value):
+    """What ``{{ ... }}`` prints: never an object's memory address, which differs run to run."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    from jinja2 import Undefined
+
+    if not isinstance(value, Undefined) and _ADDRESS.search(str(value)):
+        raise TemplateRenderError(
+            f"chat template {getattr(_state, 'source', '?')}: prints {type(value).__name__} object "
+            "(its text holds a memory address, which differs run to run)"
+        )
+    return value
+
+
+def _randomness(tree) -> tuple[int | None, str] | None:
+    """The first use of a source of randomness in a parsed template: (line, what)."""
+    import jinja2.nodes
+
+    for node in tree.find_all((jinja2.nodes.Filter, jinja2.nodes.Name)):
+        if isinstance(node, jinja2.nodes.Filter) and node.name in RANDOM_FILTERS:
+            return node.lineno, f"the {node.name!r} filter"
+        if isinstance(node, jinja2.nodes.Name) and node.name in RANDOM_GLOBALS and node.ctx == "load":
+            return node.lineno, f"{node.name}()"
+    return None
 
 
 # -- limits ----------------------------------------------------------------------------------------
@@ -304,8 +380,6 @@ def _guarded_filter(name: str, function, check):
 def compile_template(text: str):
     """Compile as transformers' ``_compile_jinja_template`` does (same environment, filters, globals),
     in an environment that enforces the limits above (see the module docstring)."""
-    from datetime import datetime
-
     import jinja2
     import jinja2.ext
     from jinja2.compiler import CodeGenerator
@@ -335,9 +409,6 @@ def compile_template(text: str):
         return json.dumps(
             x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
         )
-
-    def strftime_now(format):
-        return datetime.now().strftime(format)
 
     class BoundedCodeGenerator(CodeGenerator):
         # `a ~ b` compiles to a plain str_join call the environment never sees: route its result
@@ -388,15 +459,26 @@ def compile_template(text: str):
             return _sized(value)
 
     env = BoundedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols]
-    )
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols],
+        finalize=_finalize,
+    )  # fmt: skip
+    for name in RANDOM_FILTERS:
+        env.filters.pop(name, None)
+    for name in RANDOM_GLOBALS:
+        env.globals.pop(name, None)
     env.filters["tojson"] = tojson
     checks = _filter_checks()
     for name, function in list(env.filters.items()):
         env.filters[name] = _guarded_filter(name, function, checks.get(name))
     env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
+    env.globals["strftime_now"] = _strftime_now
     try:
+        found = _randomness(env.parse(text))
+        if found is not None:
+            raise CompileError(
+                found[0], f"uses {found[1]}, a source of randomness: the same conversation would render "
+                "differently run to run", "refused",
+            )  # fmt: skip
         return env.from_string(text)
     except jinja2.TemplateSyntaxError as error:
         raise CompileError(error.lineno, error.message or str(error)) from None

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llmtools.errors import InputError, UsageError
+from llmtools.formats import jsonfile
 from llmtools.tokenize.base import Tokenizer
 
 # The split regexes Megatron-LM names v1 and v2 (interoperability data: the ids depend on them).
@@ -119,7 +120,7 @@ class MegatronTikTokenizer(Tokenizer):
 
 def _read_ranks(path: Path, limit: int, shift: int) -> dict[bytes, int]:
     try:
-        vocab = json.loads(path.read_text(encoding="utf-8"))
+        vocab = jsonfile.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: no such tokenizer file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
