@@ -214,8 +214,9 @@ class HealthActions:
             else ""
         )
         return (
-            f"; the last good state is {good}, whose weights then passed a health-checked step{newer}: fix "
-            f"the config and continue from it with --resume {step} --rollback"
+            f"; the last good state is {good}, whose weights then passed a health-checked step{newer}: "
+            f"continue from it with a lower learning rate, --resume {step} --rollback --set "
+            f"optimizer.lr={self.cfg.optimizer.lr / 10:g}"
         )
 
     def _quarantine(self) -> None:
