@@ -64,17 +64,17 @@ if _inject:
         return _begin(self, *args, **kwargs)
 
     _trainer._Trainer.train_step = _counted
-    _entropy = _pretrain.cross_entropy
+    _loss = _pretrain.Inputs.loss
     _hit = [False]
 
-    def _cross_entropy(logits, labels):
-        loss = _entropy(logits, labels)
+    def _micro_loss(self, logits):
+        loss = _loss(self, logits)
         if _kind == "nan" and _steps[0] == _step and not _hit[0]:
             _hit[0] = True
             return loss * float("inf")
         return loss
 
-    _pretrain.cross_entropy = _cross_entropy
+    _pretrain.Inputs.loss = _micro_loss
     _finish = _Norms.finish
 
     def _norms(self, device):
