@@ -84,3 +84,19 @@ if _inject:
         return out
 
     _Norms.finish = _norms
+
+# ``LLMTOOLS_TEST_SLOW_RANK=R``: rank R reads its config 20 s late (a rank slower than the others to reach
+# a refusal they all make), so the launcher stops it while the others have already ended.
+_slow = os.environ.get("LLMTOOLS_TEST_SLOW_RANK")
+if _slow and os.environ.get("RANK") == _slow:
+    import time
+
+    from llmtools.train import config as _config
+
+    _load = _config.load_train_config
+
+    def _late(*args, **kwargs):
+        time.sleep(20)
+        return _load(*args, **kwargs)
+
+    _config.load_train_config = _late
