@@ -121,8 +121,8 @@ class HealthActions:
         self._stop_run(
             lambda saved, _before: f"stopped at step {step}: health.moe_collapse_action=stop",
             lambda saved, _before: (
-                f"stopped at step {step}: health.moe_collapse_action=stop ({collapse}); the state is saved in "
-                f"{saved}; continue with --resume {saved} {change}"
+                f"stopped at step {step}: health.moe_collapse_action=stop ({collapse}); the state is saved "
+                f"in {saved}; continue with --resume {saved} {change}"
             ),
             save=True,
         )
@@ -302,7 +302,9 @@ class HealthActions:
             # nothing left to train on from that source: stop with this state (its update was skipped)
             self._stop_run(
                 lambda saved, _before: f"stopped at step {step}: {exhausted}; checkpoint {saved}",
-                lambda saved, _before: f"{exhausted} (stopped at step {step}; the last good state is {saved})",
+                lambda saved, _before: (
+                    f"{exhausted} (stopped at step {step}; the last good state is {saved})"
+                ),
                 save=True,
                 error=InputError,
             )
