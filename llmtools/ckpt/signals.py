@@ -1,5 +1,5 @@
-"""Stop cleanly on SIGTERM / SIGINT / SIGHUP / SIGQUIT: finish the current step, save, exit 0 with a
-resume hint.
+"""Stop cleanly on SIGTERM / SIGINT / SIGHUP / SIGQUIT: finish the current step, save, exit 128 + the
+signal (stopped before the end, resumable) with a resume hint.
 
 Batch schedulers send SIGTERM some time before they kill a job. The handler only sets a flag; the training
 loop asks :meth:`StopRequested.should_stop` after each step (all ranks together, so they agree) and, when

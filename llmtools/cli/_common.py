@@ -58,13 +58,15 @@ def _leave(code: int) -> None:
     exit_without_native_teardown(code)
 
 
-def run(app: typer.Typer, prog: str) -> None:
+def run(app: typer.Typer, prog: str, interrupted_note=None) -> None:
     """Invoke a typer app under the one error model.
 
     SIGTERM, SIGHUP and SIGINT become :class:`Interrupted` in the main thread (see :mod:`llmtools.interrupt`),
     so every writer removes its temporaries as the exception unwinds; whatever is still registered is
     removed before the process exits, however it exits. click runs in non-standalone mode so that its own
     handling (an "Aborted!" for an EOFError, a blank line and exit 1 for Ctrl-C) never replaces ours.
+    ``interrupted_note()``: what the line of an interrupted command adds (llm-train: why a launcher's rank
+    may be stopped).
     """
     from llmtools import interrupt
     from llmtools.fsutil import remove_temporaries
@@ -75,7 +77,7 @@ def run(app: typer.Typer, prog: str) -> None:
         result = _with_version(app, prog)(prog_name=prog, standalone_mode=False)
         code = result if isinstance(result, int) and not isinstance(result, bool) else 0
     except (Interrupted, KeyboardInterrupt) as stop:
-        code = _interrupted(prog, stop)
+        code = _interrupted(prog, stop, interrupted_note)
     except StdoutGone:
         code = _other(prog, BrokenPipeError())
     except LlmtoolsError as error:
@@ -95,7 +97,7 @@ def run(app: typer.Typer, prog: str) -> None:
         elif "Abort" in kinds:
             cause = error.__cause__ or error.__context__
             if isinstance(cause, KeyboardInterrupt):  # a library's own Ctrl-C handling, through click
-                code = _interrupted(prog, cause)
+                code = _interrupted(prog, cause, interrupted_note)
             else:
                 code = _fail(prog, _internal(cause) if cause is not None else "aborted", 1)
         else:
@@ -126,13 +128,14 @@ def _with_version(app: typer.Typer, prog: str):
     return command
 
 
-def _interrupted(prog: str, stop: BaseException) -> int:
+def _interrupted(prog: str, stop: BaseException, note=None) -> int:
     from llmtools import interrupt
     from llmtools.fsutil import remove_temporaries
 
     remove_temporaries()
     name = str(stop) if isinstance(stop, Interrupted) else "SIGINT"
-    log(f"{prog}: interrupted by {name}; temporaries removed, nothing half-written left")
+    extra = note() if note is not None else ""
+    log(f"{prog}: interrupted by {name}; temporaries removed, nothing half-written left{extra}")
     return interrupt.exit_code(stop)
 
 

@@ -254,8 +254,20 @@ def _claim_run_dir(run_dir: Path, given: list[Path], cfg, force: bool) -> None:
     claim(entries, inputs=input_paths(inputs), force=force, kinds=RUN_PARTS)
 
 
+def _launcher_note() -> str:
+    """A rank of several, stopped by a signal before it trained: a launcher (torchrun) stops every rank
+    as soon as one ends, so the signal usually means another rank ended first, its own line says why."""
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None or world in (None, "", "1"):
+        return ""
+    return (
+        f" (rank {rank} of {world}: a launcher stops every rank once one has ended; when another rank "
+        "ended first, its own message says why)"
+    )
+
+
 def main() -> None:
-    run(app, "llm-train")
+    run(app, "llm-train", interrupted_note=_launcher_note)
 
 
 if __name__ == "__main__":

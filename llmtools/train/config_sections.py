@@ -53,6 +53,8 @@ MODEL_FIELDS_THAT_MAY_CHANGE = {
     "initializer_range": WEIGHTS_FROM_CHECKPOINT,
     "router_aux_loss_coef": Rule(APPLY, "the router's auxiliary loss weighs this from the next step on"),
     "router_z_loss_coef": Rule(APPLY, "the router's z-loss weighs this from the next step on"),
+    # no parameter depends on it: what a capacity collapse's stop advises
+    "moe_capacity_factor": Rule(APPLY, "the experts take this many tokens from the next step on"),
 }
 
 

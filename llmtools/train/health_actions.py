@@ -19,7 +19,7 @@ from llmtools.ckpt import layout
 from llmtools.data.stages import ExhaustedSource
 from llmtools.errors import InputError, RuntimeFailure
 from llmtools.formats.quarantine import append_records, quarantine_path
-from llmtools.train.distributed import any_rank, mean_over_ranks
+from llmtools.train.distributed import any_rank, gather_objects, mean_over_ranks
 from llmtools.train.metrics import event
 
 
@@ -121,8 +121,8 @@ class HealthActions:
         self._stop_run(
             lambda saved, _before: f"stopped at step {step}: health.moe_collapse_action=stop",
             lambda saved, _before: (
-                f"stopped at step {step}: health.moe_collapse_action=stop ({collapse}); the state is saved in "
-                f"{saved}; continue with --resume {saved} {change}"
+                f"stopped at step {step}: health.moe_collapse_action=stop ({collapse}); the state is saved "
+                f"in {saved}; continue with --resume {saved} {change}"
             ),
             save=True,
         )
@@ -214,8 +214,9 @@ class HealthActions:
             else ""
         )
         return (
-            f"; the last good state is {good}, whose weights then passed a health-checked step{newer}: fix "
-            f"the config and continue from it with --resume {step} --rollback"
+            f"; the last good state is {good}, whose weights then passed a health-checked step{newer}: "
+            f"continue from it with a lower learning rate, --resume {step} --rollback --set "
+            f"optimizer.lr={self.cfg.optimizer.lr / 10:g}"
         )
 
     def _quarantine(self) -> None:
@@ -254,12 +255,28 @@ class HealthActions:
                 "nan": "the whole batch: no single sample's loss was non-finite",
                 "loss_spike": "the whole batch: no single sample's loss was above the limit",
             }.get(gate.reason, "the whole batch: a grad-norm spike is not one sample's")
+        losses = self._once_per_group(losses)
         records = self.data.quarantine_samples(losses, self.progress.step, self.rank, gate.reason, note)
         where = quarantine_path(self.run_dir)
         if self.rank == 0:
             append_records(where, records)
             self._announce_quarantine(where, records)
         self._pass_over(records)
+
+    def _once_per_group(self, losses: dict[int, float | None]) -> dict[int, float | None]:
+        """The ranks of a sequence- or tensor-parallel group read the same samples: the group's first rank
+        names them all once (what any rank of the group found; a non-finite loss wins), the others none.
+        Collective."""
+        n = self.cfg.model_parallel
+        if n == 1:
+            return losses
+        first = self.rank - self.rank % n
+        merged: dict[int, float | None] = {}
+        for found in gather_objects(losses)[first : first + n]:
+            for position, loss in found.items():
+                known = merged.get(position, loss)
+                merged[position] = None if loss is None or known is None else max(loss, known)
+        return merged if self.rank == first else {}
 
     def _announce_quarantine(self, where, records: list[dict]) -> None:
         step = self.progress.step
@@ -285,7 +302,9 @@ class HealthActions:
             # nothing left to train on from that source: stop with this state (its update was skipped)
             self._stop_run(
                 lambda saved, _before: f"stopped at step {step}: {exhausted}; checkpoint {saved}",
-                lambda saved, _before: f"{exhausted} (stopped at step {step}; the last good state is {saved})",
+                lambda saved, _before: (
+                    f"{exhausted} (stopped at step {step}; the last good state is {saved})"
+                ),
                 save=True,
                 error=InputError,
             )

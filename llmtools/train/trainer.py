@@ -512,4 +512,4 @@ class _Trainer(HealthActions):
         folder, so no half-written checkpoint stays behind."""
         folder = self.manager.abandon()
         if folder is not None:
-            self.log(f"warning: the checkpoint of {folder.name}, still being written, was abandoned", always=True)
+            self.log(f"warning: the checkpoint {folder.name}, still being written, was abandoned", always=True)

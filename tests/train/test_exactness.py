@@ -71,7 +71,12 @@ def write_config(path: Path, mix: str, cell: dict) -> Path:
 
 
 def llm_train(
-    config: Path, run: Path, *extra: str, stop_at: int | None = None, timeout: float = 300, threads: bool = False,
+    config: Path,
+    run: Path,
+    *extra: str,
+    stop_at: int | None = None,
+    timeout: float = 300,
+    threads: bool = False,
     inject: str | None = None,
 ):
     env = dict(os.environ)

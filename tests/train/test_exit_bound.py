@@ -72,3 +72,21 @@ def test_llm_train_ends_with_a_library_pool_and_a_thread_left_running(byte_data,
     assert done.returncode == {"success": 0, "signal": 143, "health-stop": 1}[ending], err[-3000:]
     assert "still waited" in err and "never-returns" in err, err[-3000:]
     assert time.monotonic() - started < BOUND
+
+
+@pytest.mark.slow
+def test_a_compiled_run_on_a_cold_inductor_cache_ends(byte_data, tmp_path, monkeypatch):
+    """``training.compile: true`` with an empty inductor cache: inductor starts its compile pools, and the
+    run, once its final checkpoint is written, still ends (exit 0) and without waiting for the bound."""
+    import shutil
+
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))  # cold
+    config = write_config(tmp_path / "train.yaml", byte_data["mix"],
+                          {"training": {"train_steps": 2, "compile": True}})  # fmt: skip
+    done = llm_train(config, tmp_path / "run", timeout=900)
+    err = done.stderr.decode()
+    assert done.returncode == 0, err[-3000:]
+    assert done.stdout.decode().strip().splitlines()[-1].endswith("step_00000002")
+    assert "still waited" not in err, err[-3000:]

@@ -14,7 +14,16 @@ import numpy as np
 import pytest
 
 from tests.train.conftest import TINY
-from tests.train.test_exactness import STEPS, check, check_stopped, events, llm_train, losses, weights, write_config
+from tests.train.test_exactness import (
+    STEPS,
+    check,
+    check_stopped,
+    events,
+    llm_train,
+    losses,
+    weights,
+    write_config,
+)
 
 SEQ, GBS = 64, 8  # write_config's global batch
 POISON = 255  # byte 0xFF: valid UTF-8 text never holds it; the init weights' embedding row for it is NaN

@@ -96,3 +96,25 @@ def test_under_torchrun_every_rank_exits_as_one_process_does(byte_data, tmp_path
     # torchrun's summary names each rank's exit code: 143, not a kill by a signal
     codes = re.findall(r"rank\s*:\s*(\d) \(local_rank: \d\)\s*exitcode\s*:\s*(-?\d+)", err)
     assert sorted(codes) == [("0", "143"), ("1", "143")], err[-3000:]
+
+
+def test_under_torchrun_a_rank_stopped_after_another_refused_says_why(byte_data, tmp_path):
+    """Rank 0 refuses (the run folder holds a run) while rank 1 is still reading its config: torchrun
+    stops rank 1 with SIGTERM; its line says that a launcher stops every rank once one has ended, not a
+    bare "interrupted by SIGTERM" that reads as the cause."""
+    from tests.train.test_exactness import HOOKS
+
+    config = write_config(tmp_path / "train.yaml", byte_data["mix"], {"training": {"train_steps": 2}})
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    env = {**_env(), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "LLMTOOLS_TEST_SLOW_RANK": "1"}
+    env["PYTHONPATH"] = f"{HOOKS}{os.pathsep}{env['PYTHONPATH']}"
+    argv = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port()), "-m",
+            "llmtools.cli.train", str(config), "--deepspeed", str(REPO / "configs/deepspeed/zero1.json"),
+            "-o", str(run)]  # fmt: skip
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=BOUND)
+    assert "metrics.jsonl: already exists" in done.stderr, done.stderr[-3000:]
+    interrupted = [line for line in done.stderr.splitlines() if "interrupted by SIGTERM" in line]
+    assert interrupted, done.stderr[-3000:]
+    assert all("rank 1 of 2: a launcher stops every rank once one has ended" in line for line in interrupted)

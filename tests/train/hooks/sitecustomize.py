@@ -64,17 +64,17 @@ if _inject:
         return _begin(self, *args, **kwargs)
 
     _trainer._Trainer.train_step = _counted
-    _entropy = _pretrain.cross_entropy
+    _loss = _pretrain.Inputs.loss
     _hit = [False]
 
-    def _cross_entropy(logits, labels):
-        loss = _entropy(logits, labels)
+    def _micro_loss(self, logits):
+        loss = _loss(self, logits)
         if _kind == "nan" and _steps[0] == _step and not _hit[0]:
             _hit[0] = True
             return loss * float("inf")
         return loss
 
-    _pretrain.cross_entropy = _cross_entropy
+    _pretrain.Inputs.loss = _micro_loss
     _finish = _Norms.finish
 
     def _norms(self, device):
@@ -84,3 +84,19 @@ if _inject:
         return out
 
     _Norms.finish = _norms
+
+# ``LLMTOOLS_TEST_SLOW_RANK=R``: rank R reads its config 20 s late (a rank slower than the others to reach
+# a refusal they all make), so the launcher stops it while the others have already ended.
+_slow = os.environ.get("LLMTOOLS_TEST_SLOW_RANK")
+if _slow and os.environ.get("RANK") == _slow:
+    import time
+
+    from llmtools.train import config as _config
+
+    _load = _config.load_train_config
+
+    def _late(*args, **kwargs):
+        time.sleep(20)
+        return _load(*args, **kwargs)
+
+    _config.load_train_config = _late
