@@ -54,23 +54,29 @@ def check_layout(
     parts = world // max(tensor, 1)
     if not needs_universal(saved_parts, parts, saved_stage, stage):
         return
-    kind = None
     if saved_tensor > 1:
-        kind = f"tensor-parallel (parallel.tensor {saved_tensor})"
+        kind = f"a tensor-parallel checkpoint (parallel.tensor {saved_tensor})"
+        why = "its model files are tensor-parallel shards"
     elif saved_sequence > 1:
-        kind = f"sequence-parallel (parallel.sequence {saved_sequence})"
-    if kind is None:
+        kind = f"a sequence-parallel checkpoint (parallel.sequence {saved_sequence})"
+        why = "DeepSpeed's universal conversion reads its files as tensor-parallel shards"
+    elif sequence > 1 or tensor > 1:
+        kind = "a checkpoint"
+        why = "DeepSpeed's universal loader cannot load into a sequence- or tensor-parallel run"
+    else:
         return
     same = f"ZeRO-{saved_stage} on {saved_world} rank(s)"
     if saved_tensor > 1:
         same += f" with parallel.tensor {saved_tensor}"
-    else:
+    elif saved_world > 1:
         same += f" (any parallel.sequence dividing {saved_world})"
+    if saved_tensor == 1 and saved_sequence == 1:
+        same += f", or on {world} rank(s) with parallel.sequence 1 and parallel.tensor 1"
     raise InputError(
-        f"{where}: a {kind} checkpoint saved with ZeRO-{saved_stage} over {saved_world} rank(s) cannot be "
-        f"resharded for ZeRO-{stage} over {world} rank(s) (DeepSpeed's universal checkpoint reads its files "
-        f"as tensor-parallel shards); the checkpoint is whole and nothing was changed: resume it with {same}, "
-        "or start a new run from its weights (llm-ckpt convert --to hf, then model.init_from)"
+        f"{where}: {kind} saved with ZeRO-{saved_stage} over {saved_world} rank(s) cannot be resharded for "
+        f"ZeRO-{stage} over {world} rank(s) with parallel.sequence {sequence} ({why}); the checkpoint is whole "
+        f"and nothing was changed: resume it with {same}, or start a new run from its weights (llm-ckpt "
+        "convert --to hf, then model.init_from)"
     )
 
 

@@ -43,7 +43,9 @@ FOLDER_MARKER = "llmtools.json"
 RUN_CONFIG_HEADER = "# written by llm-train"
 # What `llm-train -o RUN --force` removes to start over (the rest of a run folder is left alone): its
 # files, the earlier configs kept on resume (config.<step>.yaml, ds_config.<step>.json), its folders.
-RUN_FILES = ("metrics.jsonl", "config.yaml", "ds_config.json", "quarantine.jsonl", "curves.png")
+RUN_FILES = (
+    "metrics.jsonl", "config.yaml", "ds_config.json", "quarantine.jsonl", "curves.png", "trackers.json"
+)
 RUN_KEPT = ("config.*.yaml", "ds_config.*.json")
 # reference: a preference run's reference pass; wandb, mlruns: the trackers' offline runs
 RUN_FOLDERS = ("checkpoints", "tensorboard", "reference", "wandb", "mlruns")

@@ -454,9 +454,38 @@ def backfill(trackers: list[Tracker], metrics_path: Path, upto: int) -> int:
     return count
 
 
+def mark_superseded(trackers: list[Tracker], step: int) -> None:
+    """A run that continues from ``step`` while a tracker run already has later steps (a rollback, or a
+    replay after a kill): those values belong to a timeline the run no longer has, and the tracker cannot
+    take a second value at a step it has (W&B's steps only grow); an event at ``step`` says which steps
+    are superseded (metrics.jsonl holds the run's history as it stands)."""
+    for tracker in trackers:
+        later = max(tracker.last.values(), default=-1)
+        if later > step:
+            message = (
+                f"steps {step + 1}..{later} logged here before this resume are superseded: the run "
+                f"continued from step {step} (its metrics.jsonl holds the history as it stands)"
+            )
+            tracker.log({"kind": "event", "step": step, "event": "superseded", "message": message}, step)
+
+
 def local_store(folder: Path) -> str:
     """MLflow's local file store in ``folder/mlruns``."""
     return (Path(folder).resolve() / "mlruns").as_uri()
+
+
+IDS_FILE = "trackers.json"
+
+
+def folder_ids(folder: Path) -> dict[str, str]:
+    """The tracker run ids recorded in the run folder (``RUN/trackers.json``), {} when none."""
+    try:
+        raw = jsonfile.loads((Path(folder) / IDS_FILE).read_text(encoding="utf-8"), ours=True)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    return {k: v for k, v in raw.items() if k in TRACKERS and isinstance(v, str)}
 
 
 def open_trackers(
@@ -470,7 +499,17 @@ def open_trackers(
     tracking_uri: str | None = None,
 ) -> list[Tracker]:
     """Start (or continue, with the ids in ``state``) a tracker run for each of ``names``; the ids of the
-    runs started are put in ``state``. A tracker that fails to start is left out with a warning."""
+    runs started are put in ``state``. A tracker that fails to start is left out with a warning.
+
+    One tracker run per run folder: the ids are also kept in ``folder/trackers.json`` (written as soon as
+    a run is opened), so a run started over in its folder before any checkpoint held the ids (killed
+    early, then ``--resume auto``) continues the same tracker runs instead of opening new ones and
+    leaving the first RUNNING forever."""
+    from llmtools.fsutil import write_text_atomic
+
+    known = folder_ids(folder)
+    for name, run_id in known.items():
+        state.ids.setdefault(name, run_id)
     opened: list[Tracker] = []
     for name in names:
         if name == "wandb":
@@ -484,4 +523,7 @@ def open_trackers(
         if tracker.alive and tracker.run_id is not None:
             state.ids[name] = tracker.run_id
             opened.append(tracker)
+    ids = {**known, **{t.name: t.run_id for t in opened}}
+    if ids != known:
+        write_text_atomic(Path(folder) / IDS_FILE, jsonfile.dumps(ids, indent=1) + "\n")
     return opened

@@ -53,9 +53,8 @@ from llmtools.prep.encode_guard import guarded
 from llmtools.prep.hf_import import file_inputs
 from llmtools.prep.hf_open import looks_like_hf, open_hf
 from llmtools.prep.jsonl import JsonlSource
-from llmtools.progress import Progress
-
 from llmtools.prep.template_sandbox import check_date
+from llmtools.progress import Progress
 from llmtools.tokenize import load_tokenizer
 
 FORMATS = ("messages", "prompt-response", "alpaca")

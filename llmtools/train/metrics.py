@@ -52,14 +52,17 @@ class JsonlLogger:
 
 
 class TensorBoardLogger:
-    """Scalars under ``RUN/tensorboard``: ``train/loss``, ``eval/eval_ppl``, ... (x axis: step)."""
+    """Scalars under ``RUN/tensorboard``: ``train/loss``, ``eval/eval_ppl``, ... (x axis: step).
+
+    ``purge_step``: the first step this session writes; TensorBoard hides what earlier sessions wrote
+    from that step on (a resumed run replaces the steps after its checkpoint)."""
 
     SKIP = {"kind", "step", "time", "event", "message", "skipped"}
 
-    def __init__(self, folder: str | os.PathLike) -> None:
+    def __init__(self, folder: str | os.PathLike, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(folder))
+        self.writer = SummaryWriter(log_dir=str(folder), purge_step=purge_step)
 
     def log(self, record: dict, step: int) -> None:
         kind = record.get("kind", "train")
@@ -118,16 +121,53 @@ def event(metrics, step: int, name: str, message: str, **extra) -> None:
 
 
 def build_metrics_logger(
-    run_dir: str | os.PathLike, rank: int, tensorboard: bool = False, trackers: list | None = None
+    run_dir: str | os.PathLike,
+    rank: int,
+    tensorboard: bool = False,
+    trackers: list | None = None,
+    from_step: int | None = None,
 ) -> MetricsLogger:
-    """metrics.jsonl (+ TensorBoard, + the experiment trackers already opened) on rank 0, nothing elsewhere."""
+    """metrics.jsonl (+ TensorBoard, + the experiment trackers already opened) on rank 0, nothing elsewhere.
+
+    ``from_step``: the run (re)starts after this step (0 for a run starting over in its folder): what the
+    log holds beyond it belongs to a timeline the run no longer has (rolled back, or replayed after a
+    kill), so metrics.jsonl keeps only the history as it now stands and TensorBoard purges the rest."""
     if rank != 0:
         return MetricsLogger([NullLogger()])
     run_dir = Path(run_dir)
+    if from_step is not None:
+        keep_history(run_dir / "metrics.jsonl", from_step)
     sinks: list = [JsonlLogger(run_dir / "metrics.jsonl")]
     if tensorboard:
-        sinks.append(TensorBoardLogger(run_dir / "tensorboard"))
+        folder = run_dir / "tensorboard"
+        purge = from_step + 1 if from_step is not None and folder.is_dir() else None
+        sinks.append(TensorBoardLogger(folder, purge_step=purge))
     return MetricsLogger(sinks + list(trackers or []))
+
+
+def keep_history(path: Path, upto: int) -> bool:
+    """Rewrite ``path`` (metrics.jsonl) without the records of steps after ``upto`` (-1: none kept) and
+    without a line torn by a kill; untouched when there is nothing to drop. True when rewritten."""
+    from llmtools.fsutil import write_text_atomic
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return False
+    kept, dropped = [], False
+    for line in text.splitlines(keepends=True):
+        try:
+            record = jsonfile.loads(line, ours=True) if line.endswith("\n") else None
+        except ValueError:
+            record = None
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool) and step <= upto:
+            kept.append(line)
+        else:
+            dropped = True
+    if dropped:
+        write_text_atomic(path, "".join(kept))
+    return dropped
 
 
 # Dense bf16 peak of one device, for MFU (TFLOP/s). CPU peaks are unknown: MFU is null there unless

@@ -235,6 +235,10 @@ def review(
             or (rule.kind == RESHARD and reshard)
         )
         (changes if allowed else refused).append(change)
+    step = int(meta.get("step") or 0)
+    for change in refused:  # a stage no flag converts: say so, rather than name a flag that refuses it too
+        if change.key == "zero_optimization.stage":
+            _check_applicable(change, where, step, own_scheduler)
     if refused:
         first, rest = refused[0], refused[1:]
         also = f" (and {len(rest)} more: {', '.join(c.key for c in rest)})" if rest else ""
@@ -242,7 +246,6 @@ def review(
             f"{where}[{first.key}]: checkpoint has {_show(first.old)}, the config has {_show(first.new)}; "
             f"{first.rule.note} ({_way(first.rule, checkpoint)}){also}"
         )
-    step = int(meta.get("step") or 0)
     task = TASKS.get(now.get("task"))
     for change in changes:
         _check_applicable(change, where, step, own_scheduler)

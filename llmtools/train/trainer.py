@@ -21,7 +21,7 @@ from llmtools.data.dataset import MicroBatchSampler
 from llmtools.errors import InputError
 from llmtools.logs.plot import PlotConfig, plot_runs
 from llmtools.logs.runs import collect_curves
-from llmtools.logs.trackers import TrackerState, backfill, open_trackers
+from llmtools.logs.trackers import TrackerState, backfill, mark_superseded, open_trackers
 from llmtools.model.flops import flops_per_token
 from llmtools.train import checkpointing
 from llmtools.train import engine as engine_setup  # by module: tests replace its functions
@@ -169,11 +169,13 @@ class _Trainer(HealthActions):
         trackers = self._open_trackers(reporters)
         if trackers and accepted is not None:
             backfill(trackers, self.run_dir / "metrics.jsonl", self.progress.step)
+        mark_superseded(trackers, self.progress.step)
         self.metrics = build_metrics_logger(
             self.run_dir,
             self.rank,
             tensorboard=options.tensorboard or "tensorboard" in reporters,
             trackers=trackers,
+            from_step=accepted.step if accepted is not None else -1,  # the history as the run now stands
         )
         if accepted is None:
             self.data.start()

@@ -1,0 +1,102 @@
+"""Every sink shows the history of the run as it now stands: after ``--resume STEP --rollback`` with a
+changed learning rate, and after a kill -9 before the first checkpoint then ``--resume auto``,
+metrics.jsonl, the in-run TensorBoard and ``llm-log tb`` of it hold each step once with the value of the
+timeline the run continued, and the run folder keeps one W&B run and one MLflow run, FINISHED."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.logs.helpers import scalars
+from tests.train.test_cli import DS, llm_train, write_config
+from tests.train.test_tracking import mlflow_run, tracked_env, train_steps
+
+pytest.importorskip("wandb")
+pytest.importorskip("mlflow")
+pytest.importorskip("tensorboard")
+
+
+def _train_lrs(run_dir: Path) -> dict[int, float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["lr"] for r in map(json.loads, lines) if r["kind"] == "train"}
+
+
+def _llm_log_tb(run_dir: Path, logdir: Path, env) -> dict[str, dict[int, float]]:
+    out = subprocess.run(
+        [sys.executable, "-m", "llmtools.cli.log", "tb", str(run_dir / "metrics.jsonl"), "--logdir", str(logdir)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    (folder,) = [p for p in logdir.iterdir() if p.is_dir()]
+    return scalars(folder)
+
+
+def _one_tracker_run_each(run_dir: Path) -> None:
+    ids = {p.name.rsplit("-", 1)[-1] for p in (run_dir / "wandb").glob("offline-run-*")}
+    assert len(ids) == 1, f"one W&B run per run folder: {sorted(ids)}"
+    _, runs = mlflow_run(run_dir)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED", [r.info.status for r in runs]
+
+
+def test_a_rollback_with_a_new_lr_replaces_the_abandoned_steps(byte_data, tmp_path, cli_env):
+    config = write_config(
+        tmp_path,
+        byte_data["mix"],
+        schedule={"kind": "constant", "warmup_steps": 0},
+        logging={"log_every": 1, "report_to": ["wandb", "mlflow", "tensorboard"]},
+    )
+    run_dir, env = tmp_path / "run", tracked_env(cli_env)
+    first = llm_train([config, "--deepspeed", DS, "-o", run_dir], env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = llm_train(
+        [config, "--deepspeed", DS, "-o", run_dir, "--resume", "4", "--rollback", "--set", "optimizer.lr=1e-4"],
+        env,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    lrs = _train_lrs(run_dir)
+    assert train_steps(run_dir) == list(range(1, 9))  # each step once
+    assert all(lrs[s] == pytest.approx(3e-3) for s in range(1, 5)), lrs
+    assert all(lrs[s] == pytest.approx(1e-4) for s in range(5, 9)), lrs  # the new timeline's
+    inrun = scalars(run_dir / "tensorboard")["train/lr"]
+    assert sorted(inrun) == list(range(1, 9)) and all(inrun[s] == pytest.approx(lrs[s]) for s in inrun), inrun
+    converted = _llm_log_tb(run_dir, tmp_path / "tb", env)["train/lr"]
+    assert sorted(converted) == list(range(1, 9))
+    assert all(converted[s] == pytest.approx(lrs[s]) for s in converted), converted
+    _one_tracker_run_each(run_dir)
+    client, (run,) = mlflow_run(run_dir)
+    assert "steps 5..8" in run.data.tags["event/00000004/superseded"]  # the abandoned values, marked
+
+
+def test_a_kill_before_the_first_checkpoint_then_resume_auto_keeps_one_tracker_run(
+    byte_data, tmp_path, cli_env
+):
+    config = write_config(
+        tmp_path, byte_data["mix"], logging={"log_every": 1, "report_to": ["wandb", "mlflow", "tensorboard"]}
+    )
+    run_dir, env = tmp_path / "run", tracked_env(cli_env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmtools.cli.train", config, "--deepspeed", DS, "-o", run_dir],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (run_dir / "metrics.jsonl").exists() and max(train_steps(run_dir), default=0) >= 2:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert 2 <= max(train_steps(run_dir)) < 4, proc.stderr.read()[-2000:]
+    assert not list((run_dir / "checkpoints").glob("step_*"))
+    time.sleep(1.0)  # W&B's service process writes what it was sent before it notices its parent is gone
+    more = llm_train([config, "--deepspeed", DS, "-o", run_dir, "--resume", "auto"], env)
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert train_steps(run_dir) == list(range(1, 9))
+    assert sorted(scalars(run_dir / "tensorboard")["train/loss"]) == list(range(1, 9))
+    _one_tracker_run_each(run_dir)
