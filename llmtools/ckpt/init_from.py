@@ -40,20 +40,21 @@ def init_model_source(spec: str):
     return model
 
 
-def load_init_weights(model, spec: str) -> None:
+def load_init_weights(model, spec: str) -> str | None:
     """Copy ``init_from``'s weights into ``model``: a Hugging Face folder, or one of our checkpoints
-    (any ZeRO stage; a LoRA checkpoint with its adapters merged into the base)."""
+    (any ZeRO stage; a LoRA checkpoint with its adapters merged into the base). Returns the line that
+    says so when adapters were merged (the run starts from weights no file holds as such), else None."""
     path = init_checkpoint(spec)
     if path is None:
         from llmtools.ckpt.safeload import load
         from llmtools.model.hf import load_hf_weights
 
         load_hf_weights(model, spec, load_pt=lambda path: load(path, mmap=True))
-        return
+        return None
     import torch
 
     from llmtools.ckpt.expert_parallel import is_expert_parallel
-    from llmtools.ckpt.lora import checkpoint_weights
+    from llmtools.ckpt.lora import merged_checkpoint_weights
     from llmtools.ckpt.verify import read_meta
     from llmtools.model.hf import load_state_dict_into
 
@@ -63,7 +64,14 @@ def load_init_weights(model, spec: str) -> None:
 
         with checkpoint_sources(path, meta, path) as sources:
             state = {name: source.load() for name, source in sources.items()}
+        lora = None  # expert parallelism is refused with LoRA
     else:
-        state = checkpoint_weights(path)
+        state, lora = merged_checkpoint_weights(path)
     with torch.no_grad():
         load_state_dict_into(model, state, str(path))
+    if lora is None:
+        return None
+    return (
+        f"init_from: {path} is a LoRA run: its adapters (r={lora.r}, alpha={lora.alpha:g}, on "
+        f"{', '.join(lora.target_modules)}) are merged into its base weights, and this run starts from them"
+    )

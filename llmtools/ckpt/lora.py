@@ -88,10 +88,18 @@ def checkpoint_lora(checkpoint: Path) -> tuple[LoraSection, dict] | None:
 
 def checkpoint_weights(checkpoint: Path) -> dict:
     """HF-named weights of any of our checkpoints (ZeRO 0-3), LoRA adapters merged in (``init_from``)."""
+    return merged_checkpoint_weights(checkpoint)[0]
+
+
+def merged_checkpoint_weights(checkpoint: Path) -> tuple[dict, LoraSection | None]:
+    """:func:`checkpoint_weights`, and the LoRA settings whose adapters were merged (None: no adapters)."""
     blob = safeload.load(layout.model_states_file(checkpoint), mmap=True)
     state = _module_state(Path(checkpoint), blob)
     raw = blob.get("lora")
-    return merge_state(state, LoraSection(**raw)) if raw else state
+    if not raw:
+        return state, None
+    section = LoraSection(**raw)
+    return merge_state(state, section), section
 
 
 def _module_state(checkpoint: Path, blob: dict) -> dict:

@@ -148,9 +148,19 @@ def apply_lora(model, section: LoraSection) -> dict[str, int]:
             replaced += 1
     if not replaced:
         raise InputError(f"lora.target_modules: none of {section.target_modules} found in the model")
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
-    return {"trainable": trainable, "frozen": frozen, "modules": replaced}
+    trainable, total = trainable_parameters(model)
+    return {"trainable": trainable, "frozen": total - trainable, "modules": replaced}
+
+
+def trainable_parameters(model) -> tuple[int, int]:
+    """(trainable, all) parameters of ``model``, counted as peft's ``get_nb_trainable_parameters`` counts
+    them (each shared parameter once); ZeRO-3's partitioned parameters by their full size."""
+    trainable = total = 0
+    for param in model.parameters():
+        n = getattr(param, "ds_numel", None) or param.numel()
+        total += n
+        trainable += n if param.requires_grad else 0
+    return trainable, total
 
 
 @contextmanager

@@ -74,7 +74,10 @@ def build_model(plan: TrainPlan):
     if init_from:
         from llmtools.ckpt.init_from import load_init_weights  # an HF folder or one of our checkpoints
 
-        load_init_weights(model, init_from)  # checks the folder's shape against ours, names every mismatch
+        # checks the folder's shape against ours, names every mismatch; says when it merges adapters
+        merged = load_init_weights(model, init_from)
+        if merged is not None:
+            log0(merged, int(os.environ.get("RANK", "0")))
     # LoRA freezes the base and adds adapters: after init_from, so they sit on its weights.
     if plan.config.lora is not None:
         from llmtools.model.lora import apply_lora

@@ -73,9 +73,10 @@ def evaluate(
 
 def source_names(data) -> list[str] | None:
     """The short name of each source of a blended valid split (those of ``source_tokens`` in the train
-    records), or None when the data is not a blend of several sources."""
+    records; a valid split with its own blend names its own sources, one or more), or None when the data
+    is not a blend (nothing tells which source a sample came from)."""
     parts = getattr(data, "parts", None)
-    if not parts or len(parts) < 2 or getattr(data, "dataset_index", None) is None:
+    if not parts or getattr(data, "dataset_index", None) is None:
         return None
     from llmtools.data.streams import display_name
 
@@ -99,8 +100,8 @@ def evaluate_sources(engine, plan: TrainPlan, rank: int, world: int) -> dict[str
     from llmtools.train.tasks.pretrain import to_batch
 
     data = plan.valid_data
-    names = source_names(data) if plan.task.name == "pretrain" else None
-    if names is None:
+    names = source_names(data) if plan.task.per_source else None
+    if names is None:  # refused before compute (plan.check_per_source): never reached in a run
         return {}
     micro, n = plan.config.training.micro_batch_size, len(data)
     byte_lengths = None

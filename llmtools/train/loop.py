@@ -153,7 +153,7 @@ CHECKS: tuple[tuple[str, Callable[[_Checking], None]], ...] = (
     ("data continuation", _check_data),
 )
 """Every check a run makes before compute, in order: the run and ``llm-train --dry-run`` both make exactly
-these (:func:`check_before_compute`). They read and write nothing but their inputs' bytes."""
+these (:func:`check_before_compute`). They only read: a refusal leaves every file as it was."""
 
 
 def check_before_compute(

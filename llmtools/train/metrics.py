@@ -281,10 +281,14 @@ def clock(seconds: float) -> str:
 
 
 def step_line(
-    record: dict, total_steps: int, elapsed_s: float | None = None, eta_s: float | None = None
+    record: dict,
+    total_steps: int,
+    elapsed_s: float | None = None,
+    eta_s: float | None = None,
+    shown: tuple[tuple[str, str], ...] = (),
 ) -> str:
     """The readable stderr line of a train record (with the time since this process started training and
-    the time left at its mean pace so far, when given)."""
+    the time left at its mean pace so far, when given); ``shown``: the task's ``(key, label)`` metrics."""
     mfu = f" | mfu {record['mfu']:.1%}" if record["mfu"] is not None else ""
     norm = f"{record['grad_norm']:.3f}" if record["grad_norm"] is not None else "n/a"
     mem = f" | mem {record['memory_mb']:.0f} MB" if record["memory_mb"] is not None else ""
@@ -294,11 +298,14 @@ def step_line(
         moe = f" | router aux {record['moe_aux_loss']:.3f} load cv {record['moe_load_cv']:.2f}{dropped}"
     update = f" | update/param {record['update_ratio']:.2e}" if record.get("update_ratio") is not None else ""
     scale = f" | loss scale {record['loss_scale']:g}" if record.get("loss_scale") is not None else ""
+    task = "".join(
+        f" | {label} {record[key]:.4f}" for key, label in shown if isinstance(record.get(key), (int, float))
+    )
     times = ""
     if elapsed_s is not None:
         times = f" | elapsed {clock(elapsed_s)}" + (f" eta {clock(eta_s)}" if eta_s is not None else "")
     return (
         f"step {record['step']:>6}/{total_steps} | loss {record['loss']:.4f} | lr {record['lr']:.3e} | "
-        f"grad norm {norm}{update}{scale} | {record['tokens_per_s']:,.0f} tok/s | "
+        f"grad norm {norm}{update}{scale}{task} | {record['tokens_per_s']:,.0f} tok/s | "
         f"{1000 * record['step_time_s']:.0f} ms/step{mfu}{mem}{moe}{times}"
     )

@@ -213,6 +213,7 @@ def make_plan(
         if valid is not None and len(valid) == 0:
             warnings.append("the valid split is empty; eval.every ignored")
             valid = None
+    check_per_source(config, task, valid, where)
     eval_byte_lengths = None
     if valid is not None:
         eval_byte_lengths, why = byte_lengths_for(valid.tokenizer)
@@ -255,6 +256,26 @@ def make_plan(
         eval_byte_lengths=eval_byte_lengths,
         eval_tasks=eval_tasks,
     )
+
+
+def check_per_source(config: TrainConfig, task: Task, valid, where: str) -> None:
+    """``eval.per_source`` is honoured or refused, never silently dropped: each source of the valid split
+    (its own blend when the mix has one) is scored; a task whose samples are no source's text, or a valid
+    split that does not record which source each sample came from, is refused in one line."""
+    if not config.eval.per_source:
+        return
+    if not task.per_source:
+        raise InputError(
+            f"{where}: eval.per_source: task {task.name}'s samples are not a source's text "
+            "(pretraining only); set eval.per_source: false"
+        )
+    from llmtools.train.evaluate import source_names  # it imports this module (TrainPlan)
+
+    if valid is not None and source_names(valid) is None:
+        raise InputError(
+            f"{where}: eval.per_source: the valid split is not a blend of sources (nothing records which "
+            "source each sample came from); set eval.per_source: false"
+        )
 
 
 def _load_eval_tasks(config: TrainConfig, train, model_config, warnings: list[str]) -> list:

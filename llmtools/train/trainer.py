@@ -23,6 +23,7 @@ from llmtools.logs.plot import PlotConfig, plot_runs
 from llmtools.logs.runs import collect_curves
 from llmtools.logs.trackers import TrackerState, backfill, mark_superseded, open_trackers
 from llmtools.model.flops import flops_per_token
+from llmtools.model.lora import trainable_parameters
 from llmtools.train import checkpointing
 from llmtools.train import engine as engine_setup  # by module: tests replace its functions
 from llmtools.train import resume as policy
@@ -118,6 +119,14 @@ class _Trainer(HealthActions):
         done = step - first
         return elapsed, (elapsed / done * (total - step) if done > 0 else None)
 
+    def _parameters(self) -> str:
+        """What the run trains: every parameter, or with LoRA the adapters of all (peft's counts)."""
+        if self.cfg.lora is None:
+            return f"{self.plan.model_config.num_parameters():,} parameters"
+        trainable, total = trainable_parameters(self.engine.module)
+        share = f"trainable% {100 * trainable / max(total, 1):.4f}"
+        return f"{trainable:,} of {total:,} parameters ({share}: LoRA adapters, the base frozen)"
+
     def _norm_of_deepspeed(self) -> float | None:
         value = getattr(self.engine.optimizer, "_global_grad_norm", None)
         if value is None or self.engine.optimizer is self.engine.basic_optimizer:
@@ -183,7 +192,7 @@ class _Trainer(HealthActions):
                 self.metrics,
                 0,
                 "start",
-                f"{plan.model_config.num_parameters():,} parameters, {self.world} rank(s), "
+                f"{self._parameters()}, {self.world} rank(s), "
                 f"ZeRO-{plan.zero_stage}, {self.cfg.training.precision}",
             )
             return
@@ -304,7 +313,7 @@ class _Trainer(HealthActions):
         )
         batches = self._recorded(iter(sampler))
         self.log(
-            f"training {plan.model_config.num_parameters():,} parameters for {plan.steps} steps "
+            f"training {self._parameters()} for {plan.steps} steps "
             f"({plan.tokens_per_step:,} tokens/step, {self.world} rank(s) x {plan.grad_accumulation} "
             f"micro-batch(es) of {micro}, ZeRO-{plan.zero_stage}, {cfg.training.precision}) -> {self.run_dir}"
         )
@@ -452,7 +461,8 @@ class _Trainer(HealthActions):
             record["loss_scale"] = self.loss_scale()
         record.update(self.data.record(self.progress.consumed_samples))
         self.metrics.log(record, step)
-        self.log(step_line(record, plan.steps, *self._elapsed_and_eta(step, plan.steps)))
+        times = self._elapsed_and_eta(step, plan.steps)
+        self.log(step_line(record, plan.steps, *times, plan.task.line_metrics))
         self.window = StepWindow()
         if collapse is not None:
             self._report_collapse(collapse)

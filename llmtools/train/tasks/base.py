@@ -149,6 +149,10 @@ class Task(ABC):
     """Whether the task has a valid split to evaluate on (``eval.every``)."""
     metric_names: ClassVar[tuple[str, ...]] = ()
     """The keys of :attr:`LossOutput.metrics`: added to the train (and eval) records."""
+    per_source: ClassVar[bool] = False
+    """Whether its valid samples are a source's text, so ``eval.per_source`` can score each source."""
+    line_metrics: ClassVar[tuple[tuple[str, str], ...]] = ()
+    """``(key, label)`` of the metrics also shown on the stderr step line, in this order."""
     sequences_per_sample: ClassVar[int] = 1
     """Sequences of ``seq_length`` tokens the model runs per sample (a preference pair: 2); tokens per step
     and throughput count them all."""

@@ -250,6 +250,8 @@ class DpoTask(Task):
     name = "dpo"
     evaluates = False
     metric_names = METRICS
+    # what TRL's progress shows of a preference run: how often, and by how much, the chosen answer wins
+    line_metrics = (("rewards/accuracies", "reward acc"), ("rewards/margins", "margin"))
     sequences_per_sample = 2
     section = "dpo"
     section_type = DpoSection

@@ -112,6 +112,7 @@ def eod_id_of(tokenizer: dict | None, where: str) -> int:
 
 class PretrainTask(Task):
     name = "pretrain"
+    per_source = True
 
     def __init__(self, config) -> None:
         super().__init__(config)

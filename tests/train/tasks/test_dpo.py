@@ -361,12 +361,15 @@ def test_llm_train_runs_the_dpo_config_and_a_resume_reuses_its_reference(
     capsys.readouterr()
     config = load_train_config(ROOT / "configs/train/tiny-dpo.yaml", [*settings, "training.train_steps=2"])
     train(config, ds(2), RunOptions(run_dir=run_dir, resume="auto"))
-    assert (
-        f"reference log-probs of 96 pairs from {run_dir}/reference (same starting weights and data)"
-        in capsys.readouterr().err
-    )
+    err = capsys.readouterr().err
+    assert f"reference log-probs of 96 pairs from {run_dir}/reference (same starting weights and data)" in err
     assert [r["step"] for r in records(run_dir)] == [1, 2]
     assert all(r["rewards/accuracies"] is not None for r in records(run_dir))
+    # the step line shows TRL's reward accuracy and margin: the values of the step's record
+    for out, record in zip((proc.stderr, err), records(run_dir), strict=True):
+        shown = f"| reward acc {record['rewards/accuracies']:.4f} | margin {record['rewards/margins']:.4f} |"
+        (line,) = [x for x in out.splitlines() if x.startswith(f"step {record['step']:>6}/")]
+        assert shown in line, line
 
 
 @pytest.mark.numerics
