@@ -1,7 +1,9 @@
 """``mix.json``: the sample plan llm-mix writes and the training dataset reads (no torch here).
 
 Schema: ``schemas/mix.schema.json``. The index cache (``.npy`` files named by the plan's hash) sits
-in the same folder; ``cache.files`` lists them relative to that folder. Here: the file's structure,
+in one folder beside it, ``NAME.cache/`` for ``NAME.json`` (:func:`cache_folder_name`: one folder to see and
+delete); ``cache.files`` lists the files relative to the mix.json's folder, so a mix.json written with its
+files beside it (before the folder) reads as it always did. Here: the file's structure,
 the cache's file names, and reading / writing the arrays, so a training run reopens a plan without
 the planner. :mod:`llmtools.data.mix` gives the fields their meaning and rebuilds a missing cache.
 """
@@ -169,6 +171,12 @@ def write_mix(path: str | os.PathLike, data: dict | str) -> Path:
 ARRAYS = ("document_index", "sample_index", "shuffle_index")
 """Each source's GPT index arrays in a split, beside the blend's ``dataset_index`` and
 ``dataset_sample_index``."""
+
+
+def cache_folder_name(mix_path: str | os.PathLike) -> str:
+    """``mix.cache`` for ``mix.json``: the folder beside a mix.json that holds its index cache."""
+    name = Path(mix_path).name
+    return (name[: -len(".json")] if name.endswith(".json") and name != ".json" else name) + ".cache"
 
 
 def cache_names(plan_hash: str, split: str, components: int) -> dict[str, str]:
