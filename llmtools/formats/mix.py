@@ -82,6 +82,8 @@ def read_mix(path: str | os.PathLike) -> dict:
                 _check_number(comp, key, int, path, f"splits.{name}.components[{j}].{key}")
             for key in _COMPONENT_WEIGHTS:
                 _check_number(comp, key, (int, float), path, f"splits.{name}.components[{j}].{key}")
+        if split.get("num_samples") is None:  # llm-mix always writes it; the arrays are checked against it
+            raise InputError(f"{where(path, key=f'splits.{name}.num_samples')}: missing")
         _check_number(split, "num_samples", int, path, f"splits.{name}.num_samples")
         shares = split.get("blend_weights")
         if shares is not None and (
