@@ -17,9 +17,10 @@ from llmtools.formats import jsonfile
 HELP = """Blend tokenized .bin/.idx sources into a sample plan, exactly as Megatron-LM would.
 
 Writes mix.json (sources, weights, realized shares, epochs, samples per split, seed, split, the
-tokenizer from the sidecars, the hash naming the index cache) and the index cache beside it: the
-GPTDataset document / sample / shuffle index of every source and split and the blend's dataset
-index and dataset sample index, as .npy files named by the hash. The arrays equal those of
+tokenizer from the sidecars, the hash naming the index cache) and the index cache in one folder beside
+it (mix.cache/ for mix.json; delete it freely, a run rebuilds it): the GPTDataset document / sample /
+shuffle index of every source and split and the blend's dataset index and dataset sample index, as
+.npy files named by the hash. The arrays equal those of
 megatron-core 0.16 (BlendedMegatronDatasetBuilder, 2025-02+ surplus) for the same inputs.
 Written paths go to stdout, one per line (mix.json first); --explain prints a table instead.
 
@@ -83,7 +84,7 @@ def mix(
         help="One weight per PREFIX, comma-separated (normalised); default: by size.",
     ),
     output: Path = typer.Option(
-        None, "-o", "--output", metavar="MIX.json", help="mix.json to write (the index cache goes beside it)."
+        None, "-o", "--output", metavar="MIX.json", help="mix.json to write (the index cache goes in MIX.cache/ beside it)."
     ),
     seq_length: str = typer.Option(
         None,
@@ -268,7 +269,7 @@ def mix(
     elif explain:
         emit(mix_explain.explain(plan))
         if len(written) > mix_explain.GROUP_OVER:
-            log(f"llm-mix: wrote {written[0]} and {len(written) - 1} index cache files beside it")
+            log(f"llm-mix: wrote {written[0]} and {len(written) - 1} index cache files in {written[1].parent}")
         else:
             for path in written:
                 log(f"llm-mix: wrote {path}")

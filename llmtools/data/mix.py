@@ -27,6 +27,7 @@ the arrays when the cache is missing. What is asked for is :mod:`llmtools.data.m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -55,7 +56,7 @@ from llmtools.data.stages import build as build_stages
 from llmtools.data.streams import SourceStream, StreamSpec
 from llmtools.errors import InputError, RuntimeFailure, UsageError
 from llmtools.formats.indexed import strip_suffix
-from llmtools.formats.mix import cache_digests, cache_names, mix_text, write_arrays
+from llmtools.formats.mix import cache_digests, cache_folder_name, cache_names, mix_text, write_arrays
 from llmtools.fsutil import atomic_group
 from llmtools.progress import Progress
 
@@ -460,9 +461,26 @@ def save_plan(
     Returns mix.json's path first."""
     output = Path(output)
     folder = output.parent if str(output.parent) else Path(".")
+    cache = cache_folder_name(output)  # the cache in one folder beside the mix.json, not scattered there
+    made = not (folder / cache).exists()
+    try:
+        return _save_plan(plan, output, folder, cache, materialize_to)
+    except BaseException:
+        if made:  # a failed run leaves no folder it made (the group removed the files in it)
+            with contextlib.suppress(OSError):
+                (folder / cache).rmdir()
+        raise
+
+
+def _save_plan(
+    plan: BuiltMix, output: Path, folder: Path, cache: str, materialize_to: str | os.PathLike | None
+) -> list[Path]:
     with atomic_group() as group:
-        written = write_cache(plan, folder, group=group)
+        written = write_cache(plan, folder / cache, group=group)
         data = plan_to_json(plan)
+        files = data["cache"]["files"]
+        for split, names in files.items():
+            files[split] = {key: f"{cache}/{name}" for key, name in names.items()}
         staged = {final: tmp for tmp, final in group.pending}  # the cache files, not yet renamed
         data["cache"]["digests"] = cache_digests(folder, data["cache"]["files"], staged)  # checked on open
         text = mix_text(data)

@@ -15,7 +15,8 @@ from llmtools.data import mix as mixlib
 from llmtools.data import plan_check  # called through the module: a benchmark times the open without it
 from llmtools.data.mix_json import config_from_json
 from llmtools.errors import InputError
-from llmtools.formats.mix import MixFile, load_split_arrays
+from llmtools.formats.mix import MixFile, load_split_arrays, write_arrays
+from llmtools.fsutil import inside
 
 
 def load_split(mix: MixFile, split: str) -> dict[str, np.ndarray]:
@@ -31,12 +32,20 @@ def load_split(mix: MixFile, split: str) -> dict[str, np.ndarray]:
 
 
 def restore_cache(mix: MixFile, split: str) -> dict[str, np.ndarray]:
-    """Rebuild the plan from its sources, write its cache beside the mix.json; ``split``'s arrays."""
+    """Rebuild the plan from its sources, write its cache where the mix.json names it (its cache folder, or
+    beside it for a mix.json written before the folder); ``split``'s arrays."""
     plan = reopen_plan(mix)
+    recorded = mix.data["cache"].get("files") or {}
     try:
-        mixlib.write_cache(plan, mix.folder)
-    except OSError:
-        pass  # a read-only folder: the rebuilt arrays in memory are just as good
+        for name, built in plan.splits.items():
+            names = recorded.get(name)
+            if isinstance(names, dict):
+                where = f"{mix.path}[cache.files.{name}]"
+                for value in names.values():  # the cache folder, made again if it was deleted
+                    inside(mix.folder, value, where).parent.mkdir(parents=True, exist_ok=True)
+                write_arrays(mix.folder, names, mixlib.split_arrays(built))
+    except (OSError, KeyError):
+        pass  # a read-only folder (or names for other arrays): the rebuilt arrays in memory are just as good
     return mixlib.split_arrays(plan.splits[split])
 
 

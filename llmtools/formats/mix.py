@@ -1,7 +1,9 @@
 """``mix.json``: the sample plan llm-mix writes and the training dataset reads (no torch here).
 
 Schema: ``schemas/mix.schema.json``. The index cache (``.npy`` files named by the plan's hash) sits
-in the same folder; ``cache.files`` lists them relative to that folder. Here: the file's structure,
+in one folder beside it, ``NAME.cache/`` for ``NAME.json`` (:func:`cache_folder_name`: one folder to see and
+delete); ``cache.files`` lists the files relative to the mix.json's folder, so a mix.json written with its
+files beside it (before the folder) reads as it always did. Here: the file's structure,
 the cache's file names, and reading / writing the arrays, so a training run reopens a plan without
 the planner. :mod:`llmtools.data.mix` gives the fields their meaning and rebuilds a missing cache.
 """
@@ -80,6 +82,8 @@ def read_mix(path: str | os.PathLike) -> dict:
                 _check_number(comp, key, int, path, f"splits.{name}.components[{j}].{key}")
             for key in _COMPONENT_WEIGHTS:
                 _check_number(comp, key, (int, float), path, f"splits.{name}.components[{j}].{key}")
+        if split.get("num_samples") is None:  # llm-mix always writes it; the arrays are checked against it
+            raise InputError(f"{where(path, key=f'splits.{name}.num_samples')}: missing")
         _check_number(split, "num_samples", int, path, f"splits.{name}.num_samples")
         shares = split.get("blend_weights")
         if shares is not None and (
@@ -169,6 +173,12 @@ def write_mix(path: str | os.PathLike, data: dict | str) -> Path:
 ARRAYS = ("document_index", "sample_index", "shuffle_index")
 """Each source's GPT index arrays in a split, beside the blend's ``dataset_index`` and
 ``dataset_sample_index``."""
+
+
+def cache_folder_name(mix_path: str | os.PathLike) -> str:
+    """``mix.cache`` for ``mix.json``: the folder beside a mix.json that holds its index cache."""
+    name = Path(mix_path).name
+    return (name[: -len(".json")] if name.endswith(".json") and name != ".json" else name) + ".cache"
 
 
 def cache_names(plan_hash: str, split: str, components: int) -> dict[str, str]:

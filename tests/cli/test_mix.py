@@ -87,7 +87,10 @@ def test_writes_plan_and_cache(monkeypatch, capsys, data):
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == str(tmp / "out/mix.json")
-    assert all((tmp / "out" / p.split("/")[-1]).exists() for p in lines)
+    assert all(Path(p).exists() for p in lines)
+    # the index cache in one folder beside the mix.json, nothing else beside it
+    assert {Path(p).parent for p in lines[1:]} == {tmp / "out" / "mix.cache"}
+    assert sorted(p.name for p in (tmp / "out").iterdir()) == ["mix.cache", "mix.json"]
     mix = json.loads((tmp / "out/mix.json").read_text())
     assert set(mix["splits"]) == {"train", "valid"}
     assert mix["tokenizer"]["hash"] == "sha256:same"

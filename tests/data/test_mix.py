@@ -239,7 +239,7 @@ def test_mix_json_contents(sources, tmp_path):
     )
     assert data["cache"]["hash"] == plan.hash
     for name in data["cache"]["files"]["train"].values():
-        assert name.startswith(plan.hash) and (tmp_path / name).exists()
+        assert name.startswith(f"mix.cache/{plan.hash}") and (tmp_path / name).exists()  # one folder
     assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]  # atomic writes leave nothing behind
     # schema check when jsonschema is around (it is a test dependency)
     jsonschema = pytest.importorskip("jsonschema")
@@ -402,3 +402,51 @@ def test_real_megatron_made_sources_equal_megatron(tmp_path, shared_data):
     assert_split_equal(ours, theirs, check_samples=False)
     for i in range(0, len(ours), 7):
         np.testing.assert_array_equal(theirs[i]["tokens"].numpy(), ours[i][:-1].astype(np.int64))
+
+
+@pytest.mark.parametrize("name", ["mix.json", "plan.v2.json", "blend"])
+def test_the_index_cache_lives_in_one_folder_beside_the_mix_and_comes_back_there(sources, tmp_path, name):
+    """NAME.json's cache is NAME.cache/ (nothing else beside the mix.json); deleted, the next open rebuilds
+    it there with the same bytes; a mix.json written with its cache beside it (the older layout) still
+    reads and is restored beside it; a failed save leaves no cache folder."""
+    import shutil
+
+    from llmtools.data.dataset import BlendedGPTDataset
+
+    plan = M.build_plan(M.MixConfig(M.Blend(sources[:2], [0.6, 0.4]), 32, num_samples=200, valid_samples=10))
+    mix = tmp_path / name
+    M.save_plan(plan, mix)
+    cache = tmp_path / (name.removesuffix(".json") + ".cache")
+    assert sorted(os.listdir(tmp_path)) == sorted([mix.name, cache.name])
+    before = {p.name: p.read_bytes() for p in cache.iterdir()}
+    first = BlendedGPTDataset.from_mix(mix)[3].tolist()
+    shutil.rmtree(cache)
+    assert BlendedGPTDataset.from_mix(mix)[3].tolist() == first
+    assert {p.name: p.read_bytes() for p in cache.iterdir()} == before  # rebuilt in its folder, identically
+
+    # the older layout: the files beside the mix.json, named so in cache.files
+    data = json.loads(mix.read_text())
+    for split, names in data["cache"]["files"].items():
+        data["cache"]["files"][split] = {k: v.split("/", 1)[1] for k, v in names.items()}
+    old = tmp_path / "old"
+    old.mkdir()
+    for file in cache.iterdir():
+        shutil.copyfile(file, old / file.name)
+    (old / "mix.json").write_text(json.dumps(data))
+    assert BlendedGPTDataset.from_mix(old / "mix.json")[3].tolist() == first
+    for file in list(old.glob("*.npy")):
+        file.unlink()
+    assert BlendedGPTDataset.from_mix(old / "mix.json")[3].tolist() == first
+    assert sorted(p.name for p in old.glob("*.npy")) == sorted(before) and not (old / "mix.cache").exists()
+
+
+def test_a_failed_save_leaves_no_cache_folder(sources, tmp_path, monkeypatch):
+    plan = M.build_plan(M.MixConfig(M.Blend(sources[:1]), 32, num_samples=50))
+
+    def broken(*args, **kwargs):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(M, "mix_text", broken)
+    with pytest.raises(OSError, match="disk gone"):
+        M.save_plan(plan, tmp_path / "mix.json")
+    assert os.listdir(tmp_path) == []

@@ -143,8 +143,9 @@ def test_mix_cache_names_stay_inside_the_mix_folder(trust_data, env, tmp_path):
     mix_path = folder / "mix.json"
     mix = json.loads(mix_path.read_text())
     name = mix["cache"]["files"]["train"]["dataset_index"]
-    shutil.copyfile(folder / name, tmp_path / name)  # a valid array, one folder up
-    mix["cache"]["files"]["train"]["dataset_index"] = f"../{name}"
+    base = name.rsplit("/", 1)[-1]  # the file's name, out of its cache folder
+    shutil.copyfile(folder / name, tmp_path / base)  # a valid array, outside the mix's folder
+    mix["cache"]["files"]["train"]["dataset_index"] = f"../{base}"
     mix_path.write_text(json.dumps(mix))
     proc = cli("export", "hf", mix_path, "-o", tmp_path / "out", env=env)
     assert proc.returncode == 2 and "lies outside" in error_line(proc) and "cache.files.train" in proc.stderr

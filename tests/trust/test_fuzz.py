@@ -224,7 +224,10 @@ def mix_master(trust_data):
 def _copy_mix(master: Path, folder: Path) -> tuple[Path, dict]:
     """The mix and its sources copied into ``folder``, the mix pointing at the copies."""
     for file in master.iterdir():
-        shutil.copyfile(file, folder / file.name)
+        if file.is_dir():  # the index cache folder
+            shutil.copytree(file, folder / file.name)
+        else:
+            shutil.copyfile(file, folder / file.name)
     mix_path = folder / "mix.json"
     plan = json.loads(mix_path.read_text())
     for source in plan["sources"]:
@@ -256,7 +259,7 @@ def test_mutated_mix_json_gives_only_named_errors(mix_master, data):
         mix_path, plan = _copy_mix(mix_master, folder)
         mix_path.write_text(json.dumps(_mutate(plan, data)))
         if data.draw(st.booleans()):  # a cache array swapped for another of the same plan
-            names = sorted(p.name for p in folder.glob("*.npy"))
+            names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.npy"))
             a, b = data.draw(st.sampled_from(names)), data.draw(st.sampled_from(names))
             if a != b:
                 shutil.copyfile(folder / a, folder / b)
