@@ -35,6 +35,7 @@ import yaml
 
 from llmtools.errors import InputError, UsageError
 from llmtools.model.lora import LoraSection  # no torch at import: config validation stays instant
+from llmtools.resources import locate, shown
 from llmtools.train.config_sections import (
     CheckpointSection,
     DataSection,
@@ -463,12 +464,15 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 def load_train_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> TrainConfig:
-    """Read a YAML train config (or start from an empty one when ``path`` is None) and apply ``--set``."""
+    """Read a YAML train config (or start from an empty one when ``path`` is None) and apply ``--set``.
+
+    ``path`` is a file when it has a ``/`` or ends in .yaml/.yml, else the name of a shipped config (``tiny``;
+    :func:`llmtools.resources.locate`)."""
     raw: Any = {}
     where = "<--set>"
     if path is not None:
-        path = Path(path)
-        where = str(path)
+        given, path = path, locate("train", path)
+        where = shown("train", given, path)
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
