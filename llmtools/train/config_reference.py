@@ -111,20 +111,18 @@ def keys() -> list[Key]:
 
 
 def _value(value: Any) -> str:
-    """A default as YAML writes it, on one line."""
+    """A default as YAML writes it, on one line, so that it reads back as the same value (``1e-08`` would
+    read back as a string: YAML 1.1 wants ``1.0e-08``)."""
+    import yaml
+
     if value is dataclasses.MISSING:
         return "(required)"
     if dataclasses.is_dataclass(value):
         return "{}"
     if isinstance(value, tuple):
         value = list(value)
-    return json.dumps(value) if not isinstance(value, str) else (value if _plain(value) else json.dumps(value))
-
-
-def _plain(text: str) -> bool:
-    import yaml
-
-    return text != "" and yaml.safe_load(text) == text and "#" not in text and ": " not in text
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 16, sort_keys=False).strip()
+    return text.removesuffix("\n...").removesuffix("...").strip()
 
 
 def _cell(text: str) -> str:
@@ -197,13 +195,14 @@ def _wrap(text: str, prefix: str, width: int = 100) -> list[str]:
 
 def default_config_yaml() -> str:
     """Every key with its default, each under a comment saying what it means and what a resume may do with it.
-    The sections only some runs have (``lora:``, a task's own) are there commented out. The data keys have no
-    default that trains: the header says to set data.mix (or data.prefixes) and the length of the run."""
+    The sections only some runs have (``lora:``, a task's own) are there commented out. The model, the data
+    and the length of the run have no default that trains: the header says so."""
     out = [
         "# The train config of llm-train, every key at its default (llm-train --print-config default).",
-        "# Set data.mix (a mix.json from llm-mix) or data.prefixes + data.seq_length, and training.train_steps",
-        "# or training.train_tokens; keep what you change and delete the rest. Reference: docs/config-reference.md",
-        "# (default, type, resume rule and meaning of each key).",
+        "# Three have no default that trains: model.preset (or model.init_from, or the model's fields inline),",
+        "# data.mix (a mix.json from llm-mix; or data.prefixes + data.seq_length) and training.train_steps (or",
+        "# training.train_tokens). Keep what you change and delete the rest. docs/config-reference.md has the",
+        "# default, type, resume rule and meaning of each key.",
     ]
     section_docs = _section_docs()
     optional = set(config_module.OPTIONAL_SECTIONS)
