@@ -5,8 +5,9 @@ The fresh environment reuses this environment's third-party packages (a ``.pth``
 site-packages: a path line adds the folder, and the ``.pth`` files inside it, among them the editable
 install's finder of this checkout, are not run), so the test builds nothing but llmtools itself. That
 the installed copy is the one imported is checked (``llmtools.__file__`` lies in the fresh environment).
-The chain: sample corpus -> tokenizer -> json2bin -> mix -> 5 training steps (the packaged ``tiny``
-preset and ``zero2`` DeepSpeed config, by name) -> verify -> convert -> load in transformers.
+The chain: sample corpus -> tokenizer -> json2bin -> mix -> the shipped ``tiny`` train config by name (printed,
+dry run) -> 5 training steps (the packaged ``tiny`` preset and ``zero2`` DeepSpeed config, by name) -> verify
+-> convert -> load in transformers. Then the README's walkthrough, as printed, in a folder of its own.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def test_the_sdist_carries_the_resources(installed):
     sdist, *_ = installed
     with tarfile.open(sdist) as tar:
         members = {Path(*Path(m.name).parts[1:]).as_posix(): m for m in tar.getmembers()}
-    for name in ("models/tiny.yaml", "deepspeed/zero2.json", "schemas/metrics.schema.json"):
+    for name in ("models/tiny.yaml", "train/tiny.yaml", "deepspeed/zero2.json", "schemas/metrics.schema.json"):
         assert members[f"llmtools/resources/{name}"].isfile(), name
 
 
@@ -97,13 +98,14 @@ def test_the_installed_copy_is_imported_and_finds_its_resources(installed):
     probe = (
         "import json, llmtools; from llmtools.resources import names; "
         "print(json.dumps([llmtools.__file__, names('models', '.yaml'), names('deepspeed', '.json'),"
-        " names('schemas', '.json')]))"
+        " names('schemas', '.json'), names('train', '.yaml')]))"
     )
-    where, models, deepspeed, schemas = json.loads(
+    where, models, deepspeed, schemas, train = json.loads(
         _run([str(venv / "bin" / "python"), "-c", probe], cwd=work, env=env).stdout
     )
     assert Path(where).resolve().is_relative_to(venv.resolve()), where
     assert models == sorted(p.stem for p in (REPO / "configs" / "models").glob("*.yaml"))
+    assert train == sorted(p.stem for p in (REPO / "configs" / "train").glob("*.yaml"))
     assert deepspeed == sorted(p.stem for p in (REPO / "configs" / "deepspeed").glob("*.json"))
     assert schemas == sorted(p.stem for p in (REPO / "schemas").glob("*.json"))
 
@@ -141,6 +143,15 @@ def test_the_chain_runs_from_an_unrelated_folder(installed):
     run(
         "llm-mix", "data/stories_text_document", "--seq-length", "32", "--num-samples", "64", "-o", "mix.json"
     )
+    # The shipped train configs by name, as the README and --help name them.
+    for name in ("tiny", "default"):
+        printed = run("llm-train", "--print-config", name).stdout
+        assert name == "default" or printed == (REPO / "configs" / "train" / "tiny.yaml").read_text()
+    run("llm-train", "tiny", "--deepspeed", "zero2", "--dry-run", "--set", "data.mix=mix.json",
+        "--set", "training.train_steps=4", "--set", "schedule.warmup_steps=0")  # fmt: skip
+    unknown = subprocess.run(["llm-train", "tinyy", "--deepspeed", "zero2"], cwd=work, env=env, capture_output=True,
+                             text=True)  # fmt: skip
+    assert unknown.returncode == 2 and "did you mean 'tiny'?" in unknown.stderr and "tiny-sft" in unknown.stderr
     (work / "train.yaml").write_text(
         "model: {preset: tiny, vocab_size: 384, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,\n"
         "        num_attention_heads: 2, num_key_value_heads: 1}\n"
@@ -158,3 +169,40 @@ def test_the_chain_runs_from_an_unrelated_folder(installed):
         "print(m.config.vocab_size)"
     )
     assert run(str(venv / "bin" / "python"), "-c", load).stdout.split()[-1] == "384"
+
+
+def test_the_readme_walkthrough_runs_from_an_unrelated_folder(installed):
+    """The README's walkthrough, line by line as printed, against the installed wheel in a folder holding only
+    the user's data (two JSONL files, a tokenizer folder): no file of the source tree is in reach. The
+    changes are those of tests/contract/test_examples.py (``adapt``: a training line runs as ``--dry-run``,
+    the port is a free one), and the run the later steps read is trained for two steps of a very small model
+    before them (``walkthrough_run``, with the installed llm-train)."""
+    from tests.conftest import SHARED_DATA
+    from tests.contract.test_examples import NOT_HERE, README, adapt, section_examples, walkthrough_inputs, walkthrough_run
+
+    if not (SHARED_DATA / "tokenizers" / "gpt2" / "tokenizer.json").exists():
+        pytest.skip("needs the shared data folder beside the repo (GPT-2's tokenizer)")
+    _, venv, env, work = installed
+    folder = work / "walkthrough"
+    folder.mkdir()
+    walkthrough_inputs(folder)
+    # torch's own torchrun, run by the fresh environment's python (a user's environment has it beside llm-train)
+    torchrun = venv / "bin" / "torchrun"
+    torchrun.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n")
+    torchrun.chmod(0o755)
+    commands = section_examples(README, "Walkthrough")
+    assert any(c.startswith("llm-train --print-config") for c in commands), commands
+    trained = False
+    for command in commands:
+        if any(command.startswith(p) for p in NOT_HERE):
+            continue
+        if command.startswith("llm-ckpt") and not trained:
+            walkthrough_run(folder, venv / "bin", env)
+            trained = True
+        adapted, _ = adapt(command)
+        proc = subprocess.run(["bash", "-o", "pipefail", "-c", adapted], cwd=folder, env=env, capture_output=True,
+                              text=True, timeout=900)  # fmt: skip
+        assert proc.returncode == 0, f"{adapted}\nexit {proc.returncode}\n{proc.stderr[-3000:]}"
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert trained and (folder / "hf" / "my" / "config.json").is_file()
+    assert not (folder / "configs").exists()
