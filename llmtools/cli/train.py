@@ -43,7 +43,7 @@ Examples:
   # elastic: one torchrun agent per host; a lost worker restarts the job from the newest checkpoint
   torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node1:29400 --rdzv-id run1 \\
       --max-restarts 3 -m llmtools.cli.train 1b --deepspeed ds.json -o runs/1b --resume auto
-  sbatch --nodes 4 configs/slurm/train.sbatch      # the same under Slurm, with requeue on preemption
+  # the same under Slurm, with requeue on preemption: configs/slurm/train.sbatch of the source repository
 
 \b
   # continue an interrupted run from its newest complete checkpoint

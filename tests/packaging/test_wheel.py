@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -206,3 +207,81 @@ def test_the_readme_walkthrough_runs_from_an_unrelated_folder(installed):
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert trained and (folder / "hf" / "my" / "config.json").is_file()
     assert not (folder / "configs").exists()
+
+
+# The --help examples that need more than one machine (each run elsewhere: tests/multihost, tests/train/test_slurm.py).
+HELP_NOT_HERE = ("srun ", "deepspeed --hostfile", "torchrun --nnodes")
+SOURCE_TREE = ("configs/", "schemas/", "tests/", "benchmarks/", "mk/", "docs/")
+
+
+def help_examples(text: str) -> list[str]:
+    """The command lines under ``Examples:`` of a --help text (continuations joined, comments dropped)."""
+    if "Examples:" not in text:
+        return []
+    body = text.split("Examples:", 1)[1]
+    body = re.split(r"\n\s*(Arguments|Options|Commands):", body, maxsplit=1)[0]
+    body = re.sub(r"\\\n\s*", " ", body)
+    lines = (re.sub(r"\s+#(?![^'\"]*['\"]).*$", "", line).strip() for line in body.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def _all_help(env, work) -> dict[str, str]:
+    """Every --help text of the installed commands and their subcommands."""
+    texts = {}
+    for command in COMMANDS:
+        top = _run([command, "--help"], cwd=work, env=env).stdout
+        texts[command] = top
+        if "Commands" in top:
+            listed = top.split("Commands", 1)[1]
+            for sub in re.findall(r"^[│ ]\s+([a-z][a-z0-9-]+)\s", listed, re.M):
+                texts[f"{command} {sub}"] = _run([command, sub, "--help"], cwd=work, env=env).stdout
+    return texts
+
+
+def test_no_help_example_needs_a_file_of_the_source_tree(installed):
+    _, venv, env, work = installed
+    texts = _all_help(env, work)
+    assert len(texts) > len(COMMANDS)  # the subcommands were found
+    found = [
+        f"{where}: {line}"
+        for where, text in texts.items()
+        for line in help_examples(text)
+        if any(part in line for part in SOURCE_TREE)
+    ]
+    assert not found, "--help examples that read a file an installed package does not have:\n" + "\n".join(found)
+
+
+def test_llm_train_help_examples_run_from_an_unrelated_folder(installed):
+    """Each example of ``llm-train --help`` on one machine, as printed (a training as ``--dry-run``, the
+    ports free ones: tests/contract/test_examples.py's ``adapt``), against the wheel, in a folder holding only
+    the mixes they name (``out/pretrain/mix.json``, make pretrain's place, ``out/mix.json``, ``out/mix2.json``)."""
+    from tests.contract.test_examples import adapt
+
+    _, venv, env, work = installed
+    folder = work / "help-examples"
+    (folder / "out" / "pretrain").mkdir(parents=True)
+    for launcher, module in (("torchrun", "torch.distributed.run"), ("deepspeed", "deepspeed.launcher.runner")):
+        shim = venv / "bin" / launcher  # the launcher's console script, run by the fresh environment's python
+        shim.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom {module} import main\nsys.exit(main())\n")
+        shim.chmod(0o755)
+    run = lambda *args: _run(list(args), cwd=folder, env=env)  # noqa: E731
+    run("llm-prep", "sample-corpus", "-o", "raw", "--docs", "300", "--seed", "1")
+    run("llm-prep", "json2bin", "raw/stories.jsonl", "-t", "byte", "-o", "data/stories", "--append-eod")
+    run("llm-mix", "data/stories_text_document", "--seq-length", "128", "--num-samples", "3200",
+        "--valid-samples", "64", "-o", "out/pretrain/mix.json")  # fmt: skip
+    for name in ("mix.json", "mix2.json"):
+        run("llm-mix", "data/stories_text_document", "--seq-length", "128", "--num-samples", "3200",
+            "--valid-samples", "64", "-o", f"out/{name}")  # fmt: skip
+    examples = help_examples(run("llm-train", "--help").stdout)
+    assert any(e.startswith("llm-train tiny --deepspeed zero2") for e in examples), examples
+    ran = 0
+    for example in examples:
+        if example.startswith(HELP_NOT_HERE):
+            continue
+        adapted, _ = adapt(example)
+        proc = subprocess.run(["bash", "-o", "pipefail", "-c", adapted], cwd=folder, env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        assert proc.returncode == 0, f"{adapted}\nexit {proc.returncode}\n{proc.stderr[-3000:]}"
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        ran += 1
+    assert ran >= 10, ran
