@@ -117,14 +117,15 @@ def shown(kind: str, given: str | os.PathLike, located: Path) -> str:
 
 
 def announce_shadow(kind: str, name: str, folder: bool = False, what: str | None = None) -> None:
-    """One stderr line, once per process (rank 0): a bare ``name`` read as the shipped one while a file or
-    folder of that name is in the current folder."""
-    what = what or WHAT[kind]
+    """One stderr line, once per process (rank 0): a bare ``name`` read as the shipped (or built-in: ``what``
+    says which, e.g. "built-in chat template") one while a file or folder of that name is in the current
+    folder."""
+    what = what or f"shipped {WHAT[kind]}"
     if (kind, name) in _announced or os.environ.get("RANK", "0") != "0":
         return
     _announced.add((kind, name))
     print(
-        f"note: {name}: read the shipped {what}, not the {'folder' if folder else 'file'} of that name here "
+        f"note: {name}: read the {what}, not the {'folder' if folder else 'file'} of that name here "
         f"(write ./{name} for it)",
         file=sys.stderr,
         flush=True,

@@ -243,7 +243,7 @@ def config_text(name: str) -> str:
 
     if name == DEFAULT:
         if Path(name).exists():
-            announce_shadow("train", name, Path(name).is_dir(), what="commented default config")
+            announce_shadow("train", name, Path(name).is_dir(), what="generated default config")
         return default_config_yaml()
     path = locate("train", name)
     try:

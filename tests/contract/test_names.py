@@ -21,6 +21,7 @@ from typing import Callable
 
 import pytest
 
+from tests.conftest import SHARED_DATA
 from tests.contract.conftest import REPO, _inproc, error_line, run_cli
 
 PLANTED = "- planted-junk\n"  # a YAML list, not JSON: no kind of file accepts it
@@ -164,3 +165,43 @@ def test_a_missing_path_with_the_extension_points_at_the_shipped_name(option_id,
     assert proc.returncode == 2, err
     line = error_line(proc, option.prog)
     assert f"{value}: no such" in line and f"the shipped one is named {option.name}" in line, line
+
+
+# Built-in names of options that otherwise take a path (a tokenizer file or folder, a template file): the
+# name is the built-in, and a file of that name here is announced, never read.
+BUILTINS = {
+    "llm-prep json2bin -t byte": (
+        "byte",
+        lambda b, v: ["llm-prep", "json2bin", b / "corpus.jsonl", "-t", v, "-o", "out/data", "-q"],
+    ),
+    "llm-prep sft --chat-template chatml": (
+        "chatml",
+        lambda b, v: ["llm-prep", "sft", b / "chats.jsonl", "-t", SHARED_DATA / "tokenizers" / "gpt2" / "tokenizer.json",
+                      "--chat-template", v, "-o", "out/sft", "-q"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("option_id", BUILTINS)
+def test_a_built_in_name_beside_a_file_of_that_name_is_the_built_in_and_said(option_id, inputs, tmp_path):
+    if not (SHARED_DATA / "tokenizers" / "gpt2" / "tokenizer.json").exists():
+        pytest.skip("needs the shared data folder (GPT-2's tokenizer)")
+    name, argv = BUILTINS[option_id]
+    chat = '{"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4."}]}\n'
+    (inputs / "chats.jsonl").write_text(chat * 8)
+    results = []
+    for planted in (False, True):
+        folder = tmp_path / f"planted-{planted}"
+        folder.mkdir()
+        if planted:
+            (folder / name).write_text(PLANTED)
+        proc = run_cli(argv(inputs, name), folder, timeout=600)
+        err = proc.stderr.decode("utf-8", "replace")
+        assert proc.returncode == 0, err[-2000:]
+        outputs = {p.name: p.read_bytes() for p in sorted((folder / "out").iterdir()) if p.suffix != ".json"}
+        results.append((outputs, _notes(err)))
+    (alone, alone_notes), (beside, beside_notes) = results
+    assert beside == alone  # the same bytes: the planted file was not read
+    assert alone_notes == []
+    assert len(beside_notes) == 1 and f"{name}: read the built-in" in beside_notes[0], beside_notes
+    assert f"./{name}" in beside_notes[0]
