@@ -17,44 +17,50 @@ EXAMPLES = """
 Examples:
 
 \b
-  # one process, no launcher (the tiny preset, ZeRO-2, on CPU)
-  llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json -o runs/tiny
+  # one process, no launcher (the shipped tiny config and ZeRO-2, on CPU; data: make pretrain's mix)
+  llm-train tiny --deepspeed zero2 -o runs/tiny
+
+\b
+  # see a shipped config, or every key at its default with what it means; start your own from one
+  llm-train --print-config tiny
+  llm-train --print-config default
+  llm-train --print-config tiny > my.yaml
 
 \b
   # override any key; unknown keys are refused with a suggestion
-  llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero1.json \\
+  llm-train tiny --deepspeed zero1 \\
       --set training.train_steps=50 --set optimizer.lr=1e-3 --set data.mix=out/mix.json
 
 \b
   # two processes on one machine (same losses as one process with twice the accumulation)
-  torchrun --nproc_per_node 2 --master_port 29512 -m llmtools.cli.train configs/train/tiny.yaml \\
-      --deepspeed configs/deepspeed/zero2.json -o runs/tiny2
-  deepspeed --num_gpus 2 --master_port 29513 --module llmtools.cli.train configs/train/tiny.yaml \\
-      --deepspeed configs/deepspeed/zero3.json -o runs/tiny3
+  torchrun --nproc_per_node 2 --master_port 29512 -m llmtools.cli.train tiny --deepspeed zero2 -o runs/tiny2
+  deepspeed --num_gpus 2 --master_port 29513 --module llmtools.cli.train tiny --deepspeed zero3 -o runs/tiny3
 
 \b
   # many machines: the DeepSpeed launcher with a hostfile, or srun under Slurm (one task per GPU)
-  deepspeed --hostfile hosts --module llmtools.cli.train configs/train/1b.yaml --deepspeed ds.json -o runs/1b
-  srun --ntasks-per-node 8 llm-train configs/train/1b.yaml --deepspeed ds.json -o runs/1b
+  deepspeed --hostfile hosts --module llmtools.cli.train 1b --deepspeed ds.json -o runs/1b
+  srun --ntasks-per-node 8 llm-train 1b --deepspeed ds.json -o runs/1b
 
 \b
   # elastic: one torchrun agent per host; a lost worker restarts the job from the newest checkpoint
   torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node1:29400 --rdzv-id run1 \\
-      --max-restarts 3 -m llmtools.cli.train configs/train/1b.yaml --deepspeed ds.json -o runs/1b --resume auto
-  sbatch --nodes 4 configs/slurm/train.sbatch      # the same under Slurm, with requeue on preemption
+      --max-restarts 3 -m llmtools.cli.train 1b --deepspeed ds.json -o runs/1b --resume auto
+  # the same under Slurm, with requeue on preemption: configs/slurm/train.sbatch of the source repository
 
 \b
   # continue an interrupted run from its newest complete checkpoint
-  llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json -o runs/tiny --resume auto
+  llm-train tiny --deepspeed zero2 -o runs/tiny --resume auto
 
 \b
   # change the mix of a running job: every source of both mixes continues where it stopped, new ones start
-  llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json -o runs/tiny --resume auto \\
-      --set data.mix=out/mix2.json
+  llm-train tiny --deepspeed zero2 -o runs/tiny --resume auto --set data.mix=out/mix2.json
 
 \b
   # check the config, data and DeepSpeed config without training (prints the resolved DeepSpeed config)
-  llm-train configs/train/tiny.yaml --deepspeed configs/deepspeed/zero2.json --dry-run
+  llm-train tiny --deepspeed zero2 --dry-run
+
+\b
+  # a name (tiny, zero2) is a shipped file; a path has a '/' or an extension (my.yaml, ./tiny, ds.json)
 """
 
 app = new_app("llm-train", "Pretrain a LLaMA-family model with DeepSpeed ZeRO.", single_command=True)
@@ -77,14 +83,18 @@ app = new_app("llm-train", "Pretrain a LLaMA-family model with DeepSpeed ZeRO.",
     no_args_is_help=True,
 )
 def train(
-    config: Path = typer.Argument(
-        ..., help="Train config (YAML; see configs/train/ and schemas/train-config.schema.json)."
+    config: str | None = typer.Argument(
+        None,
+        help="Train config: a shipped one by name (tiny, tiny-sft, 125m, 1b, ...; --print-config NAME shows "
+        "it) or a YAML file (a path: it has a '/' or ends in .yaml/.yml). Every key: docs/config-reference.md.",
+        show_default=False,
     ),
-    deepspeed: Path = typer.Option(
-        ...,
+    deepspeed: str | None = typer.Option(
+        None,
         "--deepspeed",
-        help='DeepSpeed JSON config, or a shipped one by name (zero0 ... zero3, zero2-offload); "auto" '
-        "values are filled from the train config.",
+        help='DeepSpeed JSON config (a path: a \'/\' or .json), or a shipped one by name (zero0 ... zero3, '
+        'zero2-offload); "auto" values are filled from the train config. Required to train.',
+        show_default=False,
     ),
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Run folder [default: runs/<config name>]."
@@ -132,6 +142,13 @@ def train(
         False, "--dry-run", help="Check everything, print the resolved DeepSpeed config, train nothing."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    print_config: str | None = typer.Option(
+        None,
+        "--print-config",
+        help="Print a shipped train config by name (tiny, ...), or 'default': every key at its default, each "
+        "with what it means and what a resume may do with it; then exit.",
+        show_default=False,
+    ),
     local_rank: int | None = typer.Option(
         None,
         "--local_rank",
@@ -140,8 +157,20 @@ def train(
         help="Set by the deepspeed launcher (LOCAL_RANK is used).",
     ),
 ) -> int | None:
+    if print_config is not None:
+        from llmtools.train.config_reference import config_text
+
+        if config is not None:
+            raise UsageError("--print-config: give no CONFIG beside it (--print-config NAME prints one)")
+        emit(config_text(print_config).removesuffix("\n"))
+        return
+    if config is None:
+        raise UsageError("CONFIG: missing (a shipped name such as tiny, or a YAML file; see --print-config)")
+    if deepspeed is None:
+        raise UsageError("--deepspeed: missing (a shipped name such as zero2, or a DeepSpeed JSON file)")
+    from llmtools.resources import locate, shown
     from llmtools.train.config import load_train_config
-    from llmtools.train.deepspeed_config import find_ds_config, load_ds_config
+    from llmtools.train.deepspeed_config import load_ds_config
 
     if reset_data and resume is None:
         raise UsageError("--reset-data: only with --resume (it restarts the data of a resumed run)")
@@ -151,14 +180,16 @@ def train(
         raise UsageError("--reshard: only with --resume (it converts the checkpoint a run resumes from)")
     if init_from is not None:  # a spelled-out flag for the most common override
         set_ = [*set_, f"model.init_from={init_from}"]
+    # Each a path, or a shipped file by name (tiny, zero2): one rule, llmtools.resources.locate.
     cfg = load_train_config(config, set_)
-    deepspeed = find_ds_config(deepspeed)  # a path, or a shipped config by name (zero2)
     ds_raw = load_ds_config(deepspeed)
-    run_dir = output or Path("runs") / config.stem
+    config_path, ds_path = locate("train", config), locate("deepspeed", deepspeed)
+    deepspeed = shown("deepspeed", deepspeed, ds_path)
+    run_dir = output or Path("runs") / config_path.stem
     from llmtools.train.loop import RunOptions
 
     def claim() -> None:
-        _claim_run_dir(run_dir, [config, deepspeed], cfg, force)
+        _claim_run_dir(run_dir, [config_path, ds_path], cfg, force)
 
     options = RunOptions(
         run_dir=run_dir,

@@ -17,7 +17,7 @@ from llmtools.errors import InputError
 from llmtools.formats import jsonfile, yamlfile
 from llmtools.model.config import ModelConfig
 from llmtools.model.hf_config import from_hf_config
-from llmtools.resources import resource_dir
+from llmtools.resources import locate, resource_dir, shown
 
 # The presets ship inside the package (llmtools.resources.models); LLMTOOLS_MODEL_PRESETS overrides.
 PRESET_DIR = resource_dir("models")
@@ -27,26 +27,33 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
-def _read_mapping(path: Path) -> dict:
+def _read_mapping(path: Path, where: str | None = None) -> dict:
+    where = where or str(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
-        raise InputError(f"{path}: cannot read ({error.strerror})") from None
+        raise InputError(f"{where}: cannot read ({error.strerror})") from None
     if path.suffix == ".json":
         try:
             data = jsonfile.loads(text)
         except ValueError as error:
-            raise InputError(f"{path}: not valid JSON ({error})") from None
+            raise InputError(f"{where}: not valid JSON ({error})") from None
     else:
-        data = yamlfile.loads(text, str(path))
+        data = yamlfile.loads(text, where)
     if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a mapping of model fields")
+        raise InputError(f"{where}: expected a mapping of model fields")
     return data
 
 
-def load_model_config(spec: str | os.PathLike | Mapping[str, Any] | ModelConfig) -> ModelConfig:
+def load_model_config(
+    spec: str | os.PathLike | Mapping[str, Any] | ModelConfig, *, names: bool = True
+) -> ModelConfig:
     """A ModelConfig from a preset name (``tiny``, ``llama3-8b``), a YAML/JSON file, a Hugging Face
     model folder or ``config.json``, or a mapping of fields.
+
+    A string is a path when it has a ``/`` or ends in .yaml/.yml/.json, else a preset's name (one rule for
+    every name-or-path option, :func:`llmtools.resources.locate`); ``names=False`` reads it as a path
+    whatever it looks like (``init_from`` names a folder, never a preset).
 
     YAML presets may wrap the fields in a ``model:`` key and carry a ``published:`` block (reference
     figures that tests compare against); both are unwrapped/ignored here.
@@ -56,22 +63,22 @@ def load_model_config(spec: str | os.PathLike | Mapping[str, Any] | ModelConfig)
     if isinstance(spec, Mapping):
         return _from_mapping(dict(spec), "model")
     text = os.fspath(spec)
-    path = Path(text)
+    if names:
+        try:
+            path = locate("models", spec)
+        except InputError as error:
+            raise InputError(f"model: {error}") from None
+    else:
+        path = Path(text)
+    where = shown("models", spec, path) if names else text  # a path as written: ./tiny stays ./tiny
     if path.is_dir():
-        path = path / "config.json"
+        path = where_file = path / "config.json"
         if not path.exists():
             raise InputError(f"{path}: no config.json in this model folder")
-    if path.is_file():
-        return _from_mapping(_read_mapping(path), str(path))
-    preset = PRESET_DIR / f"{text}.yaml"
-    if "/" not in text and preset.is_file():
-        return _from_mapping(_read_mapping(preset), str(preset))
-    names = list_presets()
-    hint = difflib.get_close_matches(text, names, n=1)
-    suggestion = f"did you mean {hint[0]!r}? " if hint else ""
-    raise InputError(
-        f"model: {text!r} is neither a file nor a preset ({suggestion}presets: {', '.join(names)})"
-    )
+        where = str(where_file)
+    if not path.is_file():
+        raise InputError(f"{text}: no such model config file or folder")
+    return _from_mapping(_read_mapping(path, where), where)
 
 
 def _from_mapping(data: dict, source: str) -> ModelConfig:

@@ -82,6 +82,7 @@ from llmtools.prep.template_sandbox import (
     recording_generation_blocks,
     render_limits,
 )
+from llmtools.resources import announce_shadow
 
 CHATML = (
     "{% for message in messages %}"
@@ -372,6 +373,8 @@ def load_chat_template(
         source = f"{folder}/tokenizer_config.json"
     elif str(spec) in BUILTIN_TEMPLATES:
         name = str(spec)
+        if Path(name).exists():  # the name is the built-in one; a path to the file has a '/'
+            announce_shadow("chat-template", name, Path(name).is_dir(), what="built-in chat template")
         text = BUILTIN_TEMPLATES[name]
         specials = {**BUILTIN_DEFAULTS.get(name, {}), **specials}
         source = name

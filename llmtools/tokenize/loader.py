@@ -22,6 +22,7 @@ from pathlib import Path
 
 from llmtools.errors import InputError, UsageError
 from llmtools.formats import jsonfile
+from llmtools.resources import announce_shadow
 from llmtools.tokenize.base import Tokenizer, check_policy
 from llmtools.tokenize.byte_tokenizer import ByteTokenizer
 from llmtools.tokenize.hf import HFTokenizer
@@ -70,6 +71,8 @@ def _load(spec: str | os.PathLike, backend: str, special_tokens: str, defer_prob
         raise UsageError(f"--backend: unknown backend {backend!r} (choose one of {', '.join(BACKENDS)})")
     text = str(spec)
     if text == "byte":
+        if Path(text).exists():  # the name is the built-in one; a path to the file has a '/'
+            announce_shadow("tokenizer", text, Path(text).is_dir(), what="built-in byte-level tokenizer")
         return ByteTokenizer(policy=special_tokens)
     path = Path(text)
     if not path.exists():

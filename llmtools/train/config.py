@@ -34,6 +34,7 @@ from typing import Any, Literal
 from llmtools.errors import InputError, UsageError
 from llmtools.formats import yamlfile
 from llmtools.model.lora import LoraSection  # no torch at import: config validation stays instant
+from llmtools.resources import locate, shown
 from llmtools.train.config_sections import (
     CheckpointSection,
     DataSection,
@@ -504,12 +505,15 @@ def apply_overrides(raw: dict, overrides: list[str] | list[Override]) -> dict:
 
 
 def load_train_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> TrainConfig:
-    """Read a YAML train config (or start from an empty one when ``path`` is None) and apply ``--set``."""
+    """Read a YAML train config (or start from an empty one when ``path`` is None) and apply ``--set``.
+
+    ``path`` is a file when it has a ``/`` or ends in .yaml/.yml, else the name of a shipped config (``tiny``;
+    :func:`llmtools.resources.locate`)."""
     raw: Any = {}
     where = "<--set>"
     if path is not None:
-        path = Path(path)
-        where = str(path)
+        given, path = path, locate("train", path)
+        where = shown("train", given, path)
         raw = yamlfile.read(path, "train config") or {}
     if not isinstance(raw, dict):
         raise InputError(f"{where}: a train config must be a mapping of sections")

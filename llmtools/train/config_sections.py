@@ -70,11 +70,12 @@ def did_you_mean(word: str, choices) -> str:
 
 @config_section
 class ModelSection:
-    """Which model: a preset (configs/models/NAME.yaml or a path) with inline overrides, or all inline."""
+    """Which model: a preset (a shipped one by name, or a file) with inline overrides, or all inline."""
 
     preset: str | None = ruled(Rule(DERIVED, "a name; the model's fields are compared one by one"), None)
-    """Preset name (configs/models/NAME.yaml) or a YAML/JSON path; null: the init_from folder's config.json,
-    or the shape all inline."""
+    """A shipped preset by name (tiny, 125m, 1b, llama3-8b, ...) or a path (it has a '/' or ends in
+    .yaml/.yml/.json: ./tiny.yaml, a Hugging Face folder as hf/); null: the init_from folder's config.json, or
+    the shape all inline."""
     init_from: str | None = ruled(WEIGHTS_FROM_CHECKPOINT, None)
     """A Hugging Face folder (config.json + safetensors) whose weights start the run (continued pretraining)."""
     expert_parallel: int | None = ruled(

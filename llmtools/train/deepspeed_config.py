@@ -16,7 +16,7 @@ from typing import Any
 
 from llmtools.errors import InputError
 from llmtools.formats import jsonfile
-from llmtools.resources import resource_dir
+from llmtools.resources import locate, shown
 from llmtools.thirdparty import import_deepspeed
 from llmtools.train.config import TrainConfig, suggest
 
@@ -27,31 +27,25 @@ DS_SCHEDULERS = {"WarmupLR": "constant", "WarmupDecayLR": "linear", "WarmupCosin
 
 
 def find_ds_config(path: str | os.PathLike) -> Path:
-    """A DeepSpeed config file, or the name of one shipped with the package (``zero2``, ``zero3.json``)
-    when no such file exists here."""
-    path = Path(path)
-    if path.exists() or len(path.parts) != 1:
-        return path
-    shipped = resource_dir("deepspeed") / (path.name if path.suffix == ".json" else f"{path.name}.json")
-    if shipped.is_file():
-        return shipped
-    names = ", ".join(p.stem for p in sorted(resource_dir("deepspeed").glob("*.json")))
-    raise InputError(f"{path}: no such DeepSpeed config (neither a file nor a shipped one: {names})")
+    """A DeepSpeed config file (a path: a ``/`` or ``.json``), or the name of one shipped with the package
+    (``zero2``); :func:`llmtools.resources.locate` is the one rule."""
+    return locate("deepspeed", path)
 
 
 def load_ds_config(path: str | os.PathLike) -> dict:
     """Read a DeepSpeed JSON config (a path or a shipped name); a syntax error names the line and column."""
-    path = find_ds_config(path)
+    given, path = path, find_ds_config(path)
+    where = shown("deepspeed", given, path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError(f"{path}: no such DeepSpeed config") from None
+        raise InputError(f"{where}: no such DeepSpeed config") from None
     try:
         data = jsonfile.loads(text, finite=True)
     except json.JSONDecodeError as error:
-        raise InputError(f"{path}:{error.lineno}:{error.colno}: not valid JSON ({error.msg})") from None
+        raise InputError(f"{where}:{error.lineno}:{error.colno}: not valid JSON ({error.msg})") from None
     if not isinstance(data, dict):
-        raise InputError(f"{path}: a DeepSpeed config must be a JSON object")
+        raise InputError(f"{where}: a DeepSpeed config must be a JSON object")
     return data
 
 

@@ -91,7 +91,7 @@ def resolve_model_config(config: TrainConfig):
     init_base = init_config = None
     if section.init_from is not None:
         # Read even when a preset names the shape: a missing or broken folder fails here, before compute.
-        init_config = load_model_config(init_model_source(section.init_from))
+        init_config = load_model_config(init_model_source(section.init_from), names=False)
         init_base = init_config.to_dict()
     if section.preset is not None:
         try:

@@ -49,6 +49,10 @@ FIXTURES = REPO / "tests" / "logs" / "fixtures"
 NOT_HERE = {
     "python3 -m venv .venv": "CUDA set-up: makes the checkout's own .venv (make setup is what every test runs in)",
     ".venv/bin/pip install torch": "CUDA set-up: downloads the CUDA build of torch",
+    "pip install torch==": "downloads a build of torch (this environment has its own)",
+    "pip install .": "installs this checkout (tests/packaging/test_wheel.py installs its wheel into a fresh environment)",
+    "pip wheel .": "builds the wheel (tests/packaging/test_wheel.py builds it, offline, and runs the walkthrough from it)",
+    "pip install dist/": "installs the wheel (tests/packaging/test_wheel.py does, into a fresh environment)",
     "make setup": "run by make test itself, before this test",
     "tensorboard --logdir": "a server, running until stopped (llm-log tb's event files are read back in tests/logs)",
     "python benchmarks/gpu_check.py --out": "needs one CUDA GPU for ~8 minutes",
@@ -76,7 +80,7 @@ NOT_HERE = {
 # The order the examples run in (prefixes of the commands): producers before consumers.
 ORDER = [
     "llm-prep sample-corpus", "llm-prep tokenizer train", "llm-prep json2bin my/", "llm-mix my/",
-    "cp configs/train/tiny.yaml my.yaml", "llm-prep json2bin data/raw", "llm-prep json2bin 'shards",
+    "llm-train --print-config tiny > my.yaml", "llm-prep json2bin data/raw", "llm-prep json2bin 'shards",
     "zcat dump", "llm-prep inspect", "llm-prep cat", "SETUP", "llm-mix data/wiki", "llm-mix --data-path",
     "llm-mix --train-data-path", "llm-mix data/a", "llm-mix data/web data/code", "llm-prep json2bin @files.txt", "llm-prep merge 'data/web-",
     "llm-prep json2bin --input", "llm-export", "llm-mix 'shards", "llm-prep hf2bin", "llm-prep sft", "PYTHON",
@@ -111,11 +115,9 @@ def _blocks() -> list[tuple[str, str]]:
     ]
 
 
-def readme_examples() -> list[str]:
-    """Every command line of the bash blocks of README.md and docs/*.md (continuations joined, comments
-    dropped)."""
+def _command_lines(blocks) -> list[str]:
     out = []
-    for lang, body in _blocks():
+    for lang, body in blocks:
         if lang not in ("bash", "sh"):
             continue
         for line in re.sub(r"\\\n\s*", " ", body).splitlines():
@@ -123,6 +125,21 @@ def readme_examples() -> list[str]:
             if line and not line.startswith("#"):
                 out.append(line)
     return out
+
+
+def readme_examples() -> list[str]:
+    """Every command line of the bash blocks of README.md and docs/*.md (continuations joined, comments
+    dropped)."""
+    return _command_lines(_blocks())
+
+
+def section_examples(page: Path, heading: str) -> list[str]:
+    """The command lines of one section of a page (from its ``## heading`` to the next ``## ``), in order."""
+    text = page.read_text(encoding="utf-8")
+    start = text.index(f"\n## {heading}")
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end != -1 else len(text)]
+    return _command_lines(re.findall(r"```(\w*)\n(.*?)```", section, re.S))
 
 
 def readme_python() -> str:
@@ -160,7 +177,9 @@ def adapt(command: str) -> tuple[str, str | None]:
     if command.startswith("llm-mix data/web data/code data/hq"):
         # 2B tokens over the few kilobytes here would be ~100,000 epochs of each source
         command = command.replace("--tokens 2B", "--tokens 2M", 1)
-    if re.search(r"(^|\s)(llm-train|-m llmtools\.cli\.train|--module llmtools\.cli\.train)\s", command):
+    if re.search(r"(^|\s)(llm-train|-m llmtools\.cli\.train|--module llmtools\.cli\.train)\s", command) and (
+        "--print-config" not in command  # prints a config: nothing to train
+    ):
         command += " --dry-run"
     if command.startswith("llm-log tb") and "--follow" in command and "|" not in command:
         return f"exec {command}", "sigint"  # exec: the signal goes to llm-log itself
@@ -212,17 +231,17 @@ def walkthrough_inputs(d: Path) -> None:
     shutil.copytree(SHARED_DATA / "tokenizers" / "gpt2", d / "my-tokenizer")
 
 
-def walkthrough_run(d: Path) -> None:
+def walkthrough_run(d: Path, bin_dir: Path = BIN, env: dict | None = None) -> None:
     """runs/my: the walkthrough's training for real, two steps of a very small model of its vocabulary (the
     example itself ran as a dry run)."""
     proc = subprocess.run(
-        [str(BIN / "llm-train"), "my.yaml", "--deepspeed", "zero2", "-o", "runs/my", "--set", "data.mix=my/mix.json",
+        [str(bin_dir / "llm-train"), "my.yaml", "--deepspeed", "zero2", "-o", "runs/my", "--set", "data.mix=my/mix.json",
          "--set", "model.vocab_size=50304", "--set", "model.hidden_size=32", "--set", "model.intermediate_size=64",
          "--set", "model.num_hidden_layers=1", "--set", "model.num_attention_heads=2",
          "--set", "model.num_key_value_heads=1", "--set", "training.train_steps=2", "--set", "schedule.warmup_steps=0",
          "--set", "training.micro_batch_size=2", "--set", "training.global_batch_size=2",
          "--set", "checkpoint.save_every=2", "--set", "eval.every=0", "--set", "logging.log_every=1"],
-        cwd=d, env=contract_env(), capture_output=True, timeout=600,
+        cwd=d, env=env or contract_env(), capture_output=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
 

@@ -5,14 +5,16 @@ The fresh environment reuses this environment's third-party packages (a ``.pth``
 site-packages: a path line adds the folder, and the ``.pth`` files inside it, among them the editable
 install's finder of this checkout, are not run), so the test builds nothing but llmtools itself. That
 the installed copy is the one imported is checked (``llmtools.__file__`` lies in the fresh environment).
-The chain: sample corpus -> tokenizer -> json2bin -> mix -> 5 training steps (the packaged ``tiny``
-preset and ``zero2`` DeepSpeed config, by name) -> verify -> convert -> load in transformers.
+The chain: sample corpus -> tokenizer -> json2bin -> mix -> the shipped ``tiny`` train config by name (printed,
+dry run) -> 5 training steps (the packaged ``tiny`` preset and ``zero2`` DeepSpeed config, by name) -> verify
+-> convert -> load in transformers. Then the README's walkthrough, as printed, in a folder of its own.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -88,7 +90,7 @@ def test_the_sdist_carries_the_resources(installed):
     sdist, *_ = installed
     with tarfile.open(sdist) as tar:
         members = {Path(*Path(m.name).parts[1:]).as_posix(): m for m in tar.getmembers()}
-    for name in ("models/tiny.yaml", "deepspeed/zero2.json", "schemas/metrics.schema.json"):
+    for name in ("models/tiny.yaml", "train/tiny.yaml", "deepspeed/zero2.json", "schemas/metrics.schema.json"):
         assert members[f"llmtools/resources/{name}"].isfile(), name
 
 
@@ -97,13 +99,14 @@ def test_the_installed_copy_is_imported_and_finds_its_resources(installed):
     probe = (
         "import json, llmtools; from llmtools.resources import names; "
         "print(json.dumps([llmtools.__file__, names('models', '.yaml'), names('deepspeed', '.json'),"
-        " names('schemas', '.json')]))"
+        " names('schemas', '.json'), names('train', '.yaml')]))"
     )
-    where, models, deepspeed, schemas = json.loads(
+    where, models, deepspeed, schemas, train = json.loads(
         _run([str(venv / "bin" / "python"), "-c", probe], cwd=work, env=env).stdout
     )
     assert Path(where).resolve().is_relative_to(venv.resolve()), where
     assert models == sorted(p.stem for p in (REPO / "configs" / "models").glob("*.yaml"))
+    assert train == sorted(p.stem for p in (REPO / "configs" / "train").glob("*.yaml"))
     assert deepspeed == sorted(p.stem for p in (REPO / "configs" / "deepspeed").glob("*.json"))
     assert schemas == sorted(p.stem for p in (REPO / "schemas").glob("*.json"))
 
@@ -141,6 +144,15 @@ def test_the_chain_runs_from_an_unrelated_folder(installed):
     run(
         "llm-mix", "data/stories_text_document", "--seq-length", "32", "--num-samples", "64", "-o", "mix.json"
     )
+    # The shipped train configs by name, as the README and --help name them.
+    for name in ("tiny", "default"):
+        printed = run("llm-train", "--print-config", name).stdout
+        assert name == "default" or printed == (REPO / "configs" / "train" / "tiny.yaml").read_text()
+    run("llm-train", "tiny", "--deepspeed", "zero2", "--dry-run", "--set", "data.mix=mix.json",
+        "--set", "training.train_steps=4", "--set", "schedule.warmup_steps=0")  # fmt: skip
+    unknown = subprocess.run(["llm-train", "tinyy", "--deepspeed", "zero2"], cwd=work, env=env, capture_output=True,
+                             text=True)  # fmt: skip
+    assert unknown.returncode == 2 and "did you mean 'tiny'?" in unknown.stderr and "tiny-sft" in unknown.stderr
     (work / "train.yaml").write_text(
         "model: {preset: tiny, vocab_size: 384, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,\n"
         "        num_attention_heads: 2, num_key_value_heads: 1}\n"
@@ -158,3 +170,118 @@ def test_the_chain_runs_from_an_unrelated_folder(installed):
         "print(m.config.vocab_size)"
     )
     assert run(str(venv / "bin" / "python"), "-c", load).stdout.split()[-1] == "384"
+
+
+def test_the_readme_walkthrough_runs_from_an_unrelated_folder(installed):
+    """The README's walkthrough, line by line as printed, against the installed wheel in a folder holding only
+    the user's data (two JSONL files, a tokenizer folder): no file of the source tree is in reach. The
+    changes are those of tests/contract/test_examples.py (``adapt``: a training line runs as ``--dry-run``,
+    the port is a free one), and the run the later steps read is trained for two steps of a very small model
+    before them (``walkthrough_run``, with the installed llm-train)."""
+    from tests.conftest import SHARED_DATA
+    from tests.contract.test_examples import NOT_HERE, README, adapt, section_examples, walkthrough_inputs, walkthrough_run
+
+    if not (SHARED_DATA / "tokenizers" / "gpt2" / "tokenizer.json").exists():
+        pytest.skip("needs the shared data folder beside the repo (GPT-2's tokenizer)")
+    _, venv, env, work = installed
+    folder = work / "walkthrough"
+    folder.mkdir()
+    walkthrough_inputs(folder)
+    # torch's own torchrun, run by the fresh environment's python (a user's environment has it beside llm-train)
+    torchrun = venv / "bin" / "torchrun"
+    torchrun.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n")
+    torchrun.chmod(0o755)
+    commands = section_examples(README, "Walkthrough")
+    assert any(c.startswith("llm-train --print-config") for c in commands), commands
+    trained = False
+    for command in commands:
+        if any(command.startswith(p) for p in NOT_HERE):
+            continue
+        if command.startswith("llm-ckpt") and not trained:
+            walkthrough_run(folder, venv / "bin", env)
+            trained = True
+        adapted, _ = adapt(command)
+        proc = subprocess.run(["bash", "-o", "pipefail", "-c", adapted], cwd=folder, env=env, capture_output=True,
+                              text=True, timeout=900)  # fmt: skip
+        assert proc.returncode == 0, f"{adapted}\nexit {proc.returncode}\n{proc.stderr[-3000:]}"
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert trained and (folder / "hf" / "my" / "config.json").is_file()
+    assert not (folder / "configs").exists()
+
+
+# The --help examples that need more than one machine (each run elsewhere: tests/multihost, tests/train/test_slurm.py).
+HELP_NOT_HERE = ("srun ", "deepspeed --hostfile", "torchrun --nnodes")
+SOURCE_TREE = ("configs/", "schemas/", "tests/", "benchmarks/", "mk/", "docs/")
+
+
+def help_examples(text: str) -> list[str]:
+    """The command lines under ``Examples:`` of a --help text (continuations joined, comments dropped)."""
+    if "Examples:" not in text:
+        return []
+    body = text.split("Examples:", 1)[1]
+    body = re.split(r"\n\s*(Arguments|Options|Commands):", body, maxsplit=1)[0]
+    body = re.sub(r"\\\n\s*", " ", body)
+    lines = (re.sub(r"\s+#(?![^'\"]*['\"]).*$", "", line).strip() for line in body.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def _all_help(env, work) -> dict[str, str]:
+    """Every --help text of the installed commands and their subcommands."""
+    texts = {}
+    for command in COMMANDS:
+        top = _run([command, "--help"], cwd=work, env=env).stdout
+        texts[command] = top
+        if "Commands" in top:
+            listed = top.split("Commands", 1)[1]
+            for sub in re.findall(r"^[│ ]\s+([a-z][a-z0-9-]+)\s", listed, re.M):
+                texts[f"{command} {sub}"] = _run([command, sub, "--help"], cwd=work, env=env).stdout
+    return texts
+
+
+def test_no_help_example_needs_a_file_of_the_source_tree(installed):
+    _, venv, env, work = installed
+    texts = _all_help(env, work)
+    assert len(texts) > len(COMMANDS)  # the subcommands were found
+    found = [
+        f"{where}: {line}"
+        for where, text in texts.items()
+        for line in help_examples(text)
+        if any(part in line for part in SOURCE_TREE)
+    ]
+    assert not found, "--help examples that read a file an installed package does not have:\n" + "\n".join(found)
+
+
+def test_llm_train_help_examples_run_from_an_unrelated_folder(installed):
+    """Each example of ``llm-train --help`` on one machine, as printed (a training as ``--dry-run``, the
+    ports free ones: tests/contract/test_examples.py's ``adapt``), against the wheel, in a folder holding only
+    the mixes they name (``out/pretrain/mix.json``, make pretrain's place, ``out/mix.json``, ``out/mix2.json``)."""
+    from tests.contract.test_examples import adapt
+
+    _, venv, env, work = installed
+    folder = work / "help-examples"
+    (folder / "out" / "pretrain").mkdir(parents=True)
+    for launcher, module in (("torchrun", "torch.distributed.run"), ("deepspeed", "deepspeed.launcher.runner")):
+        shim = venv / "bin" / launcher  # the launcher's console script, run by the fresh environment's python
+        shim.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom {module} import main\nsys.exit(main())\n")
+        shim.chmod(0o755)
+    run = lambda *args: _run(list(args), cwd=folder, env=env)  # noqa: E731
+    run("llm-prep", "sample-corpus", "-o", "raw", "--docs", "300", "--seed", "1")
+    run("llm-prep", "json2bin", "raw/stories.jsonl", "-t", "byte", "-o", "data/stories", "--append-eod")
+    run("llm-mix", "data/stories_text_document", "--seq-length", "128", "--num-samples", "3200",
+        "--valid-samples", "64", "-o", "out/pretrain/mix.json")  # fmt: skip
+    for name in ("mix.json", "mix2.json"):
+        run("llm-mix", "data/stories_text_document", "--seq-length", "128", "--num-samples", "3200",
+            "--valid-samples", "64", "-o", f"out/{name}")  # fmt: skip
+    examples = help_examples(run("llm-train", "--help").stdout)
+    assert any(e.startswith("llm-train tiny --deepspeed zero2") for e in examples), examples
+    ran = 0
+    for example in examples:
+        if example.startswith(HELP_NOT_HERE):
+            continue
+        adapted, _ = adapt(example)
+        proc = subprocess.run(["bash", "-o", "pipefail", "-c", adapted], cwd=folder, env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        assert proc.returncode == 0, f"{adapted}\nexit {proc.returncode}\n{proc.stderr[-3000:]}"
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        ran += 1
+    assert ran >= 10, ran
