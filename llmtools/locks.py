@@ -31,6 +31,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shlex
 import socket
 import sys
@@ -347,6 +348,10 @@ def _lock_is_free(lock_file: Path) -> bool:
     return True
 
 
+# What follows TMP_MARK in a temporary fsutil names: 8 hex digits, then its suffix (.lengths, .png...).
+_TEMPORARY = re.compile(r"[0-9a-f]{8}(\.[A-Za-z0-9_]+)*")
+
+
 def remove_dead_temporaries(target: str | os.PathLike) -> list[Path]:
     """The temporaries a killed writer of ``target`` left beside it (``TARGET.tmp-*``, and those of its
     files, ``TARGET.bin.tmp-*``...), removed by whoever holds ``target``'s lock now: a writer takes the lock
@@ -365,8 +370,10 @@ def remove_dead_temporaries(target: str | os.PathLike) -> list[Path]:
     except OSError:
         return removed
     for entry in entries:
-        owner, mark, _ = entry.name.partition(TMP_MARK)
+        owner, mark, rest = entry.name.partition(TMP_MARK)
         if not mark or not (owner == name or owner.startswith(name + ".")):
+            continue
+        if not _TEMPORARY.fullmatch(rest):  # not a name fsutil gives a temporary: someone's file, kept
             continue
         # Every other output this could be a temporary of: OWNER, and OWNER less its dotted suffixes.
         others = [owner]

@@ -4,7 +4,7 @@ meta.json is as untrusted as the rest of a checkpoint folder: whoever can write 
 :func:`read_meta` is the only reader: it parses the file and runs every record through its checker in
 :data:`RECORDS` (its type, its range, and the inner shape of the records whose insides are read: the
 file entries, the parameter shapes, the tensor-parallel layout, the tokenizer identity), so ``verify``,
-``list``, ``inspect``, ``convert``, ``eval``, ``import-hf``'s readers and a resume all see the same
+``list``, ``inspect``, ``convert``, ``eval``, ``init_from`` and a resume all see the same
 checked values and a mangled record is one :class:`~llmtools.errors.InputError` naming
 ``FOLDER/meta.json[record]``, whichever command reads it first. The records whose insides only one
 reader interprets (the data ledger, the resolved config) are checked here for their kind (an object or

@@ -191,7 +191,9 @@ def _eval(step: Path, task: Path, cwd: Path):
 
 def test_eval_finds_the_recorded_tokenizer_relative_to_the_run_not_the_current_folder(master, tmp_path):
     step, elsewhere, _ = _eval_setup(master, tmp_path, "tok/tokenizer.json")
-    proc = _eval(step, tmp_path / "task.jsonl", elsewhere)  # the current folder holds a tok/ of its own
+    cwd = tmp_path / "empty"  # no tok/ here: only the run's own can be found
+    cwd.mkdir()
+    proc = _eval(step, tmp_path / "task.jsonl", cwd)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["results"]
 
