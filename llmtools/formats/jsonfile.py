@@ -100,8 +100,8 @@ def loads(text: str | bytes, finite: bool = False, ours: bool = False):
         raise json.JSONDecodeError(f"a number out of range ({_shown(str(error))})", text, 0) from None
 
 
-_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
-_BRACKETS_B = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+_BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')  # a string (skipped whole), or a bracket
+_BRACKETS_B = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
 
 def too_deep(text: str | bytes, depth: int | None = None) -> int | None:

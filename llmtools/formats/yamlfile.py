@@ -50,7 +50,7 @@ class _BoundedLoader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise _Refused(None, None, f"YAML nested more than {MAX_DEPTH} levels deep", event.start_mark)
+                raise _Refused(None, None, f"nested too deeply (more than {MAX_DEPTH} levels)", event.start_mark)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -64,6 +64,9 @@ def loads(text: str, where: str) -> Any:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
+        if isinstance(error, _Refused) and error.problem.startswith("nested"):
+            at = f", line {mark.line + 1}" if mark is not None else ""
+            raise Refused(f"{where}: YAML {error.problem[:-1]}{at})") from None
         if isinstance(error, _Refused):
             raise Refused(f"{where}{line}: {error.problem}") from None
         problem = getattr(error, "problem", None) or error
