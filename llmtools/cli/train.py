@@ -85,6 +85,7 @@ app = new_app("llm-train", "Pretrain a LLaMA-family model with DeepSpeed ZeRO.",
 def train(
     config: str | None = typer.Argument(
         None,
+        metavar="CONFIG",
         help="Train config: a shipped one by name (tiny, tiny-sft, 125m, 1b, ...; --print-config NAME shows "
         "it) or a YAML file (a path: it has a '/' or ends in .yaml/.yml). Every key: docs/config-reference.md.",
         show_default=False,
@@ -92,6 +93,7 @@ def train(
     deepspeed: str | None = typer.Option(
         None,
         "--deepspeed",
+        metavar="DS",
         help='DeepSpeed JSON config (a path: a \'/\' or .json), or a shipped one by name (zero0 ... zero3, '
         'zero2-offload); "auto" values are filled from the train config. Required to train.',
         show_default=False,
