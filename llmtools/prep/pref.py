@@ -69,7 +69,7 @@ from llmtools.prep.sft import (
     BadSample,
     SampleEncoder,
     check_messages,
-    counted,
+    counted as count_progress,
     iter_records,
     kind_name,
     system_turn,
@@ -411,7 +411,7 @@ def _build_pref(config: PrefConfig, output: DatasetOutput) -> PrefResult:
             add(place, encoded[2 * k], encoded[2 * k + 1])
 
     pending: list[tuple[str, tuple]] = []  # rendered pairs waiting to be tokenized as one batch
-    for place, record in counted(iter_records(config, inputs, result.skipped), "llm-prep pref"):
+    for place, record in count_progress(iter_records(config, inputs, result.skipped), "llm-prep pref"):
         try:
             if isinstance(record, BadSample):
                 raise record

@@ -50,9 +50,21 @@ def test_llm_ckpt_eval_equals_lm_eval_hf_on_the_exported_folder(tmp_path, cli_en
         items.append({"context": context, "choices": choices, "gold": rng.randrange(3)})
     task = tmp_path / "words.jsonl"
     task.write_text("".join(json.dumps(item) + "\n" for item in items))
+    # no question text: an empty context, one-token and longer choices (lm-eval scores each choice's first
+    # token after its prefix token)
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("".join(
+        json.dumps({"context": "", "choices": [rng.choice(words), " " + " ".join(rng.sample(words, 3))],
+                    "gold": rng.randrange(2)}) + "\n"
+        for _ in range(16)
+    ))  # fmt: skip
 
-    ours = run(["eval", tmp_path / "ckpt", "--tasks", task, "--tokenizer", gpt2 / "tokenizer.json"], cli_env)
+    ours = run(
+        ["eval", tmp_path / "ckpt", "--tasks", task, "--tasks", blank, "--tokenizer", gpt2 / "tokenizer.json"],
+        cli_env,
+    )
     assert ours.returncode == 0, ours.stderr
+    ours_blank = json.loads(ours.stdout)["results"]["blank"]
     ours = json.loads(ours.stdout)["results"]["words"]
 
     # lm-eval's own hf model on the folder llm-ckpt convert exports (GPT-2's tokenizer copied in)
@@ -66,15 +78,16 @@ def test_llm_ckpt_eval_equals_lm_eval_hf_on_the_exported_folder(tmp_path, cli_en
     from llmtools.formats.tasks import read_task_files
 
     (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "words.yaml").write_text(yaml.safe_dump(task_yaml(read_task_files([str(task)])[0])))
+    for found in read_task_files([str(task), str(blank)]):
+        (tmp_path / "tasks" / f"{found.name}.yaml").write_text(yaml.safe_dump(task_yaml(found)))
     script = f"""
 import json, lm_eval
 from lm_eval.tasks import TaskManager
 r = lm_eval.simple_evaluate(
     model="hf",
     model_args={{"pretrained": "{tmp_path / "hf"}", "device": "cpu", "dtype": "float32", "prefix_token_id": 50256}},
-    tasks=["words"], task_manager=TaskManager(include_path="{tmp_path / "tasks"}"), batch_size=8)
-print(json.dumps(r["results"]["words"]))
+    tasks=["words", "blank"], task_manager=TaskManager(include_path="{tmp_path / "tasks"}"), batch_size=8)
+print(json.dumps(r["results"]))
 """
     env = {**cli_env, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     # lm-eval's hf model starts a process group when it sees a rank in the environment (accelerate): one
@@ -86,6 +99,9 @@ print(json.dumps(r["results"]["words"]))
     )
     assert theirs.returncode == 0, theirs.stderr[-3000:]
     theirs = json.loads(theirs.stdout.strip().splitlines()[-1])
+    theirs_blank, theirs = theirs["blank"], theirs["words"]
+    assert ours_blank["acc"] == theirs_blank["acc,none"], (ours_blank, theirs_blank)
+    assert ours_blank["acc_norm"] == theirs_blank["acc_norm,none"], (ours_blank, theirs_blank)
     # counts of right answers over 40 examples, from fp32 logits of the same weights and token ids
     assert ours["acc"] == theirs["acc,none"] and ours["acc_norm"] == theirs["acc_norm,none"], (ours, theirs)
     shutil.rmtree(tmp_path / "hf")
