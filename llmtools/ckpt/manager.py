@@ -32,6 +32,7 @@ from typing import Any
 
 from llmtools.ckpt import dist, layout, safeload, tensor_shards
 from llmtools.ckpt import rng as rng_state
+from llmtools.ckpt.engine_weights import load_weights_only
 from llmtools.ckpt.request import ResumeRequest
 from llmtools.ckpt.state import RunState, saved_state
 from llmtools.ckpt.verify import check, check_compatible, list_files, read_meta, sha256_file, verify
@@ -75,38 +76,6 @@ def _same_folder(a: Path, b: Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
-
-
-def _load_weights_only(engine, model_states: Path) -> None:
-    """Copy a full state dict into the engine's (possibly ZeRO-3-partitioned) parameters, then refresh
-    the optimizer's fp32 master copy from them (every ZeRO optimizer keeps one of its own)."""
-    from llmtools.thirdparty import import_deepspeed
-
-    deepspeed = import_deepspeed()
-    import torch
-
-    blob = safeload.load(model_states, mmap=True)
-    state = blob.get("module") if isinstance(blob, dict) else None
-    if not isinstance(state, dict):
-        raise InputError(f"{model_states}[module]: missing (not a DeepSpeed model-states file)")
-    params = dict(engine.module.named_parameters())
-    missing = sorted(set(params) - set(state))
-    if missing:
-        raise InputError(f"{model_states}[{missing[0]}]: missing ({len(missing)} parameters missing in all)")
-    stage3 = engine.zero_optimization_stage() == 3
-    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0, enabled=stage3):
-        if not stage3 or dist.rank() == 0:
-            with torch.no_grad():
-                for name, param in params.items():
-                    if tuple(state[name].shape) != tuple(param.shape):
-                        raise InputError(
-                            f"{model_states}[{name}]: shape {tuple(state[name].shape)}, the model has "
-                            f"{tuple(param.shape)}"
-                        )
-                    param.copy_(state[name])
-    refresh = getattr(engine.optimizer, "_restore_from_bit16_weights", None)
-    if refresh is not None:
-        refresh()
 
 
 @dataclass
@@ -510,7 +479,7 @@ class CheckpointManager:
         current_dp = zero_partitions(engine, world)
         if meta.get("init_only"):
             # Weights only (llm-ckpt import-hf): the optimizer, schedule and RNG start fresh.
-            _load_weights_only(engine, layout.model_states_file(path))
+            load_weights_only(engine, layout.model_states_file(path))
             return {
                 k: meta.get(k) for k in ("step", "consumed_samples", "consumed_tokens", "model", "tokenizer")
             }

@@ -99,10 +99,7 @@ class JsonlParser(Parser):
         except jsonfile.BadLine as error:
             if not line.lstrip().startswith("{"):
                 return "other", []
-            what = error.what
-            if error.kind == "malformed_json":
-                what = f"not valid JSON ({what.removeprefix('malformed JSON: ')})"
-            return "invalid", [Record("invalid", 0, None, message=what)]
+            return "invalid", [Record("invalid", 0, None, message=error.what.replace("malformed", "not valid"))]
         if not isinstance(data, dict):
             return "invalid", [Record("invalid", 0, None, message="a JSON value that is not an object")]
         kind = data.get("kind", "train")
