@@ -99,7 +99,8 @@ class JsonlParser(Parser):
         except jsonfile.BadLine as error:
             if not line.lstrip().startswith("{"):
                 return "other", []
-            return "invalid", [Record("invalid", 0, None, message=error.what.replace("malformed", "not valid"))]
+            message = error.what.replace("malformed", "not valid")
+            return "invalid", [Record("invalid", 0, None, message=message)]
         if not isinstance(data, dict):
             return "invalid", [Record("invalid", 0, None, message="a JSON value that is not an object")]
         kind = data.get("kind", "train")
@@ -108,11 +109,8 @@ class JsonlParser(Parser):
             return "invalid", [Record("invalid", 0, None, message=f"unknown kind {kind!r}")]
         if type(step) is not int or not 0 <= step < 2**63:
             shown = repr(step) if len(repr(step)) < 40 else f"{repr(step)[:37]}..."
-            return "invalid", [
-                Record(
-                    "invalid", 0, None, message=f"'step' must be an integer from 0 to 2**63-1, got {shown}"
-                )
-            ]
+            message = f"'step' must be an integer from 0 to 2**63-1, got {shown}"
+            return "invalid", [Record("invalid", 0, None, message=message)]
         wall = data.get("time")
         if type(wall) not in _NUMBER_TYPES or not math.isfinite(_held(wall)):
             wall = None
