@@ -391,6 +391,22 @@ def remove_dead_temporaries(target: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def remove_dead_temporaries_in(folder: str | os.PathLike) -> list[Path]:
+    """The temporaries (names fsutil gives them) a killed writer left inside ``folder``, a folder that only
+    one output's writer writes into (a mix.json's index cache) and whose lock the caller holds now."""
+    from llmtools.fsutil import TMP_MARK
+
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            _, mark, rest = entry.name.partition(TMP_MARK)
+            if mark and _TEMPORARY.fullmatch(rest) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
+
+
 @contextlib.contextmanager
 def lock_run(run_dir: str | os.PathLike, command: str | None = None) -> Iterator[Lock]:
     """Lock a run folder (``RUN/run.lock``; the folder is created if needed)."""
