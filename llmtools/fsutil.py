@@ -501,3 +501,13 @@ def stdin_binary():
     if stream is None:
         raise InputError("-: standard input is closed (nothing to read); give a file, or pipe data in")
     return stream
+
+
+def cache_dir() -> Path:
+    """Where llmtools keeps what it builds once per machine (compiled helpers, tokenizer views):
+    ``$LLMTOOLS_CACHE``, else ``$XDG_CACHE_HOME/llmtools`` or ``~/.cache/llmtools``."""
+    root = os.environ.get("LLMTOOLS_CACHE")
+    if root:
+        return Path(root)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "llmtools"

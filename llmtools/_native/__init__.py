@@ -26,6 +26,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from llmtools.fsutil import cache_dir
+
 ABI_VERSION = 5
 SOURCES = [Path(__file__).with_name(name) for name in ("mixhelpers.c", "jsonl.c")]
 # No -march=native and no contraction: the greedy blend must evaluate w*x - c exactly as Megatron's build does.
@@ -40,14 +42,6 @@ _i32p = ctypes.POINTER(ctypes.c_int32)
 _i64p = ctypes.POINTER(ctypes.c_int64)
 _f64p = ctypes.POINTER(ctypes.c_double)
 _u8p = ctypes.POINTER(ctypes.c_uint8)
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("LLMTOOLS_CACHE")
-    if root:
-        return Path(root)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "llmtools"
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 
-from llmtools.fsutil import sha256_file, write_text_atomic
+from llmtools.fsutil import cache_dir, sha256_file, write_text_atomic
 
 FORMAT = 1  # bumped when what is stored changes
 READ_BY_TRANSFORMERS = (
@@ -27,14 +26,6 @@ READ_BY_TRANSFORMERS = (
 )  # fmt: skip
 """The files that can change what transformers makes of a folder (config.json names the class when the
 tokenizer config does not); the cache key hashes each one present."""
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("LLMTOOLS_CACHE")
-    if root:
-        return Path(root)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "llmtools"
 
 
 def transformers_view(path: Path):
