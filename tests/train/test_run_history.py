@@ -83,6 +83,23 @@ def test_a_rollback_with_a_new_lr_replaces_the_abandoned_steps(byte_data, tmp_pa
     assert sorted(wandb_lrs) == list(range(1, 9))
     assert all(wandb_lrs[s] == pytest.approx(lrs[s]) for s in wandb_lrs), wandb_lrs
     assert "steps 5..8" in read_wandb_summary(run_dir / "wandb", run_id)["event/00000004/superseded"]
+    # a fresh llm-log upload of the run gives each step once, the history as it stands
+    for tracker in ("wandb", "mlflow"):
+        folder = tmp_path / f"upload-{tracker}"
+        out = subprocess.run(
+            [sys.executable, "-m", "llmtools.cli.log", tracker, str(run_dir), "--dir", str(folder)],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        if tracker == "wandb":
+            (uploaded,) = {p.name.rsplit("-", 1)[-1] for p in (folder / "wandb").glob("offline-run-*")}
+            rows = read_wandb_history(folder / "wandb", uploaded)
+            steps = [(s, row["train/lr"]) for s, row in rows if "train/lr" in row]
+        else:
+            client, (run,) = mlflow_run(folder)
+            steps = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/lr")]
+        assert sorted(s for s, _ in steps) == list(range(1, 9)), (tracker, steps)
+        assert all(value == pytest.approx(lrs[s]) for s, value in steps), (tracker, steps)
 
 
 def test_a_kill_before_the_first_checkpoint_then_resume_auto_keeps_one_tracker_run(
