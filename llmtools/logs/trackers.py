@@ -4,10 +4,13 @@ Each goes through its own library (the extra ``track``), offline first: W&B in o
 ``FOLDER/wandb`` unless ``WANDB_MODE`` says otherwise (``wandb sync`` uploads it later), MLflow into
 ``FOLDER/mlruns`` unless a tracking URI is given.
 
-Exactly once. A tracker run is named by its id (:class:`TrackerState`, kept with the checkpoint or in
-``llm-log``'s state); reopening it reads back, through the library's own reader, the last step each
-metric already has, and records at or before it are dropped. A run killed after logging steps its
-checkpoint does not hold replays them on resume, and the tracker keeps one value per metric and step.
+Once per timeline. A tracker run is named by its id (:class:`TrackerState`, kept with the checkpoint
+or in ``llm-log``'s state); reopening it reads back, through the library's own reader, the training
+step of the value each metric logged last, and records at or before it are dropped. A run that
+continues from an earlier step (a rollback, or a replay after a kill) marks the later steps the tracker
+has as superseded (:func:`mark_superseded`) and logs the new timeline's values at those steps again:
+W&B plots against the training step (:data:`WANDB_STEP`) while its own ``_step`` keeps growing, MLflow
+takes another value at a step it has; the value logged last at a step is the run's.
 Events (``kind: event``) are keyed by step and name (W&B summary keys, MLflow tags), so a replayed event
 replaces itself.
 
@@ -30,6 +33,9 @@ from llmtools.errors import InputError
 from llmtools.formats import jsonfile
 
 TRACKERS = ("wandb", "mlflow")
+# The training step as a W&B metric, every other metric's x axis (as HF Trainer does): W&B's own _step
+# only grows, and a step logged again after a rollback gets a later _step at the same training step.
+WANDB_STEP = "train/global_step"
 SKIP = {"kind", "step", "time", "event", "message", "skipped"}
 # A failing remote tracker must not hold a step for minutes: one try, a short timeout (MLflow's own
 # defaults retry 7 times with backoff), unless the user set them.
@@ -181,6 +187,10 @@ class Tracker:
                 self.last[tag] = step
         return fresh
 
+    def rewind(self, step: int) -> None:
+        """The run continues from ``step``: values at later steps are the new timeline's, to be logged."""
+        self.last = {tag: min(last, step) for tag, last in self.last.items()}
+
     def event_key(self, record: dict, step: int) -> str:
         """``event/<step>/<name>`` (``.2``, ``.3``... for more of one name at one step, in order, so a
         replay gives the same keys)."""
@@ -239,6 +249,7 @@ class WandbTracker(Tracker):
         super().__init__(warn)
         self.folder = Path(folder)
         self.run = None
+        self.wandb_step = 0  # the next W&B _step: above every one the run's earlier sessions used
         self._guard("starting", lambda: self._start(project, run_name, run_id, config))
 
     def _start(self, project: str, run_name: str, run_id: str | None, config: dict | None) -> None:
@@ -254,6 +265,8 @@ class WandbTracker(Tracker):
             run_id = generate_id()
         else:
             self.last = read_wandb_steps(self.folder / "wandb", run_id)
+            rows = read_wandb_rows(self.folder / "wandb", run_id)
+            self.wandb_step = 1 + max((wandb_step for wandb_step, _, _ in rows), default=-1)
         self.run = wandb.init(
             project=project,
             name=run_name,
@@ -264,11 +277,14 @@ class WandbTracker(Tracker):
             settings=wandb.Settings(console="off", x_disable_stats=True, init_timeout=60),
         )
         self.run_id = run_id
+        self.run.define_metric(WANDB_STEP)
+        self.run.define_metric("*", step_metric=WANDB_STEP, step_sync=True)
         for key, value in read_wandb_summary(self.folder / "wandb", run_id).items():
             self.run.summary[key] = value  # an offline resume starts an empty summary: carry it over
 
     def _metrics(self, values: dict[str, float], step: int) -> None:
-        self.run.log(values, step=step)
+        self.run.log({**values, WANDB_STEP: step}, step=self.wandb_step)
+        self.wandb_step += 1
 
     def _event(self, key: str, message: str) -> None:
         self.run.summary[key] = message
@@ -308,7 +324,14 @@ def wandb_records(path: Path):
 
 
 def read_wandb_history(wandb_dir: Path, run_id: str) -> list[tuple[int, dict[str, Any]]]:
-    """Every history row ``(step, {key: value})`` of run ``run_id``'s offline files, in order."""
+    """Every history row ``(training step, {key: value})`` of run ``run_id``'s offline files, in the
+    order logged (a step logged again after a rollback comes later, with the new timeline's values)."""
+    return [(step, row) for _, step, row in read_wandb_rows(wandb_dir, run_id)]
+
+
+def read_wandb_rows(wandb_dir: Path, run_id: str) -> list[tuple[int, int, dict[str, Any]]]:
+    """Every history row ``(_step, training step, {key: value})`` of run ``run_id``'s offline files, in
+    order; the training step is :data:`WANDB_STEP`'s value (``_step`` in files written without it)."""
     rows = []
     for path in wandb_files(wandb_dir, run_id):
         try:
@@ -326,17 +349,19 @@ def read_wandb_history(wandb_dir: Path, run_id: str) -> list[tuple[int, dict[str
                 if record.history.HasField("step"):
                     step = int(record.history.step.num)
                 if step is not None:
-                    rows.append((step, row))
+                    trained = row.pop(WANDB_STEP, step)
+                    rows.append((step, int(trained), row))
         except Exception:  # noqa: BLE001, S112 - a session cut short by kill -9 ends in a torn block
             continue
     return rows
 
 
 def read_wandb_steps(wandb_dir: Path, run_id: str) -> dict[str, int]:
+    """The training step of the value each metric logged last."""
     last: dict[str, int] = {}
     for step, row in read_wandb_history(wandb_dir, run_id):
         for key in row:
-            last[key] = max(last.get(key, -1), step)
+            last[key] = step
     return last
 
 
@@ -396,8 +421,9 @@ class MlflowTracker(Tracker):
             if run.info.status != "RUNNING":
                 client.update_run(run_id, status="RUNNING")
             for key in run.data.metrics:
+                # the step of the value logged last (a step logged again after a rollback is later)
                 history = client.get_metric_history(run_id, key)
-                self.last[key] = max((m.step for m in history), default=-1)
+                self.last[key] = max(history, key=lambda m: (m.timestamp, m.step)).step if history else -1
             self.run_id = run_id
             return
         experiment = client.get_experiment_by_name(project)
@@ -456,17 +482,19 @@ def backfill(trackers: list[Tracker], metrics_path: Path, upto: int) -> int:
 
 def mark_superseded(trackers: list[Tracker], step: int) -> None:
     """A run that continues from ``step`` while a tracker run already has later steps (a rollback, or a
-    replay after a kill): those values belong to a timeline the run no longer has, and the tracker cannot
-    take a second value at a step it has (W&B's steps only grow); an event at ``step`` says which steps
-    are superseded (metrics.jsonl holds the run's history as it stands)."""
+    replay after a kill): those values belong to a timeline the run no longer has. An event at ``step``
+    says which steps are superseded, and the tracker logs the new timeline's values at them again (the
+    value logged last at a step is the run's, as in metrics.jsonl)."""
     for tracker in trackers:
         later = max(tracker.last.values(), default=-1)
         if later > step:
             message = (
                 f"steps {step + 1}..{later} logged here before this resume are superseded: the run "
-                f"continued from step {step} (its metrics.jsonl holds the history as it stands)"
+                f"continued from step {step} and logs them again after this event with the new values "
+                f"(its metrics.jsonl holds the history as it stands)"
             )
             tracker.log({"kind": "event", "step": step, "event": "superseded", "message": message}, step)
+        tracker.rewind(step)
 
 
 def local_store(folder: Path) -> str:

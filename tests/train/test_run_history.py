@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from llmtools.logs.trackers import read_wandb_history, read_wandb_summary
 from tests.logs.helpers import scalars
 from tests.train.test_cli import DS, llm_train, write_config
-from tests.train.test_tracking import mlflow_run, tracked_env, train_steps
+from tests.train.test_tracking import mlflow_latest, mlflow_run, tracked_env, train_steps, wandb_latest
 
 pytest.importorskip("wandb")
 pytest.importorskip("mlflow")
@@ -72,6 +73,33 @@ def test_a_rollback_with_a_new_lr_replaces_the_abandoned_steps(byte_data, tmp_pa
     _one_tracker_run_each(run_dir)
     client, (run,) = mlflow_run(run_dir)
     assert "steps 5..8" in run.data.tags["event/00000004/superseded"]  # the abandoned values, marked
+    # ...and the trackers hold the new timeline's values at those steps, logged after the old ones
+    mlflow_lrs = mlflow_latest(client, run.info.run_id, "train/lr")
+    assert sorted(mlflow_lrs) == list(range(1, 9))
+    assert all(mlflow_lrs[s] == pytest.approx(lrs[s]) for s in mlflow_lrs), mlflow_lrs
+    (run_id,) = {p.name.rsplit("-", 1)[-1] for p in (run_dir / "wandb").glob("offline-run-*")}
+    rows = read_wandb_history(run_dir / "wandb", run_id)
+    wandb_lrs = wandb_latest(rows, "train/lr")
+    assert sorted(wandb_lrs) == list(range(1, 9))
+    assert all(wandb_lrs[s] == pytest.approx(lrs[s]) for s in wandb_lrs), wandb_lrs
+    assert "steps 5..8" in read_wandb_summary(run_dir / "wandb", run_id)["event/00000004/superseded"]
+    # a fresh llm-log upload of the run gives each step once, the history as it stands
+    for tracker in ("wandb", "mlflow"):
+        folder = tmp_path / f"upload-{tracker}"
+        out = subprocess.run(
+            [sys.executable, "-m", "llmtools.cli.log", tracker, str(run_dir), "--dir", str(folder)],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        if tracker == "wandb":
+            (uploaded,) = {p.name.rsplit("-", 1)[-1] for p in (folder / "wandb").glob("offline-run-*")}
+            rows = read_wandb_history(folder / "wandb", uploaded)
+            steps = [(s, row["train/lr"]) for s, row in rows if "train/lr" in row]
+        else:
+            client, (run,) = mlflow_run(folder)
+            steps = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/lr")]
+        assert sorted(s for s, _ in steps) == list(range(1, 9)), (tracker, steps)
+        assert all(value == pytest.approx(lrs[s]) for s, value in steps), (tracker, steps)
 
 
 def test_a_kill_before_the_first_checkpoint_then_resume_auto_keeps_one_tracker_run(

@@ -43,6 +43,23 @@ def mlflow_run(run_dir: Path):
     return client, runs
 
 
+def jsonl_values(run_dir: Path, key: str) -> dict[int, float]:
+    """``{step: value}`` of train records' ``key`` in metrics.jsonl (the run's history as it stands)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r[key] for r in map(json.loads, lines) if r["kind"] == "train" and key in r}
+
+
+def mlflow_latest(client, run_id: str, key: str) -> dict[int, float]:
+    """``{step: value}`` with the value logged last at each step (the one a rollback logged again)."""
+    history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)
+    return {m.step: m.value for m in history}
+
+
+def wandb_latest(rows: list, key: str) -> dict[int, float]:
+    """``{training step: value}`` with the value logged last at each step, from read_wandb_history."""
+    return {step: row[key] for step, row in rows if key in row}
+
+
 def test_kill9_then_resume_logs_every_step_once(byte_data, tmp_path, cli_env):
     from llmtools.logs.trackers import read_wandb_history, read_wandb_summary
 
@@ -82,9 +99,11 @@ def test_kill9_then_resume_logs_every_step_once(byte_data, tmp_path, cli_env):
     assert len(runs) == 1, "the resume continued the MLflow run"
     run = runs[0]
     for key in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s"):
-        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == list(
-            range(1, 11)
-        ), key
+        # the replayed steps are logged again (the value logged last at a step is the run's)
+        latest = mlflow_latest(client, run.info.run_id, key)
+        expected = jsonl_values(run_dir, key.split("/", 1)[1])
+        assert sorted(latest) == list(range(1, 11)), key
+        assert all(latest[s] == pytest.approx(expected[s]) for s in latest), (key, latest, expected)
     tags = run.data.tags
     assert any(k.startswith("event/00000004/resume") for k in tags), sorted(tags)
     assert any(k.endswith("config_change") for k in tags), "the changed train_steps is an event"
@@ -99,8 +118,10 @@ def test_kill9_then_resume_logs_every_step_once(byte_data, tmp_path, cli_env):
     (run_id,) = ids
     rows = read_wandb_history(run_dir / "wandb", run_id)
     for key in ("train/loss", "train/lr", "train/grad_norm"):
-        steps = [step for step, row in rows if key in row]
-        assert sorted(steps) == list(range(1, 11)), (key, steps)
+        latest = wandb_latest(rows, key)
+        expected = jsonl_values(run_dir, key.split("/", 1)[1])
+        assert sorted(latest) == list(range(1, 11)), (key, latest)
+        assert all(latest[s] == pytest.approx(expected[s]) for s in latest), (key, latest, expected)
     summary = read_wandb_summary(run_dir / "wandb", run_id)
     assert summary["checkpoint/path"].endswith("step_00000010")
     assert any(k.startswith("event/00000004/resume") for k in summary)
