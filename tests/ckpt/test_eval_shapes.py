@@ -90,6 +90,7 @@ def test_each_request_scores_as_lm_eval_hf_or_both_refuse(pair, tmp_path, contex
                 ours.loglikelihood([_request(context, continuation)])
             continue
         got = ours.loglikelihood([_request(context, continuation)])[0]
+        # the same fp32 model in two batchings (theirs pads, ours packs): sums of a few fp32 log-softmaxes
         assert got[0] == pytest.approx(want[0], abs=1e-4), (context, continuation, got, want)
         assert got[1] == want[1], (context, continuation, got, want)
         scored.append(want[0])

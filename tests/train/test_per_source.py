@@ -60,6 +60,7 @@ def test_each_source_of_the_valid_split_is_reported(byte_data, tmp_path, cli_env
     tokens = {name: record[f"{name}/tokens"] for name in names}
     assert sum(tokens.values()) == record["eval_tokens"] and min(tokens.values()) > 0, record
     mean = sum(record[f"{name}/loss"] * tokens[name] for name in names) / record["eval_tokens"]
+    # per-source means re-weighted in float64 against the fp32 sum of the same token losses
     assert mean == pytest.approx(record["eval_loss"], rel=1e-5)
 
 

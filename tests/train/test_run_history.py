@@ -63,12 +63,15 @@ def test_a_rollback_with_a_new_lr_replaces_the_abandoned_steps(byte_data, tmp_pa
     assert again.returncode == 0, again.stderr[-3000:]
     lrs = _train_lrs(run_dir)
     assert train_steps(run_dir) == list(range(1, 9))  # each step once
+    # the learning rate as written into JSON and read back: a float printed and parsed, no arithmetic
     assert all(lrs[s] == pytest.approx(3e-3) for s in range(1, 5)), lrs
-    assert all(lrs[s] == pytest.approx(1e-4) for s in range(5, 9)), lrs  # the new timeline's
+    assert all(lrs[s] == pytest.approx(1e-4) for s in range(5, 9)), lrs  # the new timeline's (as above)
     inrun = scalars(run_dir / "tensorboard")["train/lr"]
+    # one value through another writer (TensorBoard, the trackers: float32) equals it to float32 precision
     assert sorted(inrun) == list(range(1, 9)) and all(inrun[s] == pytest.approx(lrs[s]) for s in inrun), inrun
     converted = _llm_log_tb(run_dir, tmp_path / "tb", env)["train/lr"]
     assert sorted(converted) == list(range(1, 9))
+    # one value through another writer (TensorBoard, the trackers: float32) equals it to float32 precision
     assert all(converted[s] == pytest.approx(lrs[s]) for s in converted), converted
     _one_tracker_run_each(run_dir)
     client, (run,) = mlflow_run(run_dir)
@@ -76,11 +79,13 @@ def test_a_rollback_with_a_new_lr_replaces_the_abandoned_steps(byte_data, tmp_pa
     # ...and the trackers hold the new timeline's values at those steps, logged after the old ones
     mlflow_lrs = mlflow_latest(client, run.info.run_id, "train/lr")
     assert sorted(mlflow_lrs) == list(range(1, 9))
+    # one value through another writer (TensorBoard, the trackers: float32) equals it to float32 precision
     assert all(mlflow_lrs[s] == pytest.approx(lrs[s]) for s in mlflow_lrs), mlflow_lrs
     (run_id,) = {p.name.rsplit("-", 1)[-1] for p in (run_dir / "wandb").glob("offline-run-*")}
     rows = read_wandb_history(run_dir / "wandb", run_id)
     wandb_lrs = wandb_latest(rows, "train/lr")
     assert sorted(wandb_lrs) == list(range(1, 9))
+    # one value through another writer (TensorBoard, the trackers: float32) equals it to float32 precision
     assert all(wandb_lrs[s] == pytest.approx(lrs[s]) for s in wandb_lrs), wandb_lrs
     assert "steps 5..8" in read_wandb_summary(run_dir / "wandb", run_id)["event/00000004/superseded"]
     # a fresh llm-log upload of the run gives each step once, the history as it stands
@@ -99,6 +104,7 @@ def test_a_rollback_with_a_new_lr_replaces_the_abandoned_steps(byte_data, tmp_pa
             client, (run,) = mlflow_run(folder)
             steps = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/lr")]
         assert sorted(s for s, _ in steps) == list(range(1, 9)), (tracker, steps)
+        # one value through another writer (TensorBoard, the trackers: float32) equals it to float32 precision
         assert all(value == pytest.approx(lrs[s]) for s, value in steps), (tracker, steps)
 
 

@@ -103,6 +103,7 @@ def test_kill9_then_resume_logs_every_step_once(byte_data, tmp_path, cli_env):
         latest = mlflow_latest(client, run.info.run_id, key)
         expected = jsonl_values(run_dir, key.split("/", 1)[1])
         assert sorted(latest) == list(range(1, 11)), key
+        # one value through another writer (TensorBoard, the trackers: float32) equals it to float32 precision
         assert all(latest[s] == pytest.approx(expected[s]) for s in latest), (key, latest, expected)
     tags = run.data.tags
     assert any(k.startswith("event/00000004/resume") for k in tags), sorted(tags)
@@ -121,6 +122,7 @@ def test_kill9_then_resume_logs_every_step_once(byte_data, tmp_path, cli_env):
         latest = wandb_latest(rows, key)
         expected = jsonl_values(run_dir, key.split("/", 1)[1])
         assert sorted(latest) == list(range(1, 11)), (key, latest)
+        # one value through another writer (TensorBoard, the trackers: float32) equals it to float32 precision
         assert all(latest[s] == pytest.approx(expected[s]) for s in latest), (key, latest, expected)
     summary = read_wandb_summary(run_dir / "wandb", run_id)
     assert summary["checkpoint/path"].endswith("step_00000010")
