@@ -40,7 +40,7 @@ from llmtools.formats import jsonfile
 from llmtools.formats.indexed import IndexedDatasetReader, strip_suffix
 from llmtools.formats.mix import MixFile, read_mix
 from llmtools.formats.sidecar import read_sidecar
-from llmtools.fsutil import atomic_dir, check_writable
+from llmtools.fsutil import atomic_dir, check_writable, printable
 from llmtools.locks import lock_output
 from llmtools.progress import Progress
 from llmtools.tokenize import load_tokenizer
@@ -362,8 +362,9 @@ def _open_mix(config: ExportConfig):
 
 def source_names(sources: list[dict]) -> list[str]:
     """The ``source`` column's value for each mix source: its unique name in the mix.json (the one mix
-    reports and training metrics use), or its prefix in a mix.json that records none."""
-    return [str(s.get("name") or s["prefix"]) for s in sources]
+    reports and training metrics use), or its prefix in a mix.json that records none; a name holding bytes
+    that are not UTF-8 shows them as ``\\xNN`` (an Arrow string column holds valid Unicode only)."""
+    return [printable(str(s.get("name") or s["prefix"])) for s in sources]
 
 
 def export_hf(config: ExportConfig) -> ExportResult:
