@@ -13,10 +13,10 @@ folder's files and transformers' version: later loads read that file, as fast as
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 from pathlib import Path
 
+from llmtools.formats import jsonfile
 from llmtools.fsutil import cache_dir, sha256_file, write_text_atomic
 
 FORMAT = 1  # bumped when what is stored changes
@@ -81,7 +81,7 @@ def _make(path: Path) -> dict | None:
 
 def _read(cached: Path) -> dict | None:
     try:
-        view = json.loads(cached.read_text(encoding="utf-8"))
+        view = jsonfile.loads(cached.read_text(encoding="utf-8"), finite=True)
     except (OSError, ValueError):
         return None
     if not isinstance(view, dict) or not isinstance(view.get("tokenizer"), str):
@@ -95,6 +95,6 @@ def _read(cached: Path) -> dict | None:
 def _write(cached: Path, view: dict) -> None:
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(cached, json.dumps(view))
+        write_text_atomic(cached, jsonfile.dumps(view, "a tokenizer view"))
     except OSError:
         pass  # no cache: the next load asks transformers again
