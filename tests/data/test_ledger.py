@@ -396,7 +396,8 @@ def test_a_hand_edited_schedule_with_a_gap_or_an_overlap_is_refused(plans, tmp_p
     path = tmp_path / "m.json"
     path.write_text(json.dumps(mix))
     folder = Path(plans["staged"].origin).parent
-    for name in mix["cache"]["files"]["train"].values():
+    for name in mix["cache"]["files"]["train"].values():  # names inside the mix's cache folder
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(folder / name, tmp_path / name)
     with pytest.raises(InputError, match=message):
         TrainStreams.from_mix(path)
