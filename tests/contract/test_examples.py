@@ -177,6 +177,10 @@ def adapt(command: str) -> tuple[str, str | None]:
     if command.startswith("llm-mix data/web data/code data/hq"):
         # 2B tokens over the few kilobytes here would be ~100,000 epochs of each source
         command = command.replace("--tokens 2B", "--tokens 2M", 1)
+    if "-o runs/tiny --resume 100" in command:
+        # runs/tiny was trained from micro.yaml (trained_run); the dry run reviews a resume against the config
+        # given, as the run does, so the rollback example resumes it with that config
+        command = command.replace("configs/train/tiny.yaml", "micro.yaml", 1)
     if re.search(r"(^|\s)(llm-train|-m llmtools\.cli\.train|--module llmtools\.cli\.train)\s", command) and (
         "--print-config" not in command  # prints a config: nothing to train
     ):
