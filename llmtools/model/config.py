@@ -194,7 +194,7 @@ class ModelConfig:
         for name in ("tie_word_embeddings", "qk_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"model.{name}: expected true or false, got {getattr(self, name)!r}")
-        self.rope_scaling = _check_rope_scaling(self.rope_scaling)
+        self.rope_scaling = _check_rope_scaling(self.rope_scaling, self.rope_theta)
         self._check_moe()
         total = self.num_parameters()
         if total > MAX_PARAMETERS:
@@ -419,12 +419,15 @@ def _yaml_number(value: Any) -> Any:
     return value
 
 
-def _check_rope_scaling(scaling: Any) -> dict | None:
+def _check_rope_scaling(scaling: Any, rope_theta: float) -> dict | None:
     if scaling is None:
         return None
     if not isinstance(scaling, Mapping):
         raise InputError(f"model.rope_scaling: expected a mapping or null, got {scaling!r}")
     scaling = dict(scaling)
+    # transformers 5 keeps the base in the same mapping (rope_parameters): the model's rope_theta, once
+    if "rope_theta" in scaling and not _same_number(scaling.pop("rope_theta"), rope_theta):
+        raise InputError(f"model.rope_scaling.rope_theta: differs from model.rope_theta ({rope_theta:g})")
     # HF spells the kind "rope_type" (older configs: "type").
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind not in ROPE_TYPES:
