@@ -241,13 +241,14 @@ def mix(
     blends = [blend, *per_split.values()]
     sources = [strip_suffix(p) for b in blends if b is not None for p in b.prefixes]
     from llmtools.cli import mix_explain
+    from llmtools.dirfd import refuse_link
     from llmtools.formats.mix import cache_folder_name
     from llmtools.locks import lock_output, remove_dead_temporaries_in
 
     # One writer per mix.json and per materialized prefix, from the existence check to the last rename.
     with lock_output([p for p in (output, materialize) if p]):
         if output is not None:  # its cache folder is this mix.json's alone: a killed writer's leftovers go
-            remove_dead_temporaries_in(Path(output).parent / cache_folder_name(output))
+            remove_dead_temporaries_in(refuse_link(Path(output).parent / cache_folder_name(output)))
         inputs = [f"{p}{suffix}" for p in sources for suffix in (".bin", ".idx", ".json")]
         # the @FILE lists the command line names (sources, --data-path, stage weights) are inputs too
         flags = (prefixes, data_path, train_data_path, valid_data_path, test_data_path, stage)

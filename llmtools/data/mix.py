@@ -54,6 +54,7 @@ from llmtools.data.splits import DEFAULT_SPLIT, SPLITS, split_matrix, split_rang
 from llmtools.data.stages import Stage, StageSpec
 from llmtools.data.stages import build as build_stages
 from llmtools.data.streams import SourceStream, StreamSpec
+from llmtools.dirfd import refuse_link
 from llmtools.errors import InputError, RuntimeFailure, UsageError
 from llmtools.formats.indexed import strip_suffix
 from llmtools.formats.mix import cache_digests, cache_folder_name, cache_names, mix_text, write_arrays
@@ -462,7 +463,7 @@ def save_plan(
     output = Path(output)
     folder = output.parent if str(output.parent) else Path(".")
     cache = cache_folder_name(output)  # the cache in one folder beside the mix.json, not scattered there
-    made = not (folder / cache).exists()
+    made = not refuse_link(folder / cache).exists()  # a planted link would send the cache elsewhere
     try:
         return _save_plan(plan, output, folder, cache, materialize_to)
     except BaseException:
