@@ -14,6 +14,8 @@ from tests.writer.conftest import cli, records, run, snapshot, train_args
 
 pytestmark = pytest.mark.slow
 NEWEST = "checkpoints/step_00000004"
+# two steps past the newest checkpoint: a resume with nothing left to train stops before loading anything
+LONGER = ("--set", "training.train_steps=6")
 
 
 def _rewrite_meta(folder: Path, edit) -> None:
@@ -75,7 +77,7 @@ def test_resume_auto_does_not_start_over_when_no_checkpoint_is_usable(base_run, 
     for step in ("2", "4"):
         (run_copy / f"checkpoints/step_0000000{step}/rng_rank0000.pt").write_bytes(b"torn")
     before = snapshot(run_copy)
-    done = run(train_args(base_run[1], run_copy, 2, "--resume", "auto", *longer))
+    done = run(train_args(base_run[1], run_copy, 2, "--resume", "auto", *LONGER))
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == (
         f"llm-train: error: {run_copy}/checkpoints: none of its checkpoints can be resumed (step_00000002, "
@@ -95,14 +97,12 @@ def test_resume_auto_falls_back_when_loading_fails(base_run, run_copy, tmp_path)
     _rewrite_meta(folder, _record(folder, name))
 
     before = snapshot(run_copy)
-    # two steps past the newest checkpoint: a resume with nothing to train stops before loading anything
-    longer = ("--set", "training.train_steps=6")
-    explicit = run(train_args(base_run[1], run_copy, 2, "--resume", "4", *longer))
+    explicit = run(train_args(base_run[1], run_copy, 2, "--resume", "4", *LONGER))
     assert explicit.returncode == 1, explicit.stderr[-3000:]
     assert f"llm-train: error: {folder}: could not be loaded (" in explicit.stderr
     assert snapshot(run_copy) == before
 
-    done = run(train_args(base_run[1], run_copy, 2, "--resume", "auto", *longer))
+    done = run(train_args(base_run[1], run_copy, 2, "--resume", "auto", *LONGER))
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"warning: could not load {folder} (" in done.stderr
     assert "; trying the previous complete checkpoint" in done.stderr
