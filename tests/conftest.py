@@ -82,6 +82,48 @@ def shared_data_stays_read_only():
         pytest.fail(f"tests changed the read-only shared data folder {SHARED_DATA}: {shown}", pytrace=False)
 
 
+# Test workers fork (subprocesses with a preexec_fn, multiprocessing, os.fork), and a fork needs as much
+# committable memory as the worker holds privately: a worker that keeps what its tests allocated fails later,
+# unrelated tests with ENOMEM. DeepSpeed never frees an engine by itself, so engines built in this process
+# are released after every test, and a test that still leaves the worker this much larger fails by name.
+WORKER_GROWTH_LIMIT = int(1.5 * 2**30)
+
+
+def _private_memory() -> int | None:
+    """The worker's private data size (VmData): what a fork must be able to commit again."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+@pytest.fixture(autouse=True)
+def worker_memory_is_released(request):
+    before = _private_memory()
+    yield
+    engines = sys.modules.get("tests.ckpt.worker")
+    if engines is not None:
+        engines.release_engines()
+    after = _private_memory()
+    if before is None or after is None or after - before <= WORKER_GROWTH_LIMIT:
+        return
+    import gc
+
+    gc.collect()
+    after = _private_memory() or after
+    if after - before > WORKER_GROWTH_LIMIT:
+        pytest.fail(
+            f"{request.node.nodeid} left this test process {(after - before) / 2**30:.1f} GiB larger "
+            f"({after / 2**30:.1f} GiB private): release what it built (llmtools.train.engine.release_engine "
+            "for DeepSpeed engines), or later forks from this worker fail with ENOMEM",
+            pytrace=False,
+        )
+
+
 @pytest.fixture
 def cli_env():
     """Environment for subprocess CLI tests: the checkout on the path, debug tracebacks off."""

@@ -19,6 +19,7 @@ Only rank 0 writes the run folder's logs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from llmtools.train.config import TrainConfig
 from llmtools.train.data_part import PlainData, data_part
 from llmtools.train.deepspeed_config import prefer_torch_adam
 from llmtools.train.distributed import detect_environment, init_distributed, log0
-from llmtools.train.engine import check_fp16_support
+from llmtools.train.engine import check_fp16_support, release_engine
 from llmtools.train.peers import PeerWatch
 from llmtools.train.plan import TrainPlan, make_plan
 from llmtools.train.rundir import (
@@ -264,7 +265,14 @@ def _train(
     from llmtools.train.trainer import _Trainer  # it imports this module (RunOptions, RunResult)
 
     trainer = _Trainer(plan, options, dist_info, data)
-    trainer.prepare_task()
-    trainer.resume(chosen, request, resolved, review)
-    watch.progress = trainer.progress  # from here on, a lost peer is reported at the step in progress
-    return trainer.run()
+    try:
+        trainer.prepare_task()
+        trainer.resume(chosen, request, resolved, review)
+        watch.progress = trainer.progress  # from here on, a lost peer is reported at the step in progress
+        result = trainer.run()
+    except BaseException:
+        with contextlib.suppress(Exception):  # the failure that ended the run is the one to report
+            release_engine(trainer.engine)
+        raise
+    release_engine(trainer.engine)
+    return result

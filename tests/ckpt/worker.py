@@ -70,6 +70,10 @@ def make_model(dropout: float):
     return Net()
 
 
+# what build_engine made in this process and has not released: DeepSpeed never frees an engine itself
+LIVE_ENGINES: list = []
+
+
 def ds_config(zero: int, world: int) -> dict:
     return {
         "train_batch_size": GLOBAL_BATCH,
@@ -107,7 +111,16 @@ def build_engine(zero: int, seed: int = 1234, dropout: float = 0.1):
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config=ds_config(zero, world)
     )
+    LIVE_ENGINES.append(engine)
     return engine
+
+
+def release_engines() -> None:
+    """Free the engines built so far in this process (tests/conftest.py does it after every test)."""
+    from llmtools.train.engine import release_engine
+
+    while LIVE_ENGINES:
+        release_engine(LIVE_ENGINES.pop())
 
 
 def sample(index: int):
