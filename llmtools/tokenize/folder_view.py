@@ -51,25 +51,25 @@ def folder_view(path: Path):
         return None
     if config.get("auto_map") or config.get("split_special_tokens") or config.get("tokenizer_file"):
         return None
-    data = _json(path / "tokenizer.json")
-    if data is None or data.get("truncation") is not None or data.get("padding") is not None:
-        return None
-    added = {t.get("id"): t for t in data.get("added_tokens") or [] if isinstance(t, dict)}
-    if not _config_tokens_match(config.get("added_tokens_decoder"), added):
-        return None
     named = _named_tokens(path, config)
     if named is None:
         return None
-    specials = {t.get("content"): t["id"] for t in added.values() if t.get("special")}
-    if not all(token in specials for token in named.values()):
-        return None  # transformers would add it
 
     from llmtools.tokenize.loader import _tokenizer_from_file
 
-    try:
+    try:  # added tokens and settings are read from the loaded tokenizer: parsing the JSON again doubles the load
         tok = _tokenizer_from_file(path / "tokenizer.json")
     except Exception:  # noqa: BLE001 - tokenizers raises bare Exception: the caller reports the file
         return None
+    if tok.truncation is not None or tok.padding is not None:
+        return None
+    added = {i: {"content": t.content, **{f: getattr(t, f) for f in FLAG_DEFAULTS}}
+             for i, t in tok.get_added_tokens_decoder().items()}  # fmt: skip
+    if not _config_tokens_match(config.get("added_tokens_decoder"), added):
+        return None
+    specials = {t["content"]: i for i, t in added.items() if t["special"]}
+    if not all(token in specials for token in named.values()):
+        return None  # transformers would add it
     if tok.post_processor is None:
         from tokenizers import processors
 

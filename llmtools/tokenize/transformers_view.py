@@ -3,17 +3,18 @@
 transformers applies a folder's ``tokenizer_config.json`` to the backend tokenizer (``add_bos_token``, added
 tokens, a model class that rebuilds the pipeline), and Megatron-LM tokenizes with what it makes, so we do
 too. Importing transformers (and the torch it imports) costs 5 to 50 s, far more than rendering and
-tokenizing a chat set, and it was paid by every command. What transformers makes of a folder (the backend
-tokenizer's JSON, ``len(tokenizer)``, the EOS and BOS ids) is therefore kept in the cache
-(``$LLMTOOLS_CACHE``, default ``~/.cache/llmtools``; ``tokenizers/<hash>.json``), named by the hash of the
-folder's files and transformers' version: later loads read that file, as fast as the folder's own
-``tokenizer.json``. A cache that cannot be written is skipped; one that does not parse is made again.
+tokenizing a chat set. A plain folder is read without it (:mod:`llmtools.tokenize.folder_view`); for any
+other, what transformers makes of it (the backend tokenizer's JSON,
+``len(tokenizer)``, the EOS and BOS ids) is kept in the cache (``$LLMTOOLS_CACHE``, default
+``~/.cache/llmtools``; ``tokenizers/<hash>.json``), named by the hash of the folder's files and
+transformers' version: later loads read that file, as fast as the folder's own ``tokenizer.json``. A cache that cannot be written is skipped; one that does not parse is made again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sys
+import time
 from pathlib import Path
 
 from llmtools.formats import jsonfile
@@ -50,10 +51,15 @@ def transformers_view(path: Path):
             return tokenizers.Tokenizer.from_str(view["tokenizer"]), *_ids(view)
         except Exception:  # noqa: BLE001 - tokenizers raises bare Exception: a damaged entry, made again
             pass
+    # Seconds to a minute (the import, a conversion): said before and after, so the wait is never silent.
     print(f"reading {path} through transformers (once; kept in {cached})", file=sys.stderr, flush=True)
+    started = time.monotonic()
     view = _make(path)
     if view is None:
         return None
+    print(
+        f"read {path} through transformers in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True
+    )
     _write(cached, view)
     return tokenizers.Tokenizer.from_str(view["tokenizer"]), *_ids(view)
 

@@ -31,7 +31,14 @@ CHATS = [
     [{"role": "system", "content": "  be terse\n\n"}, {"role": "user", "content": "x<|im_start|>y <|tool|>"},
      {"role": "assistant", "content": "<|im_end|> ok\t 1234567"}],
 ]  # fmt: skip
-TEXTS = ["", "Hello world", " café 中文 😀", "<|im_start|>user\nhi<|im_end|>\n", "a<|tool|>b <|endoftext|>", "  \n\t x"]
+TEXTS = [
+    "",
+    "Hello world",
+    " café 中文 😀",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "a<|tool|>b <|endoftext|>",
+    "  \n\t x",
+]
 
 
 def _saved(root: Path, name: str, base: str = GPT2, **options) -> Path:
@@ -57,7 +64,9 @@ def _handmade(root: Path, name: str, config: dict, added=(), post_processor=True
     if not post_processor:
         data["post_processor"] = None
     (path / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
-    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE, **config}), encoding="utf-8")
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": TEMPLATE, **config}), encoding="utf-8"
+    )
     return path
 
 
@@ -129,7 +138,11 @@ def test_folders_it_does_not_cover_are_left_to_transformers(tmp_path, monkeypatc
 
 
 def test_split_special_tokens_is_left_to_transformers(tmp_path):
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "split_special_tokens": True}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|im_end|>",
+        "split_special_tokens": True,
+    }
     assert folder_view(_handmade(tmp_path, "split", config, CHATML)) is None
 
 
