@@ -4,8 +4,9 @@ spec is one of
   * ``byte``                                   the built-in byte-level tokenizer (no file)
   * ``path/tokenizer.json``                    a Hugging Face ``tokenizers`` file        (kind hf-json)
   * ``path/folder``                            a Hugging Face tokenizer folder           (kind hf-folder)
-    (special tokens, BOS/EOS from its tokenizer_config.json; loaded with ``transformers`` when
-    installed, exactly as Megatron-LM's ``HuggingFaceTokenizer`` does)
+    (special tokens, BOS/EOS from its tokenizer_config.json; as ``transformers`` loads it when
+    installed, exactly as Megatron-LM's ``HuggingFaceTokenizer`` does: a plain folder read from its files
+    alone, any other through transformers once, then from the cache)
   * ``path/vocab.json`` (``merges.txt`` beside it, or ``X-vocab.json`` + ``X-merges.txt``)
     a GPT-2 style BPE, encoded as Megatron-LM's ``GPT2BPETokenizer`` (transformers' GPT-2 tokenizer
     built from the two files)                                                  (kind gpt2-bpe)
