@@ -161,4 +161,30 @@ def test_loading_a_plain_folder_imports_no_transformers(tmp_path, cli_env):
     out = subprocess.run([sys.executable, "-c", probe, str(path)], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False" and "through transformers" not in out.stderr
-    assert not (tmp_path / "empty-cache").exists()  # nothing to keep: the folder is read as fast as its file
+    assert not (tmp_path / "empty-cache" / "tokenizers").exists()  # nothing to keep: read as its file is
+
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(
+        "".join(json.dumps({"messages": m}, ensure_ascii=False) + "\n" for m in CHATS), encoding="utf-8"
+    )
+    written = {}
+    for tokenizer in (path, path / "tokenizer.json"):
+        prefix = tmp_path / "out" / tokenizer.name / "sft"
+        command = [
+            str(Path(sys.executable).parent / "llm-prep"),
+            "sft",
+            str(chats),
+            "-t",
+            str(tokenizer),
+            "-o",
+            str(prefix),
+        ]
+        out = subprocess.run(command, env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert "through transformers" not in out.stderr
+        written[tokenizer.name] = [
+            Path(f"{prefix}_{k}_document.{e}").read_bytes()
+            for k in ("input_ids", "loss_mask")
+            for e in ("bin", "idx")
+        ]
+    assert written[path.name] == written["tokenizer.json"]
