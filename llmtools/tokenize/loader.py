@@ -4,8 +4,9 @@ spec is one of
   * ``byte``                                   the built-in byte-level tokenizer (no file)
   * ``path/tokenizer.json``                    a Hugging Face ``tokenizers`` file        (kind hf-json)
   * ``path/folder``                            a Hugging Face tokenizer folder           (kind hf-folder)
-    (special tokens, BOS/EOS from its tokenizer_config.json; loaded with ``transformers`` when
-    installed, exactly as Megatron-LM's ``HuggingFaceTokenizer`` does)
+    (special tokens, BOS/EOS from its tokenizer_config.json; as ``transformers`` loads it when
+    installed, exactly as Megatron-LM's ``HuggingFaceTokenizer`` does: a plain folder read from its files
+    alone, any other through transformers once, then from the cache)
   * ``path/vocab.json`` (``merges.txt`` beside it, or ``X-vocab.json`` + ``X-merges.txt``)
     a GPT-2 style BPE, encoded as Megatron-LM's ``GPT2BPETokenizer`` (transformers' GPT-2 tokenizer
     built from the two files)                                                  (kind gpt2-bpe)
@@ -25,6 +26,7 @@ from llmtools.formats import jsonfile
 from llmtools.resources import announce_shadow
 from llmtools.tokenize.base import Tokenizer, check_policy
 from llmtools.tokenize.byte_tokenizer import ByteTokenizer
+from llmtools.tokenize.folder_view import folder_view
 from llmtools.tokenize.hf import HFTokenizer
 from llmtools.tokenize.spm import SentencePieceTokenizer
 from llmtools.tokenize.transformers_view import transformers_view
@@ -187,9 +189,12 @@ def _load_hf_folder(
         "backend": backend,
         "defer_probe": defer_probe,
     }
-    # transformers applies the config (add_bos_token, ...) to the backend, as Megatron sees it; what it makes
-    # of the folder is computed once and cached (importing transformers costs more than most commands' work)
-    view = transformers_view(path) if (path / "tokenizer_config.json").exists() else None
+    # transformers applies the config (added and special tokens, a model class, ...) to the backend, as
+    # Megatron sees it. A plain folder is read as transformers reads it, without importing it (that costs more
+    # than most commands' work); any other is read through transformers once and cached.
+    view = None
+    if (path / "tokenizer_config.json").exists():
+        view = folder_view(path) or transformers_view(path)
     if view is not None:
         tok, length, eos, bos = view
         before = tok.get_vocab_size(with_added_tokens=True)

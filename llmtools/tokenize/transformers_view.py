@@ -3,23 +3,25 @@
 transformers applies a folder's ``tokenizer_config.json`` to the backend tokenizer (``add_bos_token``, added
 tokens, a model class that rebuilds the pipeline), and Megatron-LM tokenizes with what it makes, so we do
 too. Importing transformers (and the torch it imports) costs 5 to 50 s, far more than rendering and
-tokenizing a chat set, and it was paid by every command. What transformers makes of a folder (the backend
-tokenizer's JSON, ``len(tokenizer)``, the EOS and BOS ids) is therefore kept in the cache
-(``$LLMTOOLS_CACHE``, default ``~/.cache/llmtools``; ``tokenizers/<hash>.json``), named by the hash of the
-folder's files and transformers' version: later loads read that file, as fast as the folder's own
-``tokenizer.json``. A cache that cannot be written is skipped; one that does not parse is made again.
+tokenizing a chat set. A plain folder is read without it (:mod:`llmtools.tokenize.folder_view`); for any
+other, what transformers makes of it (the backend tokenizer's JSON, ``len(tokenizer)``, the EOS and BOS
+ids) is kept in the cache (``$LLMTOOLS_CACHE``, default ``~/.cache/llmtools``: ``tokenizers/<hash>.json``
+and its ``<hash>.tokenizer.json``), named by the hash of the folder's files and transformers' version:
+later loads read those files, as fast as the folder's own ``tokenizer.json``. A cache that cannot be
+written is skipped; one that does not parse, or whose two files disagree, is made again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sys
+import time
 from pathlib import Path
 
 from llmtools.formats import jsonfile
 from llmtools.fsutil import cache_dir, sha256_file, write_text_atomic
 
-FORMAT = 1  # bumped when what is stored changes
+FORMAT = 2  # bumped when what is stored changes
 READ_BY_TRANSFORMERS = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "config.json",
     "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
@@ -50,10 +52,15 @@ def transformers_view(path: Path):
             return tokenizers.Tokenizer.from_str(view["tokenizer"]), *_ids(view)
         except Exception:  # noqa: BLE001 - tokenizers raises bare Exception: a damaged entry, made again
             pass
+    # Seconds to a minute (the import, a conversion): said before and after, so the wait is never silent.
     print(f"reading {path} through transformers (once; kept in {cached})", file=sys.stderr, flush=True)
+    started = time.monotonic()
     view = _make(path)
     if view is None:
         return None
+    print(
+        f"read {path} through transformers in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True
+    )
     _write(cached, view)
     return tokenizers.Tokenizer.from_str(view["tokenizer"]), *_ids(view)
 
@@ -79,22 +86,35 @@ def _make(path: Path) -> dict | None:
     }
 
 
+def _backend_file(cached: Path) -> Path:
+    """The backend tokenizer's JSON, kept as a file of its own beside the small record: read as a
+    tokenizer.json is, with no JSON pass of ours over its megabytes."""
+    return cached.with_name(cached.stem + ".tokenizer.json")
+
+
 def _read(cached: Path) -> dict | None:
     try:
         view = jsonfile.loads(cached.read_text(encoding="utf-8"), finite=True)
+        text = _backend_file(cached).read_bytes()
     except (OSError, ValueError):
         return None
-    if not isinstance(view, dict) or not isinstance(view.get("tokenizer"), str):
-        return None
+    if not isinstance(view, dict) or view.get("tokenizer_sha256") != hashlib.sha256(text).hexdigest():
+        return None  # a record without its file, or a file another write replaced: made again
     numbers = [view.get("vocab_size"), view.get("eos_id"), view.get("bos_id")]
     if not isinstance(numbers[0], int) or not all(n is None or isinstance(n, int) for n in numbers[1:]):
         return None
-    return view
+    try:
+        return {**view, "tokenizer": text.decode("utf-8")}
+    except UnicodeDecodeError:
+        return None
 
 
 def _write(cached: Path, view: dict) -> None:
+    record = {k: v for k, v in view.items() if k != "tokenizer"}
+    record["tokenizer_sha256"] = hashlib.sha256(view["tokenizer"].encode("utf-8")).hexdigest()
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(cached, jsonfile.dumps(view, "a tokenizer view"))
+        write_text_atomic(_backend_file(cached), view["tokenizer"])
+        write_text_atomic(cached, jsonfile.dumps(record, "a tokenizer view"))
     except OSError:
         pass  # no cache: the next load asks transformers again

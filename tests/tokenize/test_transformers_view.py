@@ -24,7 +24,14 @@ CONFIGS = {
     "added": {"eos_token": "<|endoftext|>", "added_tokens_decoder": {"50257": {"content": "<|new|>", "special": True}}},
     "bos": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "add_bos_token": True},
 }  # fmt: skip
-TEXTS = ["", "Hello world", " café 中文 😀", "<|im_start|>user\nhi<|im_end|>\n", "a<|new|>b <|endoftext|>", "  \n\t x"]
+TEXTS = [
+    "",
+    "Hello world",
+    " café 中文 😀",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "a<|new|>b <|endoftext|>",
+    "  \n\t x",
+]
 
 
 def folder(root: Path, name: str) -> Path:
@@ -64,13 +71,17 @@ def test_a_second_command_with_the_folder_does_not_import_transformers_and_write
 ):
     path = folder(tmp_path, "template")
     chats = tmp_path / "chats.jsonl"
-    chat = {"messages": [{"role": "user", "content": "Hi café"}, {"role": "assistant", "content": "Hello 😀"}]}
+    chat = {
+        "messages": [{"role": "user", "content": "Hi café"}, {"role": "assistant", "content": "Hello 😀"}]
+    }
     chats.write_text(json.dumps(chat) + "\n" * 1)
     env = {**cli_env, "LLMTOOLS_CACHE": str(tmp_path / "cache")}
     probe = "import sys; from llmtools.tokenize import load_tokenizer; load_tokenizer(sys.argv[1]); print('transformers' in sys.modules)"  # noqa: E501
     imported = []
     for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", probe, str(path)], env=env, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-c", probe, str(path)], env=env, capture_output=True, text=True
+        )
         assert out.returncode == 0, out.stderr
         imported.append(out.stdout.strip())
     assert imported == ["True", "False"]  # transformers once, for the first load only
@@ -88,3 +99,19 @@ def test_a_second_command_with_the_folder_does_not_import_transformers_and_write
             Path(f"{prefix}_{key}_document.{ext}").read_bytes() for key in ("input_ids", "loss_mask") for ext in ("bin", "idx")
         ]  # fmt: skip
     assert written["folder"] == written["file"]
+
+
+def test_a_view_whose_two_files_disagree_is_made_again(tmp_path, monkeypatch, capsys):
+    from llmtools.tokenize.loader import load_tokenizer
+
+    monkeypatch.setenv("LLMTOOLS_CACHE", str(tmp_path / "cache"))
+    path = folder(tmp_path, "added")  # no tokenizer_class: read through transformers, kept in the cache
+    want = load_tokenizer(str(path)).encode_batch(TEXTS)
+    backend = next((tmp_path / "cache" / "tokenizers").glob("*.tokenizer.json"))
+    backend.write_text(shared("tokenizers/gpt-neox-20b/tokenizer.json").read_text(encoding="utf-8"))
+    capsys.readouterr()
+    assert load_tokenizer(str(path)).encode_batch(TEXTS) == want
+    assert "through transformers" in capsys.readouterr().err
+    backend.unlink()  # a record without its file
+    assert load_tokenizer(str(path)).encode_batch(TEXTS) == want
+    assert "through transformers" in capsys.readouterr().err
