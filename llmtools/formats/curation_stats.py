@@ -245,3 +245,26 @@ def explain_lines(curation: list[dict]) -> list[str]:
         for step, counts in stage["changes"].items():
             lines.append(f"  ~ {step}: {counts['changes']:,} changes in {counts['documents']:,} documents")
     return lines
+
+
+def provenance(stages: list[tuple[str, dict]], inputs: list[dict]) -> list[dict]:
+    """The sidecar's ``curation`` block from the stats files given (``(name, record)``, each checked by
+    :func:`read_stats`) and the inputs json2bin read (``{"path", "size", "sha256"}``).
+
+    Each stats file must describe bytes that were read: its output is one of json2bin's inputs, or an input
+    of another stats file given (a chain: filter, then dedup, then json2bin). A stats file of some other
+    output is refused in one line: the sidecar would describe data it does not hold. The block lists the
+    stages as given."""
+    read = {item["sha256"] for item in inputs}
+    fed = {item["sha256"] for _, stats in stages for item in stats["inputs"]}
+    out = []
+    for name, stats in stages:
+        sha = stats["output"]["sha256"]
+        if sha not in read and sha not in fed:
+            raise InputError(
+                f"{name}: describes the output {stats['output']['path']} (sha256 {sha[:12]}…), which is "
+                "none of the inputs read (nor an input of another --provenance file); give the stats of "
+                "these very inputs"
+            )
+        out.append(summary(stats, name))
+    return out
