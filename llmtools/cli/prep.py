@@ -72,6 +72,7 @@ Examples:
   llm-prep json2bin 'shards/*.jsonl.zst' -t gpt2/vocab.json -o data/web --workers 16 --append-eod
   llm-prep json2bin @files.txt -t tok/ -o data/web --shard 3/64          # then: llm-prep merge
   zcat dump.jsonl.gz | llm-prep json2bin - -t byte -o data/dump --skip-bad --json
+  llm-prep filter raw.jsonl -o - --stats s.json --language en | llm-prep json2bin - -t tok/ -o data/web --provenance s.json
   llm-prep json2bin qa.jsonl -t tok/ -o data/qa --json-keys question,answer
   llm-prep json2bin --input owt.jsonl --output-prefix data/owt --tokenizer-type GPT2BPETokenizer \\
       --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --append-eod --workers 8
