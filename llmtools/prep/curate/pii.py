@@ -46,6 +46,10 @@ IP_REPLACEMENTS = (
     "18.104.22.168",
 )
 
+# Cheap tests that skip a pattern on a text where it cannot match (every e-mail match holds an "@", every
+# IP match a digit, a dot and a digit in a row): the same output, most documents spared the full scan.
+_MAY_HOLD_IP = re.compile(r"\d\.\d").search
+
 PHONE = re.compile(
     r"(?<![\w+.])(?:"
     r"\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]\d{2,4}){1,4}"
@@ -100,9 +104,9 @@ class PIIFormatter:
         text, total, counts = doc.text, 0, {}
         for kind in self.kinds:
             if kind == "email":
-                text, n = replace(EMAIL, EMAIL_REPLACEMENTS, text)
+                text, n = replace(EMAIL, EMAIL_REPLACEMENTS, text) if "@" in text else (text, 0)
             elif kind == "ip":
-                text, n = replace(IP, IP_REPLACEMENTS, text, public_ip)
+                text, n = replace(IP, IP_REPLACEMENTS, text, public_ip) if _MAY_HOLD_IP(text) else (text, 0)
             else:
                 text, n = replace(PHONE, (PHONE_REPLACEMENT,), text, phone_digits_ok)
             counts[kind] = n
