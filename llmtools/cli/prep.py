@@ -542,6 +542,10 @@ from llmtools.cli.prep_merge import register as _register_merge  # noqa: E402 - 
 
 _register_merge(app)
 
+from llmtools.cli.prep_curate import register as _register_curate  # noqa: E402 - filter lives in its own module
+
+_register_curate(app)
+
 
 def main() -> None:
     sys.argv[1:] = expand_multi_value_flags(sys.argv[1:], MULTI_VALUE_FLAGS, stop_at_files=True)
