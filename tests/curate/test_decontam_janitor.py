@@ -30,7 +30,7 @@ def _setup(tmp_path, seed: int, n: int):
     rng = random.Random(seed)
     texts = write_tasks(tmp_path / "tasks", rng)
     header, key, check, task = ngram_index.build(open_sources([str(tmp_path / "tasks")]), n)
-    ngram_index.write(tmp_path / "eval.ngrams", header, key, check, task)
+    ngram_index.save(tmp_path / "eval.ngrams", header, key, check, task)
     index = ngram_index.NgramIndex(tmp_path / "eval.ngrams")
     evals = [t for group in texts.values() for t in group]
     return rng, texts, index, evals
@@ -85,5 +85,5 @@ def test_cut_equals_janitor_clean(tmp_path, rules):
             expected = "too_dirty" if len(janitor.parts) > rules.too_dirty else "nothing_left"
             assert outcome.drop == f"decontaminate.{expected}"
             outcomes["dropped"] += 1
-    assert sum(outcomes.values()) == step.stats()["hit"]["documents"]
+    assert sum(outcomes.values()) == step.report()["hit"]["documents"]
     assert outcomes["dropped"] > 0

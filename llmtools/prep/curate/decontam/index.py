@@ -22,6 +22,7 @@ file that fails is an :class:`InputError` naming it. Lookups first ask a bitmap 
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -93,15 +94,20 @@ def _distinct(keys: list[np.ndarray], checks: list[np.ndarray]) -> tuple[np.ndar
     return np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
 
 
-def write(path: str | os.PathLike, header: dict, key: np.ndarray, check: np.ndarray, task: np.ndarray) -> None:
-    """The index file, written whole to a temporary and renamed into place."""
+def write_to(handle, header: dict, key: np.ndarray, check: np.ndarray, task: np.ndarray) -> None:
+    """The index file's bytes, into an open binary file."""
     text = jsonfile.dumps(header, what="n-gram index header").encode("utf-8")
-    text += b" " * (-(len(_PREFIX.pack(MAGIC, 0, 0)) + len(text)) % 8)
+    text += b" " * (-(_PREFIX.size + len(text)) % 8)
+    handle.write(_PREFIX.pack(MAGIC, VERSION, len(text)))
+    handle.write(text)
+    for array, dtype in ((key, "<u8"), (check, "<u8"), (task, "<u2")):
+        handle.write(np.ascontiguousarray(array, dtype=dtype).tobytes())
+
+
+def save(path: str | os.PathLike, header: dict, key: np.ndarray, check: np.ndarray, task: np.ndarray) -> None:
+    """The index file, written whole to a temporary and renamed into place."""
     with atomic_file(path, "wb") as handle:
-        handle.write(_PREFIX.pack(MAGIC, VERSION, len(text)))
-        handle.write(text)
-        for array, dtype in ((key, "<u8"), (check, "<u8"), (task, "<u2")):
-            handle.write(np.ascontiguousarray(array, dtype=dtype).tobytes())
+        write_to(handle, header, key, check, task)
 
 
 class NgramIndex:
@@ -179,7 +185,8 @@ class NgramIndex:
     def close(self) -> None:
         self.key = self.check = self.task = None
         if isinstance(self._map, mmap.mmap):
-            self._map.close()
+            with contextlib.suppress(BufferError):  # a view still held elsewhere: the collector closes it
+                self._map.close()
 
 
 def _bitmap(key: np.ndarray) -> tuple[np.ndarray, np.uint64]:

@@ -74,7 +74,7 @@ class Decontaminate:
         self.totals["ngrams"] += len(hits)
         return outcome
 
-    def stats(self) -> dict[str, Any]:
+    def report(self) -> dict[str, Any]:
         """Per task: documents hit, their characters, how many were dropped or cut, characters removed, and
         contaminated n-gram occurrences (a document counts under every task it hit; totals count it once)."""
         return {
