@@ -49,8 +49,8 @@ class IndexResult:
         size = sum(p.stat().st_size for p in self.paths)
         tasks = self.header["tasks"]
         return (
-            f"{len(tasks):,} tasks, {sum(t['texts'] for t in tasks):,} texts, {self.header['entries']:,} "
-            f"distinct {self.header['n']}-grams per task; {size / 1e6:.1f} MB in {self.seconds:.2f} s"
+            f"{len(tasks):,} tasks, {sum(t['texts'] for t in tasks):,} texts, {self.header['entries']:,} entries "
+            f"(each task's distinct {self.header['n']}-grams); {size / 1e6:.1f} MB in {self.seconds:.2f} s"
         )
 
     def to_dict(self) -> dict:
