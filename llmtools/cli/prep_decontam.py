@@ -81,7 +81,12 @@ def index_cmd(
     with out:
         header = write_index(sources, ngram, out.path(output), progress=not quiet)
         paths = out.commit()
-    report("llm-prep decontaminate index", IndexResult(paths, header, time.perf_counter() - started), as_json, quiet)
+    report(
+        "llm-prep decontaminate index",
+        IndexResult(paths, header, time.perf_counter() - started),
+        as_json,
+        quiet,
+    )
 
 
 @app.command("run", help=RUN_HELP, no_args_is_help=True)
@@ -139,11 +144,19 @@ def run_cmd(
         command="decontaminate", keep_removed_text=keep_removed_text, skip_bad=skip_bad, force=force,
         shard=spec, progress=False if quiet else None,
     )  # fmt: skip
-    claim(config.paths().dataset_output(force).claimed(), inputs=input_paths([*inputs, index, *(evals or [])]), force=force)
+    claim(
+        config.paths().dataset_output(force).claimed(),
+        inputs=input_paths([*inputs, index, *(evals or [])]),
+        force=force,
+    )
     rules = CutRules(window=window, min_chunk=min_chunk, too_dirty=too_dirty)
     with open_index(index, list(evals or []), ngram or 13, key, progress=not quiet) as (ngrams, described):
         step = Decontaminate(ngrams, mode, rules)
-        params = {**described, "mode": mode, **({"window": window, "min_chunk": min_chunk, "too_dirty": too_dirty} if mode == "cut" else {})}
+        params = {
+            **described,
+            "mode": mode,
+            **({"window": window, "min_chunk": min_chunk, "too_dirty": too_dirty} if mode == "cut" else {}),
+        }
         result = run_curation(config, [step], [{"name": step.name, "params": params}])
     if output == "-":
         if not quiet:

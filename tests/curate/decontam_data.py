@@ -29,7 +29,9 @@ def write_tasks(folder: Path, rng: random.Random) -> dict[str, list[str]]:
         context = " ".join(sentence(rng, rng.randint(10, 40))) + " Answer:"
         choices = [" " + " ".join(sentence(rng, rng.randint(1, 6))) for _ in range(4)]
         mc.append({"context": context, "choices": choices, "gold": rng.randrange(4)})
-    (folder / "wiki_ppl.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in ppl), encoding="utf-8")
+    (folder / "wiki_ppl.jsonl").write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in ppl), encoding="utf-8"
+    )
     (folder / "quiz_mc.jsonl").write_text("".join(json.dumps(x) + "\n" for x in mc), encoding="utf-8")
     return {
         "wiki_ppl": ppl,

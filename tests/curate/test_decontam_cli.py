@@ -18,7 +18,9 @@ BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
 
 def llm_prep(*args, cwd, stdin=None, env=None):
     exe = BIN / "llm-prep" if (BIN / "llm-prep").exists() else "llm-prep"
-    return subprocess.run([str(exe), *map(str, args)], cwd=cwd, input=stdin, capture_output=True, env=env, timeout=120)
+    return subprocess.run(
+        [str(exe), *map(str, args)], cwd=cwd, input=stdin, capture_output=True, env=env, timeout=120
+    )
 
 
 @pytest.fixture
@@ -42,14 +44,28 @@ def test_index_run_and_pipe_into_json2bin(corpus, cli_env):
     assert again.returncode == 2 and b"--force" in again.stderr
 
     inputs = [f"train-{i}.jsonl" for i in range(3)]
-    whole = llm_prep("decontaminate", "run", *inputs, "--index", "eval.ngrams", "-o", "clean.jsonl", "-q", cwd=tmp, env=cli_env)
+    whole = llm_prep(
+        "decontaminate",
+        "run",
+        *inputs,
+        "--index",
+        "eval.ngrams",
+        "-o",
+        "clean.jsonl",
+        "-q",
+        cwd=tmp,
+        env=cli_env,
+    )
     assert whole.returncode == 0, whole.stderr
     stats = json.loads((tmp / "clean.jsonl.stats.json").read_text())
     report = stats["steps"][0]["report"]
     removed = [json.loads(line) for line in (tmp / "clean.jsonl.removed").read_text().splitlines()]
     assert stats["documents"]["removed"] == len(removed) == report["hit"]["documents"] > 0
     assert set(report["tasks"]) == set(texts) and all(c["documents"] > 0 for c in report["tasks"].values())
-    assert all(r["rule"] == "decontaminate.overlap" and r["values"]["tasks"] and r["values"]["ngram"] for r in removed)
+    assert all(
+        r["rule"] == "decontaminate.overlap" and r["values"]["tasks"] and r["values"]["ngram"]
+        for r in removed
+    )
 
     # The same run into a pipe: the kept bytes go to json2bin, whose sidecar carries the stats.
     piped = subprocess.run(
@@ -82,7 +98,9 @@ def test_cut_mode_equals_janitor_clean(corpus, cli_env):
         "--min-chunk", "40", "--too-dirty", "4", "-o", "cut.jsonl", "-q", cwd=tmp, env=cli_env,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    janitor = janitor_module.Janitor(ngram_n=13, window_to_remove=30, minimum_slice_length=40, too_dirty_cutoff=4)
+    janitor = janitor_module.Janitor(
+        ngram_n=13, window_to_remove=30, minimum_slice_length=40, too_dirty_cutoff=4
+    )
     for text in (t for group in texts.values() for t in group):
         janitor.register_contaminant_python(text)
     kept = [json.loads(line) for line in (tmp / "cut.jsonl").read_text().splitlines()]
@@ -120,13 +138,18 @@ def test_bad_evaluation_file_is_one_line_exit_2(tmp_path, cli_env, name, content
 
 def test_bad_index_file_is_one_line_exit_2(corpus, cli_env):
     tmp, texts, docs = corpus
-    assert llm_prep("decontaminate", "index", "tasks", "-o", "eval.ngrams", "-q", cwd=tmp, env=cli_env).returncode == 0
+    assert (
+        llm_prep(
+            "decontaminate", "index", "tasks", "-o", "eval.ngrams", "-q", cwd=tmp, env=cli_env
+        ).returncode
+        == 0
+    )
     good = (tmp / "eval.ngrams").read_bytes()
     cases = [
         (b"not an index at all", "no LLMNGRAM magic"),
         (good[:-1], "bytes where its header promises"),
         (good[:8] + b"\x07" + good[9:], "version 7"),
-        (good[:-18 * 2] + good[-18 * 2 :][::-1], "task"),
+        (good[: -18 * 2] + good[-18 * 2 :][::-1], "task"),
     ]
     for number, (content, words) in enumerate(cases):
         (tmp / f"bad{number}.ngrams").write_bytes(content)

@@ -42,7 +42,7 @@ def test_flags_and_spans_equal_janitor(tmp_path, seed, n):
     janitor = SpyJanitor(ngram_n=n)
     for text in evals:
         janitor.register_contaminant_python(text)
-    distinct = {(int(k), int(c)) for k, c in zip(index.key, index.check)}
+    distinct = {(int(k), int(c)) for k, c in zip(index.key, index.check, strict=True)}
     assert len(distinct) == len(janitor.dirt_ngrams)
     matcher = Matcher(index)
     flagged = 0
@@ -56,7 +56,12 @@ def test_flags_and_spans_equal_janitor(tmp_path, seed, n):
 
 
 @pytest.mark.parametrize(
-    "rules", [CutRules(), CutRules(window=20, min_chunk=30, too_dirty=3), CutRules(window=0, min_chunk=0, too_dirty=1)]
+    "rules",
+    [
+        CutRules(),
+        CutRules(window=20, min_chunk=30, too_dirty=3),
+        CutRules(window=0, min_chunk=0, too_dirty=1),
+    ],
 )
 def test_cut_equals_janitor_clean(tmp_path, rules):
     n = 8

@@ -287,7 +287,9 @@ def run_curation(
         # A step that counts more than removals and changes (decontamination's per-task hits) reports it
         # beside its parameters.
         reports = {step.name: step.report() for step in steps if callable(getattr(step, "report", None))}
-        described = [{**d, "report": reports[d["name"]]} if d.get("name") in reports else d for d in described]
+        described = [
+            {**d, "report": reports[d["name"]]} if d.get("name") in reports else d for d in described
+        ]
         stats = build_stats(
             command=config.command,
             steps=described,

@@ -54,7 +54,11 @@ class IndexResult:
         )
 
     def to_dict(self) -> dict:
-        return {"paths": [str(p) for p in self.paths], "seconds": round(self.seconds, 4), "header": self.header}
+        return {
+            "paths": [str(p) for p in self.paths],
+            "seconds": round(self.seconds, 4),
+            "header": self.header,
+        }
 
 
 @contextlib.contextmanager
@@ -74,5 +78,11 @@ def open_index(
             where = path
         index = ngram_index.NgramIndex(path)
         stack.callback(index.close)
-        tasks = [{"name": t["name"], "sha256": t.get("sha256"), "distinct": t["distinct"]} for t in index.header["tasks"]]
-        yield index, {"index": where, "n": index.n, "normalization": index.header["normalization"], "tasks": tasks}
+        tasks = [
+            {"name": t["name"], "sha256": t.get("sha256"), "distinct": t["distinct"]}
+            for t in index.header["tasks"]
+        ]
+        yield (
+            index,
+            {"index": where, "n": index.n, "normalization": index.header["normalization"], "tasks": tasks},
+        )

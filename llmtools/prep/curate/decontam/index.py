@@ -45,7 +45,9 @@ ENTRY_BYTES = 18
 _PREFIX = struct.Struct("<8sII")
 
 
-def build(sources: list[EvalSource], n: int, progress=None) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
+def build(
+    sources: list[EvalSource], n: int, progress=None
+) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
     """Hash every n-gram of every source: ``(header, key, check, task)``, sorted and without repeats."""
     if not 1 <= n <= MAX_N:
         raise InputError(f"--ngram: expected 1..{MAX_N}, got {n}")
@@ -65,7 +67,8 @@ def build(sources: list[EvalSource], n: int, progress=None) -> tuple[dict, np.nd
                     task_checks.append(
                         np.fromiter(
                             (check_hash(" ".join(words[i : i + n])) for i in range(len(found))),
-                            dtype=np.uint64, count=len(found),
+                            dtype=np.uint64,
+                            count=len(found),
                         )  # fmt: skip
                     )
                     ngrams_total += len(found)
@@ -78,7 +81,13 @@ def build(sources: list[EvalSource], n: int, progress=None) -> tuple[dict, np.nd
         checks.append(check)
         tasks.append(np.full(len(key), number, dtype=np.uint16))
         records.append(
-            {**source.describe(), "texts": texts, "words": words_total, "ngrams": ngrams_total, "distinct": len(key)}
+            {
+                **source.describe(),
+                "texts": texts,
+                "words": words_total,
+                "ngrams": ngrams_total,
+                "distinct": len(key),
+            }
         )
     key, check, task = (np.concatenate(a) if a else np.zeros(0, np.uint64) for a in (keys, checks, tasks))
     task = task.astype(np.uint16)
@@ -126,7 +135,9 @@ class NgramIndex:
         self.tasks = [t["name"] for t in self.header["tasks"]]
         m = self.header["entries"]
         if size != offset + m * ENTRY_BYTES:
-            raise InputError(f"{self.path}: {size:,} bytes where its header promises {offset + m * ENTRY_BYTES:,}")
+            raise InputError(
+                f"{self.path}: {size:,} bytes where its header promises {offset + m * ENTRY_BYTES:,}"
+            )
         self.key = np.frombuffer(self._map, dtype="<u8", count=m, offset=offset)
         self.check = np.frombuffer(self._map, dtype="<u8", count=m, offset=offset + 8 * m)
         self.task = np.frombuffer(self._map, dtype="<u2", count=m, offset=offset + 16 * m)
@@ -138,11 +149,15 @@ class NgramIndex:
             raise InputError(f"{self.path}: not an n-gram index of ours (no {MAGIC.decode()} magic)")
         _, version, hlen = _PREFIX.unpack(self._map[: _PREFIX.size])
         if version != VERSION:
-            raise InputError(f"{self.path}: n-gram index version {version}; this llmtools reads version {VERSION}")
+            raise InputError(
+                f"{self.path}: n-gram index version {version}; this llmtools reads version {VERSION}"
+            )
         if hlen > MAX_HEADER or _PREFIX.size + hlen > size or (_PREFIX.size + hlen) % 8:
             raise InputError(f"{self.path}: header length {hlen:,} out of bounds (file of {size:,} bytes)")
         try:
-            header = jsonfile.loads(bytes(self._map[_PREFIX.size : _PREFIX.size + hlen]).decode("utf-8"), finite=True)
+            header = jsonfile.loads(
+                bytes(self._map[_PREFIX.size : _PREFIX.size + hlen]).decode("utf-8"), finite=True
+            )
         except (ValueError, UnicodeDecodeError) as error:
             raise InputError(f"{self.path}: header is not JSON ({error})") from None
         _check_header(self.path, header)
@@ -151,11 +166,17 @@ class NgramIndex:
     def _validate(self) -> None:
         where = self.path
         if len(self.key) > 1 and not bool(np.all(self.key[1:] >= self.key[:-1])):
-            raise InputError(f"{where}: keys out of order at entry {int(np.argmin(self.key[1:] >= self.key[:-1])) + 1}")
-        counts = np.bincount(self.task, minlength=len(self.tasks)) if len(self.task) else np.zeros(len(self.tasks))
+            raise InputError(
+                f"{where}: keys out of order at entry {int(np.argmin(self.key[1:] >= self.key[:-1])) + 1}"
+            )
+        counts = (
+            np.bincount(self.task, minlength=len(self.tasks)) if len(self.task) else np.zeros(len(self.tasks))
+        )
         if len(counts) > len(self.tasks):
-            raise InputError(f"{where}: an entry names task {len(counts) - 1}; the header lists {len(self.tasks)}")
-        for record, count in zip(self.header["tasks"], counts.tolist()):
+            raise InputError(
+                f"{where}: an entry names task {len(counts) - 1}; the header lists {len(self.tasks)}"
+            )
+        for record, count in zip(self.header["tasks"], counts.tolist(), strict=False):
             if record["distinct"] != count:
                 raise InputError(
                     f"{where}: task {record['name']!r} has {count:,} entries; its header says {record['distinct']:,}"
@@ -180,7 +201,13 @@ class NgramIndex:
         key = np.uint64(key)
         lo, hi = np.searchsorted(self.key, key, "left"), np.searchsorted(self.key, key, "right")
         check = check_hash(ngram)
-        return sorted({int(t) for c, t in zip(self.check[lo:hi].tolist(), self.task[lo:hi].tolist()) if c == check})
+        return sorted(
+            {
+                int(t)
+                for c, t in zip(self.check[lo:hi].tolist(), self.task[lo:hi].tolist(), strict=True)
+                if c == check
+            }
+        )
 
     def close(self) -> None:
         self.key = self.check = self.task = None

@@ -27,7 +27,9 @@ import numpy as np
 NORMALIZATION = "lm-eval-janitor-python/1"
 """Names the normalisation and hashing; an index made under another one is refused."""
 
-_TABLE = str.maketrans(string.ascii_lowercase + string.ascii_uppercase, string.ascii_lowercase * 2, string.punctuation)
+_TABLE = str.maketrans(
+    string.ascii_lowercase + string.ascii_uppercase, string.ascii_lowercase * 2, string.punctuation
+)
 _WORD = re.compile(r"\S+")
 _SEP = "\x00"  # joins a document's words for one translate call; never whitespace, never punctuation
 _P = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplication by it is a bijection modulo 2**64

@@ -64,14 +64,18 @@ class EvalSource:
             yield self._lines()
 
     def _jsonl_texts(self) -> Iterator[Iterator[str]]:
-        for number, item in jsonfile.read_lines(self.path, max_line=MAX_LINE_BYTES, finite=True, strings=True):
+        for number, item in jsonfile.read_lines(
+            self.path, max_line=MAX_LINE_BYTES, finite=True, strings=True
+        ):
             if not isinstance(item, dict):
                 raise InputError(f"{self.path}:{number}: expected a JSON object, got {type(item).__name__}")
             if self.key not in item:
                 raise InputError(f"{self.path}:{number}: no key {self.key!r} (--key)")
             text = item[self.key]
             if not isinstance(text, str):
-                raise InputError(f"{self.path}:{number}: {self.key}: expected a string, got {type(text).__name__}")
+                raise InputError(
+                    f"{self.path}:{number}: {self.key}: expected a string, got {type(text).__name__}"
+                )
             yield iter((text,))
 
     def _lines(self) -> Iterator[str]:
@@ -121,9 +125,10 @@ def open_sources(specs: list[str], key: str | None = None) -> list[EvalSource]:
     names: set[str] = set()
     for source in sources:
         if source.name in names:
-            raise InputError(f"{source.path}: a second evaluation set named {source.name!r} (file names must differ)")
+            raise InputError(
+                f"{source.path}: a second evaluation set named {source.name!r} (file names must differ)"
+            )
         names.add(source.name)
     if len(sources) > MAX_TASKS:
         raise InputError(f"{len(sources):,} evaluation sets: at most {MAX_TASKS:,}")
     return sources
-

@@ -80,8 +80,15 @@ class Decontaminate:
         return {
             "mode": self.mode,
             "n": self.index.n,
-            **({"window": self.rules.window, "min_chunk": self.rules.min_chunk, "too_dirty": self.rules.too_dirty}
-               if self.mode == "cut" else {}),  # fmt: skip
+            **(
+                {
+                    "window": self.rules.window,
+                    "min_chunk": self.rules.min_chunk,
+                    "too_dirty": self.rules.too_dirty,
+                }
+                if self.mode == "cut"
+                else {}
+            ),  # fmt: skip
             "documents": self.documents,
             "characters": self.characters,
             "hit": dict(self.totals),
