@@ -10,9 +10,9 @@ lm-eval's ``Janitor`` (python mode) treats the two sides differently, and so do 
   punctuation (``--``) normalises to nothing, so an n-gram holding it has two spaces in a row and can
   never equal an evaluation n-gram: across such a word nothing matches (lm-eval's rule, kept).
 
-An n-gram is stored as two 64-bit numbers. ``key``: a polynomial over the words' own hashes (blake2b),
+An n-gram is stored as two 64-bit numbers. ``key``: a polynomial over the words' own hashes,
 finished with a mixer, computed for all n-grams of a document at once with numpy; the index is sorted
-by it. ``check``: blake2b of the n-gram's UTF-8 text, computed only where ``key`` matched. A training
+by it (a word's hash: a polynomial over its UTF-8 bytes, mixed). ``check``: blake2b of the n-gram's UTF-8 text, computed only where ``key`` matched. A training
 n-gram counts as a hit only when both match; see docs/curation.md for the collision arithmetic.
 """
 
@@ -24,7 +24,7 @@ import string
 
 import numpy as np
 
-NORMALIZATION = "lm-eval-janitor-python/1"
+NORMALIZATION = "lm-eval-janitor-python/2"
 """Names the normalisation and hashing; an index made under another one is refused."""
 
 _TABLE = str.maketrans(
@@ -33,7 +33,8 @@ _TABLE = str.maketrans(
 _WORD = re.compile(r"\S+")
 _SEP = "\x00"  # joins a document's words for one translate call; never whitespace, never punctuation
 _P = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplication by it is a bijection modulo 2**64
-_WORD_CACHE_MAX = 1 << 20  # distinct words whose hash is kept; cleared whole when full (memory stays flat)
+_B = np.uint64(0x100000001B3)  # odd, for the words' byte polynomials
+_SALT = np.uint64(0x5851F42D4C957F2D)
 
 
 def normalize(text: str) -> str:
@@ -66,31 +67,41 @@ def check_hash(ngram: str) -> int:
     return int.from_bytes(digest.digest(), "little")
 
 
-def _word_hash(word: str) -> int:
-    digest = hashlib.blake2b(word.encode("utf-8", "surrogatepass"), digest_size=8, person=b"llmtools-word")
-    return int.from_bytes(digest.digest(), "little")
-
-
 class Hasher:
-    """The ``key`` hashes of n-grams. Keeps the hashes of the words it has seen (bounded)."""
+    """The ``key`` hashes of n-grams. A word's own hash is a polynomial over its UTF-8 bytes, mixed,
+    computed for all the words of a document at once (no per-word Python work, no cache to grow)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self._cache: dict[str, int] = {"": 0}
         self._powers = np.array([pow(int(_P), n - 1 - i, 1 << 64) for i in range(n)], dtype=np.uint64)
+        self._byte_powers = np.ones(1, dtype=np.uint64)
+
+    def _powers_upto(self, size: int) -> np.ndarray:
+        if len(self._byte_powers) < size:
+            grown = np.full(max(size, 2 * len(self._byte_powers)), _B, dtype=np.uint64)
+            grown[0] = 1
+            self._byte_powers = np.cumprod(grown, dtype=np.uint64)  # B**i modulo 2**64
+        return self._byte_powers[:size]
 
     def word_hashes(self, words: list[str]) -> np.ndarray:
-        cache = self._cache
-        try:
-            return np.fromiter(map(cache.__getitem__, words), dtype=np.uint64, count=len(words))
-        except KeyError:
-            if len(cache) > _WORD_CACHE_MAX:
-                cache.clear()
-                cache[""] = 0
-            for word in words:
-                if word not in cache:
-                    cache[word] = _word_hash(word)
-            return np.fromiter(map(cache.__getitem__, words), dtype=np.uint64, count=len(words))
+        if not words:
+            return np.zeros(0, dtype=np.uint64)
+        joined = _SEP.join(words)
+        if joined.count(_SEP) != len(words) - 1:  # a word holding the separator itself: word by word
+            return np.concatenate([self._one(word) for word in words])
+        data = np.frombuffer(joined.encode("utf-8", "surrogatepass") + b"\x00", dtype=np.uint8)
+        sep = data == 0
+        word_of = np.concatenate(([0], np.cumsum(sep[:-1])))
+        starts = np.concatenate(([0], np.flatnonzero(sep[:-1]) + 1))
+        position = np.arange(len(data)) - starts[word_of]
+        terms = (data.astype(np.uint64) + np.uint64(1)) * self._powers_upto(int(position.max()) + 1)[position]
+        terms[sep] = 0
+        return _mix(np.add.reduceat(terms, starts) ^ _SALT)
+
+    def _one(self, word: str) -> np.ndarray:
+        data = np.frombuffer(word.encode("utf-8", "surrogatepass"), dtype=np.uint8).astype(np.uint64)
+        total = np.array([((data + np.uint64(1)) * self._powers_upto(len(data))).sum(dtype=np.uint64)])
+        return _mix(total ^ _SALT)
 
     def keys(self, words: list[str]) -> np.ndarray:
         """The key of each n-gram of ``words`` (``len(words) - n + 1`` of them, none if fewer words)."""
