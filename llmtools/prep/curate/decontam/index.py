@@ -223,7 +223,8 @@ def _bitmap(key: np.ndarray) -> tuple[np.ndarray, np.uint64]:
     shift = np.uint64(64 - bits)
     table = np.zeros(1 << (bits - 3), dtype=np.uint8)
     if len(key):
-        top = np.unique(key >> shift)  # ascending
+        top = key >> shift  # ascending, as the keys are (checked before)
+        top = top[np.concatenate(([True], top[1:] != top[:-1]))]
         byte = top >> np.uint64(3)
         value = (np.uint8(1) << (top & np.uint64(7)).astype(np.uint8)).astype(np.uint8)
         starts = np.flatnonzero(np.concatenate(([True], byte[1:] != byte[:-1])))
