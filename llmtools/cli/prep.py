@@ -557,6 +557,10 @@ from llmtools.cli.prep_curate import register as _register_curate  # noqa: E402 
 
 _register_curate(app)
 
+from llmtools.cli.prep_decontam import register as _register_decontam  # noqa: E402 - its own module
+
+_register_decontam(app)
+
 
 def main() -> None:
     sys.argv[1:] = expand_multi_value_flags(sys.argv[1:], MULTI_VALUE_FLAGS, stop_at_files=True)

@@ -284,6 +284,12 @@ def run_curation(
             nbytes = _run(source, steps, config, tally, sink, removed_sink) if source is not None else 0
             if paths.to_stdout:
                 out_handle.flush()
+        # A step that counts more than removals and changes (decontamination's per-task hits) reports it
+        # beside its parameters.
+        reports = {step.name: step.report() for step in steps if callable(getattr(step, "report", None))}
+        described = [
+            {**d, "report": reports[d["name"]]} if d.get("name") in reports else d for d in described
+        ]
         stats = build_stats(
             command=config.command,
             steps=described,
