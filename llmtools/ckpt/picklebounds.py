@@ -107,7 +107,9 @@ def _progress(data: bytes, desc: str):
     return Progress(len(data), desc, unit="B", enabled=len(data) >= PROGRESS_BYTES)
 
 
-def _simulate(data: bytes, where: str, stack: list[_Node], marks: list[int], memo: list[_Node], bar) -> _Node | None:
+def _simulate(
+    data: bytes, where: str, stack: list[_Node], marks: list[int], memo: list[_Node], bar
+) -> _Node | None:
     """The unpickler's stack, one node per object; the top object at STOP (None without one)."""
     for count, (op, arg, pos) in enumerate(pickletools.genops(data), 1):
         if count > MAX_OPS:

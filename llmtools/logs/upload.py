@@ -254,8 +254,8 @@ def first_difference(
         mine, theirs, upto = held.get(tag, {}), log.get(tag, {}), last.get(tag, -1)
         for step in sorted(s for s in mine.keys() | theirs.keys() if s <= upto):
             a, b = mine.get(step), theirs.get(step)
-            same = isinstance(a, (int, float)) and b is not None and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
-            if not same:
+            numbers = isinstance(a, (int, float)) and b is not None
+            if not (numbers and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)):
                 first = step if first is None else min(first, step)
                 break
     return first

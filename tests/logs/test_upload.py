@@ -149,7 +149,9 @@ def test_a_folder_that_is_not_a_run_is_one_line_exit_2(tmp_path, env):
 def _console_log(args, env):
     """The installed ``llm-log ARGS``."""
     script = Path(sys.executable).parent / "llm-log"
-    return subprocess.run([str(script), *map(str, args)], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(script), *map(str, args)], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def _tracked(folder: Path, tracker: str, tag: str) -> tuple[str, list[tuple[int, float]], dict[str, str]]:
@@ -159,7 +161,11 @@ def _tracked(folder: Path, tracker: str, tag: str) -> tuple[str, list[tuple[int,
     if tracker == "wandb":
         (run_id,) = {p.name.rsplit("-", 1)[-1] for p in (folder / "wandb").glob("offline-run-*")}
         rows = read_wandb_history(folder / "wandb", run_id)
-        return run_id, [(s, row[tag]) for s, row in rows if tag in row], read_wandb_summary(folder / "wandb", run_id)
+        return (
+            run_id,
+            [(s, row[tag]) for s, row in rows if tag in row],
+            read_wandb_summary(folder / "wandb", run_id),
+        )
     from mlflow.tracking import MlflowClient
 
     os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
@@ -215,7 +221,9 @@ def test_a_rewritten_history_is_logged_again_into_the_same_tracker_run(tmp_path,
     assert same_run == run_id  # one tracker run per run folder
     assert "steps 21..60" in events["event/00000020/superseded"], events
     latest = dict(values)
-    expected = {r["step"]: r["lr"] for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "train"}
+    expected = {
+        r["step"]: r["lr"] for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "train"
+    }
     assert all(latest[s] == expected[s] for s in range(1, 31)), (latest, expected)
     assert all(latest[s] != old[s] for s in range(21, 31))
     counts = {s: sum(1 for step, _ in values if step == s) for s in range(1, 61)}
@@ -231,5 +239,7 @@ def test_a_rewritten_history_is_logged_again_into_the_same_tracker_run(tmp_path,
         handle.writelines(_rolled_back(lines, 30, 60)[1:])
     grown = _console_log([tracker, run, "--dir", tmp_path / "t"], env)
     assert grown.returncode == 0, grown.stderr
-    expected = {r["step"]: r["lr"] for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "train"}
+    expected = {
+        r["step"]: r["lr"] for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "train"
+    }
     assert dict(_tracked(tmp_path / "t", tracker, "train/lr")[1]) == expected

@@ -26,7 +26,6 @@ own line ("inside a native call") must not appear: the handler stopped the comma
 from __future__ import annotations
 
 import functools
-import os
 import re
 import signal
 import subprocess
@@ -57,7 +56,9 @@ def _plant_slow_pickle(run: Path) -> Path:
     file = run / MODEL
     records = records_of(file)
     folder = records[0][0].split("/", 1)[0]
-    storages = {name.rsplit("/", 1)[1]: len(data) for name, data in records if name.startswith(f"{folder}/data/")}
+    storages = {
+        name.rsplit("/", 1)[1]: len(data) for name, data in records if name.startswith(f"{folder}/data/")
+    }
     key = min(storages, key=int)
     item = functools.partial(storage_refs_item, count=REFERENCES, key=key, numel=storages[key] // 4)
     write(file, [(n, with_value(d, item) if n.endswith("/data.pkl") else d) for n, d in records])
@@ -102,7 +103,9 @@ class _Stderr:
 def _interrupt_in_unpickling(command: list[str], marker: str, signum: int, env: dict, cwd: Path):
     """Start ``command``, wait for ``marker`` on stderr, send ``signum``: (process, stderr, seconds from
     the signal to the interrupt line, seconds from the signal to the exit)."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd
+    )
     stderr = _Stderr(proc)
     try:
         reached = stderr.wait_for(marker, REACHED)
@@ -123,7 +126,9 @@ def _interrupt_in_unpickling(command: list[str], marker: str, signum: int, env: 
 
 def _check_stopped(proc, stderr: str, handled, latency: float, prog: str, signum: int, marker: str) -> None:
     name = signal.Signals(signum).name
-    print(f"{prog}: {name} inside unpickling: line after {handled} s, exit {proc.returncode} after {latency:.2f} s")
+    print(
+        f"{prog}: {name} inside unpickling: line after {handled} s, exit {proc.returncode} after {latency:.2f} s"
+    )
     assert proc.returncode == 128 + signum, stderr[-3000:]
     assert "Traceback" not in stderr, stderr
     assert f"{prog}: interrupted by {name}; temporaries removed" in stderr, stderr[-3000:]
