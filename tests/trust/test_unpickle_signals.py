@@ -3,8 +3,8 @@ our one line, no traceback, nothing left behind.
 
 The pickle is large but allowed (:func:`tests.trust.bombs.storage_refs_item`: 300,000 references to one
 storage, 1.7 MB; nothing hashed, nothing nested): every bound of ``picklebounds`` passes, and it takes
-seconds to check and seconds to unpickle (measured on a loaded 2-core machine: about 20 s to check, the
-walk of its tree included, and 5 s to unpickle by the lazy reader of ``verify`` and ``inspect``). Both
+seconds to check and seconds to unpickle (measured on a loaded 2-core machine: 10-20 s to check, the
+walk of its tree included, and 5-10 s to unpickle by the lazy reader of ``verify`` and ``inspect``). Both
 phases are pure Python, so the handler runs between two opcodes.
 
 Where the signal lands is not left to timing. The check and the unpickling of a pickle this large report
