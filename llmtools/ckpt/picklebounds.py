@@ -23,12 +23,18 @@ unpickler's stack with one node per object, and refuses the pickle when
 
 What is left for the unpickler is work linear in the pickle's size. The limits are far above what
 checkpoints hold (DeepSpeed's optimizer states of a 70B model: a few hundred thousand nodes, depth < 10).
-The check itself is pure Python: a signal stops it between any two opcodes.
+The check itself is pure Python: a signal stops it between any two opcodes. A pickle of
+:data:`PROGRESS_BYTES` or more (seconds of work at the limits: the check of two million opcodes takes
+about ten, their unpickling a few) reports both phases on stderr (:class:`llmtools.progress.Progress`),
+``check`` then ``unpickle``: the unpickling reads through :func:`reading`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import pickletools
+from collections.abc import Iterator
 from typing import Any
 
 from llmtools.errors import InputError
@@ -39,6 +45,8 @@ MAX_DEPTH = 100
 MAX_INT_BYTES = 64  # integers in checkpoints are sizes, steps, seeds: 512 bits is far beyond them
 MAX_ITEMS = 1 << 22  # per container: a state dict holds one entry per parameter, a few thousand
 MAX_KEY_INT = 1 << 31  # integer keys are parameter indices; hash(n) == n below 2**61-1
+PROGRESS_BYTES = 1 << 20  # checkpoints' pickles are smaller (a state dict: a few hundred bytes a tensor)
+_PROGRESS_OPS = 1 << 16  # opcodes between two progress updates of the check
 
 _TEXT = {
     "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "STRING", "BINSTRING", "SHORT_BINSTRING",
@@ -83,40 +91,56 @@ def check(data: bytes, where: str) -> None:
     memo: list[_Node] = []
     root: _Node | None = None
     try:
-        for count, (op, arg, pos) in enumerate(pickletools.genops(data), 1):
-            if count > MAX_OPS:
-                raise PickleBombError(where, f"more than {MAX_OPS} opcodes")
-            name = op.name
-            if name == "MARK":
-                marks.append(len(stack))
-            elif name in _PUT or name == "MEMOIZE":
-                index = len(memo) if name == "MEMOIZE" else arg
-                if index != len(memo) or not stack:
-                    raise PickleBombError(
-                        where, f"memo index {index} at byte {pos} (the next free is {len(memo)})"
-                    )
-                memo.append(stack[-1])
-            elif name in _GET:
-                if not isinstance(arg, int) or not 0 <= arg < len(memo):
-                    raise PickleBombError(where, f"a reference to memo entry {arg} never made, at byte {pos}")
-                stack.append(memo[arg])
-            elif name == "STOP":
-                root = stack[-1] if stack else None
-                break
-            else:
-                if (
-                    name in ("LONG1", "LONG4")
-                    and isinstance(arg, int)
-                    and arg.bit_length() > 8 * MAX_INT_BYTES
-                ):
-                    raise PickleBombError(where, f"an integer wider than {MAX_INT_BYTES} bytes at byte {pos}")
-                _apply(op, arg, stack, marks, (where, pos))
+        with _progress(data, f"check {where}") as bar:
+            root = _simulate(data, where, stack, marks, memo, bar)
     except PickleBombError:
         raise
     except (ValueError, IndexError) as error:  # genops on a malformed pickle, or a stack underflow
         raise InputError(f"{where}: not a valid pickle ({error})") from None
     if root is not None:
         _check_tree(root, where)
+
+
+def _progress(data: bytes, desc: str):
+    from llmtools.progress import Progress
+
+    return Progress(len(data), desc, unit="B", enabled=len(data) >= PROGRESS_BYTES)
+
+
+def _simulate(
+    data: bytes, where: str, stack: list[_Node], marks: list[int], memo: list[_Node], bar
+) -> _Node | None:
+    """The unpickler's stack, one node per object; the top object at STOP (None without one)."""
+    for count, (op, arg, pos) in enumerate(pickletools.genops(data), 1):
+        if count > MAX_OPS:
+            raise PickleBombError(where, f"more than {MAX_OPS} opcodes")
+        if not count % _PROGRESS_OPS:
+            bar.update(pos - bar.n)
+        name = op.name
+        if name == "MARK":
+            marks.append(len(stack))
+        elif name in _PUT or name == "MEMOIZE":
+            index = len(memo) if name == "MEMOIZE" else arg
+            if index != len(memo) or not stack:
+                raise PickleBombError(
+                    where, f"memo index {index} at byte {pos} (the next free is {len(memo)})"
+                )
+            memo.append(stack[-1])
+        elif name in _GET:
+            if not isinstance(arg, int) or not 0 <= arg < len(memo):
+                raise PickleBombError(where, f"a reference to memo entry {arg} never made, at byte {pos}")
+            stack.append(memo[arg])
+        elif name == "STOP":
+            return stack[-1] if stack else None
+        else:
+            if (
+                name in ("LONG1", "LONG4")
+                and isinstance(arg, int)
+                and arg.bit_length() > 8 * MAX_INT_BYTES
+            ):
+                raise PickleBombError(where, f"an integer wider than {MAX_INT_BYTES} bytes at byte {pos}")
+            _apply(op, arg, stack, marks, (where, pos))
+    return None
 
 
 def _apply(op, arg, stack: list[_Node], marks: list[int], at: tuple[str, int]) -> None:
@@ -234,9 +258,42 @@ def _check_tree(root: _Node, where: str) -> None:
                 work.append((child, False))
 
 
+class _Reading(io.BytesIO):
+    """The pickle as the unpickler reads it, each read told to a progress bar."""
+
+    def __init__(self, data: bytes, bar) -> None:
+        super().__init__(data)
+        self._bar = bar
+
+    def read(self, size: int | None = -1) -> bytes:
+        chunk = super().read(size)
+        self._bar.update(len(chunk))
+        return chunk
+
+    def readline(self, size: int | None = -1) -> bytes:
+        line = super().readline(size)
+        self._bar.update(len(line))
+        return line
+
+    def readinto(self, buffer) -> int:
+        count = super().readinto(buffer)
+        self._bar.update(count)
+        return count
+
+
+@contextlib.contextmanager
+def reading(data: bytes, where: str) -> Iterator[io.BytesIO]:
+    """``data`` as a file for an unpickler; a large pickle's reads are shown as ``unpickle WHERE``
+    progress (small ones, every checkpoint's, are read as they are)."""
+    if len(data) < PROGRESS_BYTES:
+        yield io.BytesIO(data)
+        return
+    with _progress(data, f"unpickle {where}") as bar:
+        yield _Reading(data, bar)
+
+
 def bounded_loads(data: bytes, where: str, unpickler: Any) -> Any:
     """``unpickler(BytesIO(data)).load()`` after :func:`check`."""
-    import io
-
     check(data, where)
-    return unpickler(io.BytesIO(data)).load()
+    with reading(data, where) as file:
+        return unpickler(file).load()

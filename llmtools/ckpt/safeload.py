@@ -166,7 +166,6 @@ def load(path: str | os.PathLike, *, map_location: Any = "cpu", mmap: bool = Fal
 
 def _load_checked(index, data: bytes, map_location: Any, mmap: bool) -> Any:
     """torch's weights-only unpickler over ``data``, each storage made from the checked record's bytes."""
-    import io
     import zlib
 
     import torch
@@ -174,6 +173,7 @@ def _load_checked(index, data: bytes, map_location: Any, mmap: bool) -> Any:
     from torch import _weights_only_unpickler
 
     from llmtools.ckpt.archive import check_crc, read_record
+    from llmtools.ckpt.picklebounds import reading
 
     path = index.path
     byteorder = "little"
@@ -226,9 +226,12 @@ def _load_checked(index, data: bytes, map_location: Any, mmap: bool) -> Any:
             loaded[key] = typed
             return typed
 
-        unpickler = _weights_only_unpickler.Unpickler(io.BytesIO(data), encoding="utf-8")
-        unpickler.persistent_load = persistent_load
-        with torch.serialization.safe_globals(list(_safe_objects("deepspeed" in sys.modules))):
+        with (
+            reading(data, f"{path}:data.pkl") as file,
+            torch.serialization.safe_globals(list(_safe_objects("deepspeed" in sys.modules))),
+        ):
+            unpickler = _weights_only_unpickler.Unpickler(file, encoding="utf-8")
+            unpickler.persistent_load = persistent_load
             serialization._serialization_tls.map_location = map_location
             try:
                 result = unpickler.load()

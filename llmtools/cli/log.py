@@ -170,7 +170,10 @@ A LOG is a run folder of llm-train, a metrics.jsonl, or a Megatron-LM / DeepSpee
 generic log (as for 'llm-log tb'); each becomes one {title} run named after it, with llm-train's own
 names (train/loss, eval/eval_loss; events as keys event/<step>/<name>). Idempotent: DIR keeps the run
 id of each LOG (.llm-log-trackers.json) and uploading again continues that run with only the steps it
-lacks, so a second upload adds nothing; --follow keeps uploading a growing log until Ctrl-C.
+lacks, so a second upload adds nothing; --follow keeps uploading a growing log until Ctrl-C. A
+history rewritten since (llm-train --resume N --rollback, a replay after a kill) is found by comparing
+the {title} run with the log: the steps from the first difference are marked superseded (an event
+event/<step>/superseded) and logged again with the log's values.
 Needs the extra 'track' (pip install 'llmtools[track]'). Prints one line per run: name, id, new points.
 
 \b

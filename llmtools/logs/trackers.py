@@ -218,6 +218,11 @@ class Tracker:
         if self.alive:
             self._guard("closing", self._close)
 
+    def history(self) -> dict[str, dict[int, float]]:
+        """``{metric: {step: value}}`` the tracker run holds, the value logged last at each step (read
+        back through the library's own reader); {} when the tracker is off."""
+        return self._guard("reading its history", self._history) or {}
+
     # -- what each library does ------------------------------------------------------------------
     def _metrics(self, values: dict[str, float], step: int) -> None:
         raise NotImplementedError
@@ -229,6 +234,9 @@ class Tracker:
         raise NotImplementedError
 
     def _close(self) -> None:
+        raise NotImplementedError
+
+    def _history(self) -> dict[str, dict[int, float]]:
         raise NotImplementedError
 
 
@@ -299,6 +307,13 @@ class WandbTracker(Tracker):
 
     def _close(self) -> None:
         self.run.finish()
+
+    def _history(self) -> dict[str, dict[int, float]]:
+        out: dict[str, dict[int, float]] = {}
+        for step, row in read_wandb_history(self.folder / "wandb", self.run_id):
+            for key, value in row.items():
+                out.setdefault(key, {})[step] = value
+        return out
 
 
 def wandb_files(wandb_dir: Path, run_id: str) -> list[Path]:
@@ -456,6 +471,14 @@ class MlflowTracker(Tracker):
 
     def _close(self) -> None:
         self.client.set_terminated(self.run_id)
+
+    def _history(self) -> dict[str, dict[int, float]]:
+        out: dict[str, dict[int, float]] = {}
+        for key in self.client.get_run(self.run_id).data.metrics:
+            # in the order logged (a stable sort: the history lists a metric's values as they came)
+            for metric in sorted(self.client.get_metric_history(self.run_id, key), key=lambda m: m.timestamp):
+                out.setdefault(key, {})[metric.step] = metric.value
+        return out
 
 
 def backfill(trackers: list[Tracker], metrics_path: Path, upto: int) -> int:

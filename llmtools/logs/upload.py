@@ -11,6 +11,15 @@ the run exists). Uploading again continues that run: the tracker is asked which 
 has (:mod:`llmtools.logs.trackers`) and only what lies beyond is logged, so a second upload adds nothing
 and a grown log adds its new steps. ``--follow`` keeps reading the growing log (rotation and truncation
 as ``llm-log tb``) until Ctrl-C.
+
+A rewritten history. After ``llm-train --resume N --rollback`` (or a replay after a kill) the run's
+metrics.jsonl holds new values from step N+1 on, and may stop short of steps the tracker run has. Before
+logging, the tracker run's history (read back through its own library) is compared with the log, step by
+step up to the last step the tracker has: from the first step where they differ (a value, or a step one
+of them lacks), the tracker's values are superseded, as the in-run trackers supersede them on a resume
+(:func:`llmtools.logs.trackers.mark_superseded`: an event says which steps, and the log's values at them
+are logged again, the value logged last at a step being the run's). The log's value of a step is its
+first, as logged. An unchanged log compares equal: uploading it again still adds nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +43,9 @@ from llmtools.logs.trackers import (
     TrackerState,
     check_available,
     check_tracking_uri,
+    mark_superseded,
     open_trackers,
+    scalars,
 )
 
 STATE_NAME = ".llm-log-trackers.json"
@@ -140,6 +151,9 @@ def upload(
                 path, config.fmt, config.pattern, live=config.follow, seq_length=config.seq_length
             )
             opened.append((path, entry["name"], trackers[0], reader))
+            _supersede_rewritten(trackers[0], path, config)
+            if not trackers[0].alive:
+                raise RuntimeFailure(f"{path}: {_failure(warnings)}")
 
         points = dict.fromkeys((name for _, name, _, _ in opened), 0)
 
@@ -202,3 +216,46 @@ def _log(tracker: Tracker, record: Record) -> int:
     before = {tag: tracker.last.get(tag, -1) for tag in tracker.last}
     tracker.log(shaped, record.step)
     return sum(1 for tag, step in tracker.last.items() if step != before.get(tag, -1))
+
+
+def _supersede_rewritten(tracker: Tracker, path: str, config: UploadConfig) -> None:
+    """Mark as superseded what the tracker run holds from the first step where the log now differs."""
+    upto = max(tracker.last.values(), default=-1)
+    if upto < 0:
+        return
+    differs = first_difference(tracker.history(), _first_values(path, config, upto), tracker.last)
+    if differs is not None:
+        mark_superseded([tracker], differs - 1)
+
+
+def _first_values(path: str, config: UploadConfig, upto: int) -> dict[str, dict[int, float]]:
+    """``{metric: {step: value}}`` of the log up to step ``upto``, each step's first value (as logged)."""
+    out: dict[str, dict[int, float]] = {}
+    with LogReader(path, config.fmt, config.pattern, seq_length=config.seq_length) as reader:
+        for batch in (reader.poll(), reader.finish(take_torn=False)):
+            for record in batch:
+                if record.kind == "event" or record.step > upto:
+                    continue
+                for tag, value in scalars(as_record(record)).items():
+                    out.setdefault(tag, {}).setdefault(record.step, value)
+    return out
+
+
+def first_difference(
+    held: dict[str, dict[int, float]], log: dict[str, dict[int, float]], last: dict[str, int]
+) -> int | None:
+    """The first step, up to each metric's ``last`` step in the tracker, where the tracker's values
+    (``held``) and the log's differ: a value (beyond float32 rounding, which some stores apply), or a step
+    one of them lacks. None when they agree."""
+    import math
+
+    first: int | None = None
+    for tag in held.keys() | log.keys():
+        mine, theirs, upto = held.get(tag, {}), log.get(tag, {}), last.get(tag, -1)
+        for step in sorted(s for s in mine.keys() | theirs.keys() if s <= upto):
+            a, b = mine.get(step), theirs.get(step)
+            numbers = isinstance(a, (int, float)) and b is not None
+            if not (numbers and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)):
+                first = step if first is None else min(first, step)
+                break
+    return first

@@ -144,3 +144,102 @@ def test_a_folder_that_is_not_a_run_is_one_line_exit_2(tmp_path, env):
         f"llm-log: error: {tmp_path / 'empty'}: a folder without metrics.jsonl (not a run folder of llm-train)"
     ]
     assert json.dumps(out.stdout) == '""'
+
+
+def _console_log(args, env):
+    """The installed ``llm-log ARGS``."""
+    script = Path(sys.executable).parent / "llm-log"
+    return subprocess.run(
+        [str(script), *map(str, args)], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def _tracked(folder: Path, tracker: str, tag: str) -> tuple[str, list[tuple[int, float]], dict[str, str]]:
+    """(tracker run id, every value of ``tag`` as (step, value) in the order logged, the event keys)."""
+    from llmtools.logs.trackers import read_wandb_history, read_wandb_summary
+
+    if tracker == "wandb":
+        (run_id,) = {p.name.rsplit("-", 1)[-1] for p in (folder / "wandb").glob("offline-run-*")}
+        rows = read_wandb_history(folder / "wandb", run_id)
+        return (
+            run_id,
+            [(s, row[tag]) for s, row in rows if tag in row],
+            read_wandb_summary(folder / "wandb", run_id),
+        )
+    from mlflow.tracking import MlflowClient
+
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    client = MlflowClient(tracking_uri=(folder / "mlruns").resolve().as_uri())
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    history = sorted(client.get_metric_history(run.info.run_id, tag), key=lambda m: m.timestamp)
+    return run.info.run_id, [(m.step, m.value) for m in history], dict(run.data.tags)
+
+
+def _rolled_back(lines: list[str], upto: int, last: int) -> list[str]:
+    """The records of a run resumed from step ``upto`` with a tenth of the learning rate, up to ``last``:
+    new losses and learning rates after ``upto``, with the resume event llm-train writes."""
+    out = [json.dumps({"kind": "event", "step": upto, "time": 1787000100.0, "event": "resume",
+                       "message": f"resumed from checkpoints/step_{upto:08d}"}) + "\n"]  # fmt: skip
+    for line in lines:
+        record = json.loads(line)
+        if record["kind"] == "train" and upto < record["step"] <= last:
+            record.update(loss=record["loss"] + 0.5, lr=record["lr"] / 10, time=record["time"] + 100)
+            out.append(json.dumps(record) + "\n")
+    return out
+
+
+@pytest.mark.parametrize("tracker", ["wandb", "mlflow"])
+def test_a_rewritten_history_is_logged_again_into_the_same_tracker_run(tmp_path, env, tracker):
+    """metrics.jsonl rewritten as ``llm-train --resume 20 --rollback`` rewrites it (llm-train's own
+    ``keep_history`` drops the steps after 20; the new timeline appends its records): exporting again into
+    the same tracker run marks steps 21..60 superseded and logs the new values of 21..30; the steps before
+    stay as they were (logged once); a third export adds nothing; the rest of the new timeline, once
+    written, replaces the remaining stale steps."""
+    from llmtools.logs.trackers import scalars
+    from llmtools.train.metrics import keep_history
+
+    lines = (FIXTURES / "metrics.jsonl").read_text().splitlines(keepends=True)
+    run = tmp_path / "run"
+    run.mkdir()
+    metrics = run / "metrics.jsonl"
+    metrics.write_text("".join(lines))
+    out = _console_log([tracker, run, "--dir", tmp_path / "t"], env)
+    assert out.returncode == 0, out.stderr
+    run_id, first, _ = _tracked(tmp_path / "t", tracker, "train/lr")
+    old = dict(first)
+    assert sorted(old) == list(range(1, 61))
+
+    assert keep_history(metrics, 20)
+    with open(metrics, "a") as handle:
+        handle.writelines(_rolled_back(lines, 20, 30))
+    out = _console_log([tracker, run, "--dir", tmp_path / "t"], env)
+    assert out.returncode == 0, out.stderr
+    relogged = [json.loads(line) for line in metrics.read_text().splitlines()[-10:]]
+    points = sum(len(scalars(record)) for record in relogged)  # steps 21..30, every metric
+    assert out.stdout.strip().endswith(f"\t{points} new points"), out.stdout
+    same_run, values, events = _tracked(tmp_path / "t", tracker, "train/lr")
+    assert same_run == run_id  # one tracker run per run folder
+    assert "steps 21..60" in events["event/00000020/superseded"], events
+    latest = dict(values)
+    expected = {
+        r["step"]: r["lr"] for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "train"
+    }
+    assert all(latest[s] == expected[s] for s in range(1, 31)), (latest, expected)
+    assert all(latest[s] != old[s] for s in range(21, 31))
+    counts = {s: sum(1 for step, _ in values if step == s) for s in range(1, 61)}
+    assert all(counts[s] == 1 for s in range(1, 21)), counts  # the kept steps: not logged again
+    assert all(counts[s] == 2 for s in range(21, 31)), counts  # the old value, then the new one
+
+    again = _console_log([tracker, run, "--dir", tmp_path / "t"], env)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip().endswith("\t0 new points"), again.stdout
+    assert _tracked(tmp_path / "t", tracker, "train/lr")[1] == values
+
+    with open(metrics, "a") as handle:  # the new timeline goes on to step 60
+        handle.writelines(_rolled_back(lines, 30, 60)[1:])
+    grown = _console_log([tracker, run, "--dir", tmp_path / "t"], env)
+    assert grown.returncode == 0, grown.stderr
+    expected = {
+        r["step"]: r["lr"] for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "train"
+    }
+    assert dict(_tracked(tmp_path / "t", tracker, "train/lr")[1]) == expected

@@ -1,7 +1,9 @@
 """Every sink shows the history of the run as it now stands: after ``--resume STEP --rollback`` with a
 changed learning rate, and after a kill -9 before the first checkpoint then ``--resume auto``,
 metrics.jsonl, the in-run TensorBoard and ``llm-log tb`` of it hold each step once with the value of the
-timeline the run continued, and the run folder keeps one W&B run and one MLflow run, FINISHED."""
+timeline the run continued, and the run folder keeps one W&B run and one MLflow run, FINISHED;
+``llm-log wandb|mlflow`` exports made before and after the rollback into the same tracker runs end with
+the new values at the rolled-back steps."""
 
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ def test_a_rollback_with_a_new_lr_replaces_the_abandoned_steps(byte_data, tmp_pa
     run_dir, env = tmp_path / "run", tracked_env(cli_env)
     first = llm_train([config, "--deepspeed", DS, "-o", run_dir], env)
     assert first.returncode == 0, first.stderr[-3000:]
+    exported = {tracker: _export(tracker, run_dir, tmp_path / f"upload-{tracker}", env) for tracker in TRACKERS}
     again = llm_train(
         [config, "--deepspeed", DS, "-o", run_dir, "--resume", "4", "--rollback", "--set", "optimizer.lr=1e-4"],
         env,
@@ -88,24 +91,37 @@ def test_a_rollback_with_a_new_lr_replaces_the_abandoned_steps(byte_data, tmp_pa
     # one value through another writer (TensorBoard, the trackers: float32) equals it to float32 precision
     assert all(wandb_lrs[s] == pytest.approx(lrs[s]) for s in wandb_lrs), wandb_lrs
     assert "steps 5..8" in read_wandb_summary(run_dir / "wandb", run_id)["event/00000004/superseded"]
-    # a fresh llm-log upload of the run gives each step once, the history as it stands
-    for tracker in ("wandb", "mlflow"):
-        folder = tmp_path / f"upload-{tracker}"
-        out = subprocess.run(
-            [sys.executable, "-m", "llmtools.cli.log", tracker, str(run_dir), "--dir", str(folder)],
-            env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr[-2000:]
-        if tracker == "wandb":
-            (uploaded,) = {p.name.rsplit("-", 1)[-1] for p in (folder / "wandb").glob("offline-run-*")}
-            rows = read_wandb_history(folder / "wandb", uploaded)
-            steps = [(s, row["train/lr"]) for s, row in rows if "train/lr" in row]
-        else:
-            client, (run,) = mlflow_run(folder)
-            steps = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/lr")]
-        assert sorted(s for s, _ in steps) == list(range(1, 9)), (tracker, steps)
-        # one value through another writer (TensorBoard, the trackers: float32) equals it to float32 precision
-        assert all(value == pytest.approx(lrs[s]) for s, value in steps), (tracker, steps)
+    # llm-log exported the run before the rollback; exporting it again into the same tracker runs marks
+    # the abandoned steps superseded and logs the new values at them: the value logged last is the run's
+    for tracker in TRACKERS:
+        run_id, before = exported[tracker]
+        again_id, steps = _export(tracker, run_dir, tmp_path / f"upload-{tracker}", env)
+        assert again_id == run_id, tracker  # one tracker run per source
+        counts = {s: sum(1 for step, _ in steps if step == s) for s in range(1, 9)}
+        assert counts == {**dict.fromkeys(range(1, 5), 1), **dict.fromkeys(range(5, 9), 2)}, (tracker, steps)
+        latest = dict(steps)
+        assert all(latest[s] == pytest.approx(lrs[s], rel=1e-6) for s in latest), (tracker, steps)
+        assert all(dict(before)[s] != lrs[s] for s in range(5, 9)), (tracker, before)
+
+
+TRACKERS = ("wandb", "mlflow")
+
+
+def _export(tracker: str, run_dir: Path, folder: Path, env) -> tuple[str, list[tuple[int, float]]]:
+    """``llm-log TRACKER RUN --dir FOLDER``: (the tracker run id, its ``train/lr`` values as (step, value)
+    in the order logged)."""
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "llm-log"), tracker, str(run_dir), "--dir", str(folder)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    if tracker == "wandb":
+        (uploaded,) = {p.name.rsplit("-", 1)[-1] for p in (folder / "wandb").glob("offline-run-*")}
+        rows = read_wandb_history(folder / "wandb", uploaded)
+        return uploaded, [(s, row["train/lr"]) for s, row in rows if "train/lr" in row]
+    client, (run,) = mlflow_run(folder)
+    history = sorted(client.get_metric_history(run.info.run_id, "train/lr"), key=lambda m: m.timestamp)
+    return run.info.run_id, [(m.step, m.value) for m in history]
 
 
 def test_a_kill_before_the_first_checkpoint_then_resume_auto_keeps_one_tracker_run(

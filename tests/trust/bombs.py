@@ -66,6 +66,11 @@ ITEMS = {
 
 def with_item(data: bytes, kind: str) -> bytes:
     """``data`` with ``{"bomb": ITEMS[kind]}`` added to its top dict."""
+    return with_value(data, ITEMS[kind])
+
+
+def with_value(data: bytes, item) -> bytes:
+    """``data`` with ``{"bomb": item(base)}`` added to its top dict (``base``: its first free memo index)."""
     import pickletools
 
     assert data.endswith(b".")
@@ -73,7 +78,25 @@ def with_item(data: bytes, kind: str) -> bytes:
         op.name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE") for op, _arg, _pos in pickletools.genops(data)
     )
     key = b"bomb"
-    return data[:-1] + b"X" + struct.pack("<I", len(key)) + key + ITEMS[kind](used) + b"s."
+    return data[:-1] + b"X" + struct.pack("<I", len(key)) + key + item(used) + b"s."
+
+
+def _text(value: str) -> bytes:
+    raw = value.encode()
+    return b"X" + struct.pack("<I", len(raw)) + raw
+
+
+def storage_refs_item(base: int, count: int, key: str, numel: int) -> bytes:
+    """Not a bomb: a list of ``count`` references to the file's float storage ``key`` (of ``numel``
+    elements), one persistent id each. Allowed (nothing hashed, nothing nested, linear), yet each reference
+    costs the unpickler a call into its ``persistent_load``: 600,000 of them (3.6 MB) take seconds to
+    check and seconds to unpickle."""
+    pid = b"(" + _text("storage") + b"ctorch\nFloatStorage\n" + _text(key) + _text("cpu")
+    head = pid + b"J" + struct.pack("<i", numel) + b"t" + _binput(base) + b"0"  # TUPLE, memo, POP
+    reference = _binget(base) + b"Q"  # BINPERSID
+    batches, rest = divmod(count, 1000)
+    body = (b"(" + reference * 1000 + b"e") * batches + b"(" + reference * rest + b"e"  # APPENDS of a MARK
+    return head + b"]" + body
 
 
 def compressed_pickle(data: bytes, size: int) -> tuple[bytes, int, int]:
