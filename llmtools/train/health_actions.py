@@ -298,8 +298,10 @@ class HealthActions:
         step = self.progress.step
         try:
             decided = self.data.pass_over(records, step, self.progress.consumed_samples)
-        except ExhaustedSource as exhausted:
-            # nothing left to train on from that source: stop with this state (its update was skipped)
+        except ExhaustedSource as exc:
+            # nothing left to train on from that source: stop with this state (its update was skipped);
+            # the reason is kept as text, since the stop's messages are built after this block has ended
+            exhausted = str(exc)
             self._stop_run(
                 lambda saved, _before: f"stopped at step {step}: {exhausted}; checkpoint {saved}",
                 lambda saved, _before: (
