@@ -1,0 +1,131 @@
+"""The quality rules by name, the recipes that order them, and their parameter table.
+
+A recipe is datatrove's published pipeline for a dataset, less what other steps of `llm-prep filter` do
+(URL filtering, HTML extraction, language identification): `fineweb` is datatrove's FineWeb example
+(Gopher repetition, Gopher quality, C4 quality without the terminal-punctuation rule, FineWeb quality),
+`gopher` its Gopher rules (repetition, then quality, as its Common Crawl example orders them), `c4` C4's
+line rules, then the bad-words rule when a local list is named."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llmtools.errors import UsageError
+from llmtools.prep.curate.quality.c4 import C4Paragraph, C4Quality
+from llmtools.prep.curate.quality.c4_badwords import C4BadWords
+from llmtools.prep.curate.quality.fineweb import FineWebQuality
+from llmtools.prep.curate.quality.gopher_quality import GopherQuality
+from llmtools.prep.curate.quality.gopher_repetition import GopherRepetition
+from llmtools.prep.curate.quality.params import Param, configure, params_of, show, split_override
+from llmtools.prep.curate.step import Step
+
+RULES = {rule.name: rule for rule in (GopherRepetition, GopherQuality, C4Quality, C4Paragraph, C4BadWords, FineWebQuality)}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One rule of a recipe, with the settings the recipe gives it; `needs` names a parameter without which
+    the rule is left out (the bad-words rule runs only when its list is named)."""
+
+    rule: str
+    settings: tuple[tuple[str, str], ...] = ()
+    needs: str | None = None
+
+
+RECIPES: dict[str, tuple[Entry, ...]] = {
+    "fineweb": (
+        Entry("gopher_repetition"),
+        Entry("gopher_quality"),
+        Entry("c4_quality", (("filter_no_terminal_punct", "false"),)),
+        Entry("fineweb_quality"),
+    ),
+    "gopher": (Entry("gopher_repetition"), Entry("gopher_quality")),
+    "c4": (Entry("c4_quality"), Entry("c4_badwords", needs="badwords_file")),
+}
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, dict[str, str]]:
+    """['rule.param=value', ...] -> {rule: {param: value}}; the last of repeated settings wins."""
+    settings: dict[str, dict[str, str]] = {}
+    for text in overrides:
+        rule, name, value = split_override(text)
+        if rule not in RULES:
+            raise UsageError(f"--set {text!r}: no rule {rule!r} (rules: {', '.join(RULES)})")
+        settings.setdefault(rule, {})[name] = value
+    return settings
+
+
+def build_steps(recipe: str | None = None, rules: Sequence[str] = (), overrides: Sequence[str] = ()) -> list[Step]:
+    """The configured steps, in order: the recipe's rules, then the named rules it lacks, with `overrides`
+    ('rule.param=value') over the recipe's settings over datatrove's defaults."""
+    if recipe is not None and recipe not in RECIPES:
+        raise UsageError(f"--recipe {recipe!r}: no such recipe (recipes: {', '.join(RECIPES)})")
+    chosen = parse_overrides(overrides)
+    entries = list(RECIPES[recipe]) if recipe else []
+    for name in rules:
+        if name not in RULES:
+            raise UsageError(f"--rule {name!r}: no such rule (rules: {', '.join(RULES)})")
+        if all(entry.rule != name for entry in entries):
+            entries.append(Entry(name))
+    steps = []
+    for entry in entries:
+        settings = dict(entry.settings) | chosen.get(entry.rule, {})
+        if entry.needs and entry.needs not in settings and entry.rule not in rules:
+            continue
+        steps.append(configure(RULES[entry.rule], settings))
+    named = {entry.rule for entry in entries}
+    stray = sorted(set(chosen) - named)
+    if stray:
+        raise UsageError(f"--set {stray[0]}.…: the rule {stray[0]!r} is not among the chosen rules; add --rule {stray[0]}")
+    return steps
+
+
+def parameter_table() -> list[Param]:
+    """Every rule's parameters: rule, name, default, kind, meaning."""
+    return [p for rule in RULES.values() for p in params_of(rule)]
+
+
+def recipe_lines() -> list[str]:
+    lines = []
+    for name, entries in RECIPES.items():
+        parts = []
+        for entry in entries:
+            given = ", ".join(f"{key}={value}" for key, value in entry.settings)
+            part = entry.rule + (f" ({given})" if given else "")
+            parts.append(part + (f" [when {entry.rule}.{entry.needs} is set]" if entry.needs else ""))
+        lines.append(f"{name}: " + " -> ".join(parts))
+    return lines
+
+
+def help_text() -> str:
+    """The rules, recipes and parameters as `--help` shows them."""
+    lines = ["Recipes:", *(f"  {line}" for line in recipe_lines()), "Parameters (--set RULE.PARAM=VALUE):"]
+    for p in parameter_table():
+        lines.append(f"  {p.qualified} = {show(p.default, p.kind)}: {p.meaning}")
+    return "\n".join(lines)
+
+
+def markdown() -> str:
+    """The "Quality rules" section of docs/curation.md."""
+    out = [
+        "## Quality rules",
+        "",
+        "<!-- generated by `python -m llmtools.prep.curate.quality`; a test keeps it current -->",
+        "",
+        "Each rule decides what datatrove's filter of the same name decides, for the same parameters (same",
+        "names, same published defaults), and names the deciding rule with datatrove's own reason:",
+        "`gopher_quality.gopher_short_doc` is `GopherQualityFilter` returning `gopher_short_doc`.",
+        "Change a parameter with `--set RULE.PARAM=VALUE`; `none` switches off a test that takes it.",
+        "",
+        "Recipes:",
+        "",
+        *(f"- {line}" for line in recipe_lines()),
+        "",
+        "| parameter | default | meaning |",
+        "|---|---|---|",
+    ]
+    for p in parameter_table():
+        meaning = p.meaning.replace("|", "\\|")
+        out.append(f"| `{p.qualified}` | `{show(p.default, p.kind)}` | {meaning} |")
+    return "\n".join(out) + "\n"
