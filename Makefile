@@ -15,11 +15,12 @@ export DS_ACCELERATOR ?= $(if $(wildcard /dev/nvidia0),cuda,cpu)
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test test-fast test-kernels bench lint pretrain clean help
+.PHONY: setup test test-fast test-kernels bench lint pretrain curate clean help
 
 help:
 	@echo "make setup     create .venv and install llmtools with its test extras"
 	@echo "make pretrain  built-in corpus -> tokenizer -> json2bin -> mix -> train -> checkpoint -> logs (out/pretrain/)"
+	@echo "make curate    llm-prep filter over the sample corpus: language, PII, length; prints the stats (out/curate/)"
 	@echo "make test      run the test suite (in parallel across the cores)"
 	@echo "make test-fast the unit tests and one real process of every command (a few minutes)"
 	@echo "make test-kernels  run the suite once per CPU kernel level (docs/cpu-kernels.md; slow)"
@@ -69,6 +70,14 @@ lint: setup
 	test -x $(VENV)/bin/ruff || $(PIP) install -q 'ruff>=0.6'
 	$(VENV)/bin/ruff check llmtools tests benchmarks
 	$(VENV)/bin/ruff format --check llmtools tests benchmarks
+
+# Curation on the embedded sample corpus: what `llm-prep filter` keeps, removes and why (out/curate/).
+CURATE_OUT := out/curate
+curate: setup
+	$(VENV)/bin/llm-prep sample-corpus -o $(CURATE_OUT)/raw --docs 500 --force
+	$(VENV)/bin/llm-prep filter "$(CURATE_OUT)/raw/*.jsonl" -o $(CURATE_OUT)/clean.jsonl --language en \
+		--pii email,ip,phone --min-chars 200 --force
+	cat $(CURATE_OUT)/clean.jsonl.stats.json
 
 clean:
 	rm -rf out build dist *.egg-info .pytest_cache

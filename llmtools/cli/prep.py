@@ -72,6 +72,7 @@ Examples:
   llm-prep json2bin 'shards/*.jsonl.zst' -t gpt2/vocab.json -o data/web --workers 16 --append-eod
   llm-prep json2bin @files.txt -t tok/ -o data/web --shard 3/64          # then: llm-prep merge
   zcat dump.jsonl.gz | llm-prep json2bin - -t byte -o data/dump --skip-bad --json
+  llm-prep filter raw.jsonl -o - --stats s.json --language en | llm-prep json2bin - -t tok/ -o data/web --provenance s.json
   llm-prep json2bin qa.jsonl -t tok/ -o data/qa --json-keys question,answer
   llm-prep json2bin --input owt.jsonl --output-prefix data/owt --tokenizer-type GPT2BPETokenizer \\
       --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --append-eod --workers 8
@@ -122,6 +123,13 @@ def json2bin_cmd(
         False,
         "--force",
         help="Replace earlier outputs of llmtools (and remove a killed run's .tmp-* leftovers).",
+    ),
+    provenance: list[str] = typer.Option(
+        None,
+        "--provenance",
+        metavar="STATS.json",
+        help="The stats of llm-prep filter/decontaminate/dedup that made the inputs (repeatable): "
+        "carried into the sidecar (curation); refused unless it describes these inputs.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary on stderr."),
@@ -247,10 +255,13 @@ def json2bin_cmd(
         partitions=partitions,
         keep_sequential_samples=keep_sequential_samples,
         log_interval=log_interval,
+        provenance=tuple(provenance or ()),
     )
     claim(
         config.output().claimed(),
-        inputs=input_paths([*all_inputs, tokenizer, tokenizer_model, vocab_file, merge_file]),
+        inputs=input_paths(
+            [*all_inputs, tokenizer, tokenizer_model, vocab_file, merge_file, *(provenance or ())]
+        ),
         force=force,
     )
     result = json2bin(config=config)
@@ -541,6 +552,10 @@ _register_pref(app)
 from llmtools.cli.prep_merge import register as _register_merge  # noqa: E402 - merge lives in its own module
 
 _register_merge(app)
+
+from llmtools.cli.prep_curate import register as _register_curate  # noqa: E402 - filter lives in its own module
+
+_register_curate(app)
 
 
 def main() -> None:
