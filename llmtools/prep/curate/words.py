@@ -5,7 +5,8 @@ of rules read its words (`Document.cache`).
 
 spaCy splits a text at whitespace first and tokenizes each whitespace-free run on its own, so the words of
 a text made by joining some of its lines with newlines are those lines' words, in order: a step that drops
-lines (C4's) hands the next rule the words of its new text without splitting it again (`set_words`)."""
+lines (C4's) hands the next rule the words of its new text without splitting it again (`set_words`),
+whether the command carries the document's cache to its new text or starts a new document."""
 
 from __future__ import annotations
 
@@ -111,11 +112,21 @@ class _Split:
         return self.text is text or self.text == text
 
 
+# The words of the last text a step handed on, for a command that gives a changed text a new Document
+# (its cache empty). One slot: the next step of the same document is the only reader.
+_handed_on: list[_Split] = []
+
+
 def _split_of(doc: Document) -> _Split:
     cached = doc.cache.get(_CACHE_KEY)
-    if not isinstance(cached, _Split) or not cached.holds(doc.text):
+    if isinstance(cached, _Split) and cached.holds(doc.text):
+        return cached
+    if _handed_on and _handed_on[0].holds(doc.text):
+        cached = _handed_on.pop()
+    else:
         found, starts = _split_words_at(doc.text)
-        cached = doc.cache[_CACHE_KEY] = _Split(doc.text, found, starts)
+        cached = _Split(doc.text, found, starts)
+    doc.cache[_CACHE_KEY] = cached
     return cached
 
 
@@ -137,4 +148,5 @@ def words_between(doc: Document, start: int, end: int) -> list[str] | None:
 
 def set_words(doc: Document, text: str, found: list[str]) -> None:
     """Record `found` as the words of `text`, the text a step is about to give the document."""
-    doc.cache[_CACHE_KEY] = _Split(text, found, None)
+    doc.cache[_CACHE_KEY] = split = _Split(text, found, None)
+    _handed_on[:] = [split]

@@ -51,8 +51,9 @@ def badwords_pattern(entries: list[str], language: str) -> re.Pattern:
 
 @dataclass
 class C4BadWords:
-    """Drops documents holding a word of the list (flanked by non-word characters, except in Japanese, Thai
-    and Chinese), keeping a chosen fraction of them at random."""
+    """Drops documents holding an entry of a local bad-words list (C4's rule), or keeps a share at random.
+
+    An entry matches between non-word characters, except in Japanese, Thai and Chinese."""
 
     name: ClassVar[str] = "c4_badwords"
     measures: ClassVar[dict[str, str]] = {"document_removed_with_badwords": "badword"}

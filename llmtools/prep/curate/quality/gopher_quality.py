@@ -34,8 +34,9 @@ def _has_alpha(word: str) -> bool:
 
 @dataclass
 class GopherQuality:
-    """Drops documents too short or long, of odd word lengths, full of symbols, bullets or trailing
-    ellipses, of few alphabetic words or few stop words."""
+    """Drops documents too short or long, of odd word lengths, symbols, bullets, ellipses or few stop words.
+
+    Words are datatrove's (spaCy's English tokenizer); lines are `str.splitlines`."""
 
     name: ClassVar[str] = "gopher_quality"
     measures: ClassVar[dict[str, str]] = MEASURES

@@ -4,7 +4,8 @@ A recipe is datatrove's published pipeline for a dataset, less what other steps 
 (URL filtering, HTML extraction, language identification): `fineweb` is datatrove's FineWeb example
 (Gopher repetition, Gopher quality, C4 quality without the terminal-punctuation rule, FineWeb quality),
 `gopher` its Gopher rules (repetition, then quality, as its Common Crawl example orders them), `c4` C4's
-line rules, then the bad-words rule when a local list is named."""
+line and document rules (its bad-words rule is added by name, with a local list:
+`--rule c4_badwords --set c4_badwords.badwords_file=PATH`)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,10 @@ RULES = {rule.name: rule for rule in (GopherRepetition, GopherQuality, C4Quality
 
 @dataclass(frozen=True)
 class Entry:
-    """One rule of a recipe, with the settings the recipe gives it; `needs` names a parameter without which
-    the rule is left out (the bad-words rule runs only when its list is named)."""
+    """One rule of a recipe, with the settings the recipe gives it (as written on a command line)."""
 
     rule: str
     settings: tuple[tuple[str, str], ...] = ()
-    needs: str | None = None
 
 
 RECIPES: dict[str, tuple[Entry, ...]] = {
@@ -41,7 +40,7 @@ RECIPES: dict[str, tuple[Entry, ...]] = {
         Entry("fineweb_quality"),
     ),
     "gopher": (Entry("gopher_repetition"), Entry("gopher_quality")),
-    "c4": (Entry("c4_quality"), Entry("c4_badwords", needs="badwords_file")),
+    "c4": (Entry("c4_quality"),),
 }
 
 
@@ -71,8 +70,6 @@ def build_steps(recipe: str | None = None, rules: Sequence[str] = (), overrides:
     steps = []
     for entry in entries:
         settings = dict(entry.settings) | chosen.get(entry.rule, {})
-        if entry.needs and entry.needs not in settings and entry.rule not in rules:
-            continue
         steps.append(configure(RULES[entry.rule], settings))
     named = {entry.rule for entry in entries}
     stray = sorted(set(chosen) - named)
@@ -93,7 +90,7 @@ def recipe_lines() -> list[str]:
         for entry in entries:
             given = ", ".join(f"{key}={value}" for key, value in entry.settings)
             part = entry.rule + (f" ({given})" if given else "")
-            parts.append(part + (f" [when {entry.rule}.{entry.needs} is set]" if entry.needs else ""))
+            parts.append(part)
         lines.append(f"{name}: " + " -> ".join(parts))
     return lines
 
