@@ -27,7 +27,7 @@ def real_texts(limit: int = 400) -> list[str]:
     web = SHARED_DATA / "megatron-deepspeed-fixtures" / "openwebtext-1000.reconstructed.jsonl"
     wiki = SHARED_DATA / "wikitext-2" / "valid.jsonl"
     novels = SHARED_DATA / "lambada" / "lambada_test.jsonl"
-    for path, take in ((web, limit // 2), (wiki, limit // 10), (novels, limit // 2)):
+    for path, take in ((web, limit // 4), (wiki, limit // 40), (novels, limit // 2)):
         if path.exists():
             with open(path, encoding="utf-8") as handle:
                 for line, _ in zip(handle, range(take)):
