@@ -16,8 +16,37 @@ WORDS = (
     "history government university population station season album church company music school building"
 ).split()
 STOP_POOR = "zyx qwv plk mmrt brsk vvk trl spq".split()
-UNICODE = ["naïve", "café", "東京", "日本語の文章です。", "مرحبا", "Привет", "😀", "ﬁne", "Ⅻ", "½", "x²", "\u200b"]
-SYMBOLS = ["#", "##", "...", "…", "—", "•", "-", "!!!", "&", "%", "[1]", "[edit]", "[citation needed]", "{", "}"]
+UNICODE = [
+    "naïve",
+    "café",
+    "東京",
+    "日本語の文章です。",
+    "مرحبا",
+    "Привет",
+    "😀",
+    "ﬁne",
+    "Ⅻ",
+    "½",
+    "x²",
+    "\u200b",
+]
+SYMBOLS = [
+    "#",
+    "##",
+    "...",
+    "…",
+    "—",
+    "•",
+    "-",
+    "!!!",
+    "&",
+    "%",
+    "[1]",
+    "[edit]",
+    "[citation needed]",
+    "{",
+    "}",
+]
 LINE_BREAKS = ["\n", "\n", "\n", "\n\n", "\n\n\n", "\r\n", "\u2028", "\x85", "\x0b", " \n ", "\n  \n"]
 
 
@@ -30,7 +59,7 @@ def real_texts(limit: int = 400) -> list[str]:
     for path, take in ((web, limit // 4), (wiki, limit // 40), (novels, limit // 2)):
         if path.exists():
             with open(path, encoding="utf-8") as handle:
-                for line, _ in zip(handle, range(take)):
+                for line, _ in zip(handle, range(take), strict=False):
                     texts.append(json.loads(line)["text"])
     for path in sorted((SHARED_DATA / "c4-samples").glob("c4-sample.*.json.gz")):
         with gzip.open(path, "rt", encoding="utf-8") as handle:
@@ -43,7 +72,9 @@ def _sentence(rng: random.Random, pool: list[str]) -> str:
     if rng.random() < 0.15:
         words.insert(rng.randrange(len(words) + 1), rng.choice(UNICODE + SYMBOLS))
     text = " ".join(words)
-    return text[:1].upper() + text[1:] + rng.choice([".", ".", ".", "?", "!", "", "...", "…", '"', ":", ". [1]"])
+    return (
+        text[:1].upper() + text[1:] + rng.choice([".", ".", ".", "?", "!", "", "...", "…", '"', ":", ". [1]"])
+    )
 
 
 def _odd_line(rng: random.Random, pool: list[str], flavour: int) -> str:
@@ -58,12 +89,21 @@ def _odd_line(rng: random.Random, pool: list[str], flavour: int) -> str:
         lambda: rng.choice(["a", "I", "x"]) + " " + "w" * rng.choice([1, 2, 11, 30, 1001]) + " end.",
         lambda: " ".join(["very"] * rng.randint(2, 40)) + ".",
         lambda: "The cat sat on the mat and the dog sat on the log. " * rng.randint(1, 6),
-        lambda: " ".join(rng.choice(UNICODE) for _ in range(rng.randint(1, 8))) + rng.choice(["。", ".", "!", ""]),
-        lambda: _sentence(rng, pool).rstrip(".") + rng.choice(["[1].", " [edit]", "[citation needed].", "[23]", "[]."]),
-        lambda: rng.choice(["This site uses cookies.", "Read our Privacy Policy and Terms of Use.", "We use cookies here."]),
+        lambda: (
+            " ".join(rng.choice(UNICODE) for _ in range(rng.randint(1, 8))) + rng.choice(["。", ".", "!", ""])
+        ),
+        lambda: (
+            _sentence(rng, pool).rstrip(".")
+            + rng.choice(["[1].", " [edit]", "[citation needed].", "[23]", "[]."])
+        ),
+        lambda: rng.choice(
+            ["This site uses cookies.", "Read our Privacy Policy and Terms of Use.", "We use cookies here."]
+        ),
         lambda: "Please enable JavaScript in your browser to view this page.",
         lambda: "" if rng.random() < 0.7 else " " * rng.randint(1, 6) + "\t",
-        lambda: rng.choice(["Lorem ipsum dolor sit amet, consectetur elit.", "var x = {a: 1}; f();", "IS_ALPHA is odd."]),
+        lambda: rng.choice(
+            ["Lorem ipsum dolor sit amet, consectetur elit.", "var x = {a: 1}; f();", "IS_ALPHA is odd."]
+        ),
         lambda: rng.choice(["1. 2. 3. 4. 5.", "Yes! No? Maybe. Sure.", "Dr. Smith went home. He slept."]),
     ]
     return makers[flavour % len(makers)]()

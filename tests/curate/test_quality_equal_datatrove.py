@@ -175,7 +175,7 @@ def test_fineweb_recipe_is_datatrove_fineweb_pipeline(texts):
     for text in texts:
         doc = DatatroveDocument(text=text, id="0")
         expected: tuple = (True, None)
-        for name, flt in zip(names, pipeline):
+        for name, flt in zip(names, pipeline, strict=True):
             kept, reason = get_filter_result(flt.filter(doc))
             if not kept:
                 expected = (False, name + reason)
@@ -215,7 +215,11 @@ def _flip(make, text, reason, param, value, kind, pair_n=None):
         return theirs(make(**kwargs), text)[1]
 
     assert run(value) != reason
-    past = value + 1 if isinstance(value, int) else math.nextafter(value, math.inf if kind == "min" else -math.inf)
+    past = (
+        value + 1
+        if isinstance(value, int)
+        else math.nextafter(value, math.inf if kind == "min" else -math.inf)
+    )
     if kind == "max" and isinstance(value, int):
         past = value - 1
     assert run(past) == reason
@@ -260,7 +264,10 @@ def test_gopher_quality_values_are_datatrove_s(texts):
 
 def test_gopher_repetition_values_are_datatrove_s(texts):
     step = GopherRepetition()
-    thresholds = {name: (name, "max") for name in ("dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac")}
+    thresholds = {
+        name: (name, "max")
+        for name in ("dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac")
+    }
     thresholds |= {f"top_{n}_gram": ("top_n_grams", "max", n) for n, _ in step.top_n_grams}
     thresholds |= {f"duplicated_{n}_n_grams": ("dup_n_grams", "max", n) for n, _ in step.dup_n_grams}
     flipped = _flips(texts, step, dt.GopherRepetitionFilter, thresholds)
@@ -273,7 +280,9 @@ def test_fineweb_values_are_datatrove_s(texts):
 
 
 def test_c4_sentence_count_is_datatrove_s(texts):
-    flipped = _flips(texts, C4Quality(), dt.C4QualityFilter, {"too_few_sentences": ("min_num_sentences", "min")})
+    flipped = _flips(
+        texts, C4Quality(), dt.C4QualityFilter, {"too_few_sentences": ("min_num_sentences", "min")}
+    )
     assert flipped == {"too_few_sentences"}
 
 

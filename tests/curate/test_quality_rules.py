@@ -61,7 +61,9 @@ def test_overrides_by_name():
         ],
     )  # fmt: skip
     repetition, quality, c4, fineweb = steps
-    assert quality.min_doc_words == 100 and quality.max_doc_words is None and quality.stop_words == ("the", "a")
+    assert (
+        quality.min_doc_words == 100 and quality.max_doc_words is None and quality.stop_words == ("the", "a")
+    )
     assert repetition.top_n_grams == ((2, 0.1), (3, 0.05))
     assert c4.filter_no_terminal_punct is True
     assert fineweb.stop_chars == (".", "!")
@@ -107,7 +109,7 @@ def test_badwords_decide_as_datatrove_with_a_local_list(tmp_path, monkeypatch):
     from datatrove.pipeline.filters import c4_filters
 
     listing = tmp_path / "en.txt"
-    listing.write_bytes("darn\r\nheck\nfiddle sticks\n  blast  \nsm\n".encode())
+    listing.write_bytes(b"darn\r\nheck\nfiddle sticks\n  blast  \nsm\n")
     # datatrove downloads its list; handed the same local file, it must decide as ours
     monkeypatch.setattr(c4_filters, "cached_asset_path_or_download", lambda *a, **k: str(listing))
     texts = adversarial(40, seed=3) + [
@@ -172,7 +174,9 @@ def test_llm_prep_filter_recipe_fineweb_decides_as_datatrove(tmp_path):
     assert proc.returncode == 0, proc.stderr.decode()
     expected = _datatrove_fineweb(texts)
     kept = {r["id"]: r["text"] for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
-    removed = {r["id"]: r for r in map(json.loads, Path(f"{out}.removed").read_text(encoding="utf-8").splitlines())}
+    removed = {
+        r["id"]: r for r in map(json.loads, Path(f"{out}.removed").read_text(encoding="utf-8").splitlines())
+    }
     assert set(kept) | set(removed) == set(expected) and not set(kept) & set(removed)
     for key, (rule, text) in expected.items():
         if rule is None:
@@ -181,7 +185,12 @@ def test_llm_prep_filter_recipe_fineweb_decides_as_datatrove(tmp_path):
             assert removed[key]["rule"] == rule
     assert len({r["rule"] for r in removed.values()}) >= 4 and len(kept) >= 5
     stats = json.loads(Path(f"{out}.stats.json").read_text())
-    assert [s["name"] for s in stats["steps"]] == ["gopher_repetition", "gopher_quality", "c4_quality", "fineweb_quality"]
+    assert [s["name"] for s in stats["steps"]] == [
+        "gopher_repetition",
+        "gopher_quality",
+        "c4_quality",
+        "fineweb_quality",
+    ]
 
     bad = subprocess.run(
         [BIN / "llm-prep", "filter", source, "-o", tmp_path / "x.jsonl", "--recipe", "fineweb",

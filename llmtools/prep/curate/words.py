@@ -69,7 +69,7 @@ def _split_words_at(text: str) -> tuple[list[str], list[int] | None]:
         offsets = parsed.to_array(IDX).tolist() if tokens else []
     found: list[str] = []
     starts: list[int] = []
-    for token, start in zip(tokens, offsets):
+    for token, start in zip(tokens, offsets, strict=True):
         word = token.strip()
         if word:
             found.append(word)
@@ -90,7 +90,7 @@ def sentence_pieces(text: str) -> list[str]:
     nlp = _english()
     with nlp.memory_zone():
         ends = [sentence.end_char for sentence in _parse(text, sentences=True)[0].sents]
-    return [text[a:b] for a, b in zip([0] + ends[:-1], ends[:-1] + [len(text)])]
+    return [text[a:b] for a, b in zip([0] + ends[:-1], ends[:-1] + [len(text)], strict=True)]
 
 
 def count_sentences(text: str) -> int:

@@ -52,8 +52,12 @@ class C4Quality:
         "too_few_sentences": "sentences",
     }
 
-    split_paragraph: bool = param(True, "lines are the text's lines (false: its sentences, joined by spaces)", "bool")
-    remove_citations: bool = param(True, "remove Wikipedia-style citations ([1], [edit], [citation needed])", "bool")
+    split_paragraph: bool = param(
+        True, "lines are the text's lines (false: its sentences, joined by spaces)", "bool"
+    )
+    remove_citations: bool = param(
+        True, "remove Wikipedia-style citations ([1], [edit], [citation needed])", "bool"
+    )
     filter_no_terminal_punct: bool = param(
         True, "drop lines not ending in . ? ! \" ' (or ending in '...')", "bool"
     )
@@ -118,7 +122,11 @@ class C4Quality:
         if new_text == text:
             return Outcome(values=values)
         # a dropped line, or a kept one that lost a citation or its surrounding whitespace, is one change
-        changes = len(pieces) - len(kept) + sum(1 for index, line in zip(kept_at, kept) if line != pieces[index])
+        changes = (
+            len(pieces)
+            - len(kept)
+            + sum(1 for index, line in zip(kept_at, kept, strict=True) if line != pieces[index])
+        )
         if spans is not None:
             self._hand_on_words(doc, new_text, spans, kept, kept_at)
         return Outcome(values=values, text=new_text, changes=changes)
@@ -127,7 +135,7 @@ class C4Quality:
         """Give the next rule the words of the new text: each kept line's words, found among the words of
         the old text (split again only where a citation was cut out of the line)."""
         found: list[str] = []
-        for index, line in zip(kept_at, kept):
+        for index, line in zip(kept_at, kept, strict=True):
             start, end = spans[index]
             inside = words_between(doc, start, end)
             if inside is None:

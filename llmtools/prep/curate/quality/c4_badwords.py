@@ -46,7 +46,7 @@ def badwords_pattern(entries: list[str], language: str) -> re.Pattern:
     alternatives = "|".join(re.escape(word) for word in sorted(badwords))
     if language in _UNSPACED:
         return re.compile(alternatives)
-    return re.compile(r"(?:\W|^)({})(?:\W|$)".format(alternatives))
+    return re.compile(rf"(?:\W|^)({alternatives})(?:\W|$)")
 
 
 @dataclass
@@ -58,15 +58,21 @@ class C4BadWords:
     name: ClassVar[str] = "c4_badwords"
     measures: ClassVar[dict[str, str]] = {"document_removed_with_badwords": "badword"}
 
-    badwords_file: str | None = param(None, "the local list, one entry a line (required by this rule)", "path?")
+    badwords_file: str | None = param(
+        None, "the local list, one entry a line (required by this rule)", "path?"
+    )
     language: str = param("en", "the list's language (ja, th, zh: matched without word boundaries)", "str")
     default_language: str = param("en", "language of documents whose metadata names none", "str")
-    keep_fraction: float = param(0.0, "share of documents with a bad word kept anyway, drawn at random", "float")
+    keep_fraction: float = param(
+        0.0, "share of documents with a bad word kept anyway, drawn at random", "float"
+    )
     seed: int | None = param(None, "seed of that draw (none: a fresh one each run)", "int?")
 
     def __post_init__(self):
         if not self.badwords_file:
-            raise UsageError(f"{self.name}.badwords_file: name a local bad-words list (nothing is downloaded)")
+            raise UsageError(
+                f"{self.name}.badwords_file: name a local bad-words list (nothing is downloaded)"
+            )
         self._pattern = badwords_pattern(read_badwords(self.badwords_file), self.language)
         self._uniform = None
 

@@ -51,13 +51,15 @@ class FineWebQuality:
         lines = [line for line in text.split("\n") if line.strip() != ""]
         if not lines:
             return drop("empty")
-        values["line_punct_ratio"] = ratio = sum(1 for line in lines if line.endswith(self._stop_chars)) / len(lines)
+        values["line_punct_ratio"] = ratio = sum(
+            1 for line in lines if line.endswith(self._stop_chars)
+        ) / len(lines)
         if ratio < self.line_punct_thr and not (ratio == 0 and self.line_punct_exclude_zero):
             return drop("line_punct_ratio")
 
-        values["short_line_ratio"] = ratio = sum(1 for line in lines if len(line) <= self.short_line_length) / len(
-            lines
-        )
+        values["short_line_ratio"] = ratio = sum(
+            1 for line in lines if len(line) <= self.short_line_length
+        ) / len(lines)
         if ratio > self.short_line_thr:
             return drop("short_line_ratio")
 

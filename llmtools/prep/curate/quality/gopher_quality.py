@@ -48,8 +48,12 @@ class GopherQuality:
     max_symbol_word_ratio: float | None = param(
         0.1, "most '#', and most '...'/'…', per word (each tested alone)", "float?"
     )
-    max_bullet_lines_ratio: float | None = param(0.9, "most share of lines starting with '•' or '-'", "float?")
-    max_ellipsis_lines_ratio: float | None = param(0.3, "most share of lines ending with '...' or '…'", "float?")
+    max_bullet_lines_ratio: float | None = param(
+        0.9, "most share of lines starting with '•' or '-'", "float?"
+    )
+    max_ellipsis_lines_ratio: float | None = param(
+        0.3, "most share of lines ending with '...' or '…'", "float?"
+    )
     max_non_alpha_words_ratio: float | None = param(
         0.8, "LEAST share of words holding a letter (datatrove's name kept)", "float?"
     )

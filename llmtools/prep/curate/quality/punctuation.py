@@ -7,7 +7,7 @@ from __future__ import annotations
 _PUNCTUATION = (
     "!/\u2014\u201d:\uff05\uff11\u3008&(\u3001\u2501\\\u3010#%\u300c\u300d\uff0c\u3011\uff1b+^]~\u201c"
     "\u300a\u201e';\u2019{|\u2236\xb4[=-`*\uff0e\uff08\u2013\uff1f\uff01\uff1a$\uff5e\xab\u3009,><\u300b"
-    ")?\uff09\u3002\u2026@_.\"}\u25ba\xbb"
+    ')?\uff09\u3002\u2026@_."}\u25ba\xbb'
 ) + "".join(map(chr, (x for a, b in ((0, 9), (11, 13), (13, 32), (127, 160)) for x in range(a, b))))
 
 TERMINAL_PUNCTUATION = frozenset(

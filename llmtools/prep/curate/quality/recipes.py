@@ -21,7 +21,10 @@ from llmtools.prep.curate.quality.gopher_repetition import GopherRepetition
 from llmtools.prep.curate.quality.params import Param, configure, params_of, show, split_override
 from llmtools.prep.curate.step import Step
 
-RULES = {rule.name: rule for rule in (GopherRepetition, GopherQuality, C4Quality, C4Paragraph, C4BadWords, FineWebQuality)}
+RULES = {
+    rule.name: rule
+    for rule in (GopherRepetition, GopherQuality, C4Quality, C4Paragraph, C4BadWords, FineWebQuality)
+}
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,9 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, dict[str, str]]:
     return settings
 
 
-def build_steps(recipe: str | None = None, rules: Sequence[str] = (), overrides: Sequence[str] = ()) -> list[Step]:
+def build_steps(
+    recipe: str | None = None, rules: Sequence[str] = (), overrides: Sequence[str] = ()
+) -> list[Step]:
     """The configured steps, in order: the recipe's rules, then the named rules it lacks, with `overrides`
     ('rule.param=value') over the recipe's settings over datatrove's defaults."""
     if recipe is not None and recipe not in RECIPES:
@@ -74,7 +79,9 @@ def build_steps(recipe: str | None = None, rules: Sequence[str] = (), overrides:
     named = {entry.rule for entry in entries}
     stray = sorted(set(chosen) - named)
     if stray:
-        raise UsageError(f"--set {stray[0]}.…: the rule {stray[0]!r} is not among the chosen rules; add --rule {stray[0]}")
+        raise UsageError(
+            f"--set {stray[0]}.…: the rule {stray[0]!r} is not among the chosen rules; add --rule {stray[0]}"
+        )
     return steps
 
 

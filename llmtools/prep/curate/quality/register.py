@@ -47,7 +47,9 @@ for _rule in RULES.values():
         Rule(
             _rule.name,
             _builder(_rule),
-            tuple(Param(p.name, _TABLE_KIND.get(p.kind, str), p.default, p.meaning) for p in params_of(_rule)),
+            tuple(
+                Param(p.name, _TABLE_KIND.get(p.kind, str), p.default, p.meaning) for p in params_of(_rule)
+            ),
             _help(_rule),
             changes_text=False,
         )
