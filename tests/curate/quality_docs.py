@@ -162,3 +162,11 @@ def write_jsonl(path: Path, texts: list[str]) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         for number, text in enumerate(texts):
             handle.write(json.dumps({"id": str(number), "text": text}, ensure_ascii=False) + "\n")
+
+
+def settle_datatrove() -> None:
+    """Bring datatrove's tokenizer to its steady state: spaCy fails on "IS_ALPHA" in every memory zone
+    after the first that met it, and datatrove then splits the text without it, as we always do."""
+    from datatrove.utils.text import split_into_words
+
+    split_into_words("IS_ALPHA")

@@ -23,11 +23,12 @@ from llmtools.prep.curate.quality.gopher_repetition import GopherRepetition  # n
 from llmtools.prep.curate.quality.recipes import build_steps  # noqa: E402
 from llmtools.prep.curate.step import Document  # noqa: E402
 from llmtools.prep.curate.words import split_words  # noqa: E402
-from tests.curate.quality_docs import adversarial, real_texts, sentences_of  # noqa: E402
+from tests.curate.quality_docs import adversarial, real_texts, sentences_of, settle_datatrove  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def texts() -> list[str]:
+    settle_datatrove()
     real = real_texts(12)
     return real + adversarial(90, seed=7, sentences=sentences_of(real))
 

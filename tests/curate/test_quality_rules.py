@@ -16,7 +16,7 @@ from llmtools.prep.curate.quality.c4_badwords import C4BadWords
 from llmtools.prep.curate.quality.punctuation import PUNCTUATION_SET, TERMINAL_PUNCTUATION
 from llmtools.prep.curate.step import Document
 from tests.conftest import REPO
-from tests.curate.quality_docs import adversarial, real_texts, sentences_of, write_jsonl
+from tests.curate.quality_docs import adversarial, real_texts, sentences_of, settle_datatrove, write_jsonl
 
 BIN = Path(sys.executable).parent
 
@@ -144,6 +144,7 @@ def _datatrove_fineweb(texts: list[str]) -> dict[str, tuple[str | None, str]]:
     from datatrove.pipeline import filters as dt
     from datatrove.pipeline.filters.base_filter import get_filter_result
 
+    settle_datatrove()
     pipeline = [
         ("gopher_repetition", dt.GopherRepetitionFilter()), ("gopher_quality", dt.GopherQualityFilter()),
         ("c4_quality", dt.C4QualityFilter(filter_no_terminal_punct=False)), ("fineweb_quality", dt.FineWebQualityFilter()),

@@ -11,12 +11,14 @@ whether the command carries the document's cache to its new text or starts a new
 from __future__ import annotations
 
 from bisect import bisect_left
+from contextlib import contextmanager
 from functools import lru_cache
 
 from llmtools.errors import InputError
 from llmtools.prep.curate.step import Document
 
-# spaCy's tokenizer refuses text holding this attribute name; datatrove removes it and splits again
+# spaCy's tokenizer refuses text holding this attribute name (after it first met it); datatrove then
+# removes it and splits again
 _SPACY_POISON = "IS_ALPHA"
 _CACHE_KEY = "words"
 
@@ -34,69 +36,103 @@ def _english():
     return nlp
 
 
+class _Zone:
+    """One spaCy memory zone over many texts. spaCy gives each word type it meets a lexeme (its lexical
+    attributes computed in Python); a zone per text, as datatrove opens, builds them again for every
+    document, most of the splitting's cost. A zone over a batch builds each once per batch and frees them
+    at its end, so memory stays bounded. Zones must not nest: every split here goes through this one."""
+
+    TEXTS = 2000
+    CHARS = 16_000_000
+
+    def __init__(self):
+        self.context = None
+        self.texts = self.chars = 0
+
+    @contextmanager
+    def open(self, size: int):
+        nlp = _english()
+        if self.context is None:
+            self.context = nlp.memory_zone()
+            self.context.__enter__()
+        self.texts += 1
+        self.chars += size
+        try:
+            yield nlp
+        finally:
+            if self.texts >= self.TEXTS or self.chars >= self.CHARS:
+                self.close()
+
+    def close(self) -> None:
+        context, self.context = self.context, None
+        self.texts = self.chars = 0
+        if context is not None:
+            context.__exit__(None, None, None)
+
+
+_zone = _Zone()
+
+
 def _stripped(pieces) -> list[str]:
     return [piece.strip() for piece in pieces if piece.strip()]
 
 
 def _parse(text: str, sentences: bool):
-    """spaCy's doc of `text` and whether the poison string had to be taken out (offsets then shift)."""
+    """spaCy's doc of `text` and whether the poison string was taken out first (offsets then shift).
+
+    datatrove tries the text as it is and, when spaCy fails, again without the poison. spaCy fails on it
+    in every memory zone after the first that met it, so in datatrove only the first such text of a
+    process keeps the word; here it never does, whatever came before (docs/curation.md)."""
     nlp = _english()
+    changed = _SPACY_POISON in text
+    if changed:
+        text = text.replace(_SPACY_POISON, "")
     nlp.max_length = len(text) + 10
-    run = nlp if sentences else nlp.make_doc
-    try:
-        return run(text), False
-    except Exception:
-        if _SPACY_POISON not in text:
-            raise
-        return run(text.replace(_SPACY_POISON, "")), True
+    return (nlp(text) if sentences else nlp.make_doc(text)), changed
 
 
 def split_words(text: str) -> list[str]:
     """The words of `text`, stripped, empty ones left out (datatrove's `word_tokenize` for English)."""
-    nlp = _english()
-    with nlp.memory_zone():
+    with _zone.open(len(text)):
         return _stripped(token.text for token in _parse(text, sentences=False)[0])
 
 
 def _split_words_at(text: str) -> tuple[list[str], list[int] | None]:
-    """The words of `text` and where each starts (None when spaCy saw a changed text)."""
-    from spacy.attrs import IDX
+    """The words of `text` and where each starts (None when spaCy saw a changed text). A token is either
+    all whitespace (stripping empties it) or holds none (spaCy cuts text at whitespace first), so the
+    words are the tokens that are not whitespace, sliced from the text by spaCy's offsets and lengths
+    (no Python object per token: the same words `split_words` makes, a test checks, in less time)."""
+    from spacy.attrs import IDX, IS_SPACE, LENGTH
 
-    nlp = _english()
-    with nlp.memory_zone():
+    with _zone.open(len(text)):
         parsed, changed = _parse(text, sentences=False)
-        tokens = [token.text for token in parsed]
-        offsets = parsed.to_array(IDX).tolist() if tokens else []
-    found: list[str] = []
-    starts: list[int] = []
-    for token, start in zip(tokens, offsets, strict=True):
-        word = token.strip()
-        if word:
-            found.append(word)
-            starts.append(start)
+        if len(parsed) == 0:
+            return [], None if changed else []
+        table = parsed.to_array([IDX, LENGTH, IS_SPACE])
+    seen = text.replace(_SPACY_POISON, "") if changed else text
+    table = table[table[:, 2] == 0]
+    starts = table[:, 0].tolist()
+    found = [seen[a:b] for a, b in zip(starts, (table[:, 0] + table[:, 1]).tolist(), strict=True)]
     return found, None if changed else starts
 
 
 def split_sentences(text: str) -> list[str]:
     """The sentences of `text`, stripped, empty ones left out (datatrove's `sent_tokenize` for English)."""
-    nlp = _english()
-    with nlp.memory_zone():
+    with _zone.open(len(text)):
         return _stripped(sentence.text for sentence in _parse(text, sentences=True)[0].sents)
 
 
 def sentence_pieces(text: str) -> list[str]:
     """`text` cut at its sentence ends, whitespace kept, covering all of it (datatrove's
     `split_into_sentences`, which C4's rules count and, when not splitting lines, filter)."""
-    nlp = _english()
-    with nlp.memory_zone():
+    with _zone.open(len(text)):
         ends = [sentence.end_char for sentence in _parse(text, sentences=True)[0].sents]
     return [text[a:b] for a, b in zip([0] + ends[:-1], ends[:-1] + [len(text)], strict=True)]
 
 
 def count_sentences(text: str) -> int:
     """len(sentence_pieces(text)), without building the pieces."""
-    nlp = _english()
-    with nlp.memory_zone():
+    with _zone.open(len(text)):
         return max(1, sum(1 for _ in _parse(text, sentences=True)[0].sents))
 
 
