@@ -131,7 +131,9 @@ def main() -> None:
             [BIN / "llm-prep", "filter", src, "-o", folder / "ours.jsonl", "--recipe", "fineweb", "-q"]
         )
         env = {**os.environ, "DATATROVE_COLORIZE_LOGS": "0"}
-        theirs_wall, theirs_cpu = timed([sys.executable, "-c", DATATROVE, src.parent, folder / "dt", folder / "logs"], env)
+        theirs_wall, theirs_cpu = timed(
+            [sys.executable, "-c", DATATROVE, src.parent, folder / "dt", folder / "logs"], env
+        )
         ours = kept_texts(folder / "ours.jsonl")
         theirs = kept_texts(next((folder / "dt").glob("*.jsonl")))
         print(json.dumps({
