@@ -75,3 +75,15 @@ def test_the_spacy_poison_is_always_taken_out():
     found, starts = w._split_words_at(text)
     assert found == expected and starts is None
     assert w.count_sentences(text) == 2
+
+
+def test_a_zone_opened_elsewhere_is_worked_in_not_nested():
+    w._zone.close()
+    nlp = w._english()
+    with nlp.memory_zone():
+        assert w.split_words("Inside a zone of its own.") == ["Inside", "a", "zone", "of", "its", "own", "."]
+        assert w._zone.context is None
+    with w.spacy_zone(10) as shared:
+        assert shared is nlp and nlp.vocab.in_memory_zone and w._zone.context is not None
+    w._zone.close()
+    assert not nlp.vocab.in_memory_zone

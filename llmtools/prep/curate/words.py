@@ -53,6 +53,9 @@ class _Zone:
     def open(self, size: int):
         nlp = _english()
         if self.context is None:
+            if nlp.vocab.in_memory_zone:  # a zone someone else opened: work inside it
+                yield nlp
+                return
             self.context = nlp.memory_zone()
             self.context.__enter__()
         self.texts += 1
@@ -71,6 +74,12 @@ class _Zone:
 
 
 _zone = _Zone()
+
+
+def spacy_zone(size: int):
+    """`with spacy_zone(len(text)) as nlp:` the English pipeline inside the one shared memory zone. Code
+    that runs spaCy itself on this pipeline goes through here: a zone of its own would nest in ours."""
+    return _zone.open(size)
 
 
 def _stripped(pieces) -> list[str]:
