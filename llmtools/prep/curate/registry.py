@@ -26,6 +26,7 @@ PROVIDERS: list[str] = [
     "llmtools.prep.curate.length",
     "llmtools.prep.curate.language",
     "llmtools.prep.curate.pii",
+    "llmtools.prep.curate.quality.register",
 ]
 """Modules that register rules when imported (the quality rules add theirs here)."""
 
