@@ -133,11 +133,7 @@ def _simulate(
         elif name == "STOP":
             return stack[-1] if stack else None
         else:
-            if (
-                name in ("LONG1", "LONG4")
-                and isinstance(arg, int)
-                and arg.bit_length() > 8 * MAX_INT_BYTES
-            ):
+            if name in ("LONG1", "LONG4") and isinstance(arg, int) and arg.bit_length() > 8 * MAX_INT_BYTES:
                 raise PickleBombError(where, f"an integer wider than {MAX_INT_BYTES} bytes at byte {pos}")
             _apply(op, arg, stack, marks, (where, pos))
     return None
@@ -221,7 +217,9 @@ def _hashable(keys: list[_Node], at: tuple[str, int]) -> None:
         if key.kind == "str" or (key.kind == "int" and abs(key.value) < MAX_KEY_INT):
             continue
         what = f"the integer {key.value}" if key.kind == "int" else f"a {key.kind or 'non-string'} object"
-        raise _bomb(at, f"{what} as a dict key or set element (only strings and integers below {MAX_KEY_INT})")
+        raise _bomb(
+            at, f"{what} as a dict key or set element (only strings and integers below {MAX_KEY_INT})"
+        )
 
 
 def _check_tree(root: _Node, where: str) -> None:

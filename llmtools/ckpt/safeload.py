@@ -207,7 +207,9 @@ def _load_checked(index, data: bytes, map_location: Any, mmap: bool) -> Any:
             kind, storage_type, key, location, numel = (
                 serialization._maybe_decode_ascii(v) if isinstance(v, bytes) else v for v in saved_id
             )
-            dtype = torch.uint8 if storage_type is torch.UntypedStorage else getattr(storage_type, "dtype", None)
+            dtype = (
+                torch.uint8 if storage_type is torch.UntypedStorage else getattr(storage_type, "dtype", None)
+            )
             if kind != "storage" or not isinstance(dtype, torch.dtype) or not isinstance(key, str):
                 raise InputError(f"{path}: malformed persistent id in data.pkl")
             if key in loaded:
@@ -215,8 +217,14 @@ def _load_checked(index, data: bytes, map_location: Any, mmap: bool) -> Any:
             record = index.get(f"data/{key}")
             if record is None:
                 raise InputError(f"{path}: storage {key!r} missing from the archive")
-            if type(numel) is not int or numel < 0 or numel * torch._utils._element_size(dtype) != record.size:
-                raise InputError(f"{path}: storage {key} claims {numel} elements but holds {record.size} bytes")
+            if (
+                type(numel) is not int
+                or numel < 0
+                or numel * torch._utils._element_size(dtype) != record.size
+            ):
+                raise InputError(
+                    f"{path}: storage {key} claims {numel} elements but holds {record.size} bytes"
+                )
             storage = storage_bytes(record, record.size)
             if byteorder != sys.byteorder:
                 storage.byteswap(dtype)

@@ -41,7 +41,9 @@ def curation(plan) -> str:
             lines += [f"    {line}" for line in explain_lines(block)]
         except (KeyError, TypeError, AttributeError, ValueError):
             lines.append("    (its sidecar's curation record is not one this llmtools reads)")
-    return "\n\ncuration (how each source was cleaned, from its sidecar):\n" + "\n".join(lines) if lines else ""
+    return (
+        "\n\ncuration (how each source was cleaned, from its sidecar):\n" + "\n".join(lines) if lines else ""
+    )
 
 
 def _table(plan) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from llmtools.cli._common import emit, log, report
+from llmtools.errors import UsageError
 
 FILTER_HELP = """Curate JSONL documents: remove those a rule rejects, scrub PII, keep the rest as they were.
 
@@ -84,14 +85,14 @@ def filter_cmd(
         for line in _rule_table(reg.registry()):
             emit(line)
         return
-    if not inputs:
-        raise UsageError("give the documents: INPUT... (a JSONL file, a glob, or - for stdin)")
-    if output is None:
-        raise UsageError("-o/--output is required (a file, or - for stdout)")
-    if output == "-" and as_json:
-        raise UsageError("--json with -o -: stdout carries the documents; read the stats file instead")
+    check_documents_and_output(inputs, output, as_json)
     names: list[tuple[str, dict]] = []
-    bounds = {"min_chars": min_chars, "max_chars": max_chars, "min_tokens": min_tokens, "max_tokens": max_tokens}
+    bounds = {
+        "min_chars": min_chars,
+        "max_chars": max_chars,
+        "min_tokens": min_tokens,
+        "max_tokens": max_tokens,
+    }
     if any(v is not None for v in bounds.values()):
         names.append(("length", {**bounds, "tokenizer": tokenizer}))
     elif tokenizer is not None:
@@ -118,7 +119,9 @@ def filter_cmd(
         keep_removed_text=keep_removed_text, skip_bad=skip_bad, force=force, shard=spec,
         progress=False if quiet else None,
     )  # fmt: skip
-    claim(config.paths().dataset_output(force).claimed(), inputs=input_paths([*inputs, tokenizer]), force=force)
+    claim(
+        config.paths().dataset_output(force).claimed(), inputs=input_paths([*inputs, tokenizer]), force=force
+    )
     steps = reg.build_steps(chosen)
     result = run_curation(config, steps, reg.describe(chosen))
     if output == "-":  # stdout holds the documents: the summary alone, on stderr
@@ -139,6 +142,16 @@ def _rule_table(table) -> list[str]:
         recipe = table.recipes[name]
         lines.append(f"recipe {name}: {recipe.help} [{', '.join(r for r, _ in recipe.rules)}]")
     return lines
+
+
+def check_documents_and_output(inputs: list[str] | None, output: str | None, as_json: bool) -> None:
+    """What every curation command asks of its documents and its output, refused alike."""
+    if not inputs:
+        raise UsageError("give the documents: INPUT... (a JSONL file, a glob, or - for stdin)")
+    if output is None:
+        raise UsageError("-o/--output is required (a file, or - for stdout)")
+    if output == "-" and as_json:
+        raise UsageError("--json with -o -: stdout carries the documents; read the stats file instead")
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import typer
 
 from llmtools.cli._common import log, report
+from llmtools.cli.prep_curate import check_documents_and_output
 
 app = typer.Typer(
     name="decontaminate",
@@ -121,12 +122,7 @@ def run_cmd(
     from llmtools.prep.curate.run import CurationConfig, run_curation
     from llmtools.prep.shards import parse_shard, shard_from_environment
 
-    if not inputs:
-        raise UsageError("give the documents: INPUT... (a JSONL file, a glob, or - for stdin)")
-    if output is None:
-        raise UsageError("-o/--output is required (a file, or - for stdout)")
-    if output == "-" and as_json:
-        raise UsageError("--json with -o -: stdout carries the documents; read the stats file instead")
+    check_documents_and_output(inputs, output, as_json)
     if (index is None) == (not evals):
         raise UsageError("give the evaluation n-grams: --index FILE, or --eval PATH (not both)")
     if index is not None and (ngram is not None or key is not None):

@@ -141,7 +141,9 @@ def check_stats(data) -> dict:
     if data.get("format") != FORMAT:
         raise ValueError(f"format is {jsonfile._shown(repr(data.get('format')))}, expected {FORMAT!r}")
     if data.get("version") != VERSION:
-        raise ValueError(f"version {jsonfile._shown(repr(data.get('version')))} is not one this llmtools reads ({VERSION})")
+        raise ValueError(
+            f"version {jsonfile._shown(repr(data.get('version')))} is not one this llmtools reads ({VERSION})"
+        )
     if data.get("command") not in COMMANDS:
         raise ValueError(f"command: expected one of {', '.join(COMMANDS)}")
     steps = data.get("steps")

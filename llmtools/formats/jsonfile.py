@@ -18,7 +18,6 @@ from pathlib import Path
 
 from llmtools.errors import InputError, RuntimeFailure
 
-
 MAX_INT_DIGITS = 4300
 """Digits of the longest integer any reader of ours accepts (Python's own default bound: converting a
 longer one costs quadratic time). A longer integer is a JSON error at its place, whatever the

@@ -7,7 +7,6 @@ of it), so neither needs the other's loader.
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path

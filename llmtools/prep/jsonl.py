@@ -30,8 +30,8 @@ import hashlib
 import os
 import stat
 import zlib
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmtools import _native
@@ -165,38 +165,62 @@ class JsonlChunk:
         texts: dict[str, list[str]] = {k: [] for k in keys}
         columns = [texts[k] for k in keys]
         lines: list[int] = []
-        bad: list[BadRecord] = []
-        blank = 0
-        loads = _loads()
-        number = self.first_line - 1
-        last = self.first_line + len(rows) - 1
-        for row in rows:
-            number += 1
-            try:
-                obj = loads(row)
-                if jsonfile.too_deep(row) is not None:
-                    raise ValueError(row)
-            except ValueError:  # JSON errors and UnicodeDecodeError alike: the slow path decides
-                obj = _load_slow(row, self.source, number, self.unterminated and number == last, keys)
-                if obj is None:
-                    blank += 1
-                    continue
-                if isinstance(obj, BadRecord):
-                    bad.append(obj)
-                    if not skip_bad:
-                        break
-                    continue
-            problem = _check(obj, keys)
-            if problem is not None:
-                kind, what = problem
-                bad.append(BadRecord(kind, f"{self.source}:{number}: {what}", number))
-                if not skip_bad:
-                    break
-                continue
+        verdicts = RowVerdicts()
+        for number, _row, obj in judge_rows(self, rows, keys, skip_bad, verdicts):
             for key, column in zip(keys, columns):  # noqa: B905 - same length by construction
                 column.append(obj[key])
             lines.append(number)
-        return DocBatch(texts, self.source, lines, bad, nbytes=len(self.data), blank_lines=blank)
+        return DocBatch(
+            texts, self.source, lines, verdicts.bad, nbytes=len(self.data), blank_lines=verdicts.blank
+        )
+
+
+@dataclass
+class RowVerdicts:
+    """What :func:`judge_rows` set aside: the bad lines (in order) and the count of blank ones."""
+
+    bad: list[BadRecord] = field(default_factory=list)
+    blank: int = 0
+
+
+def judge_rows(
+    chunk: JsonlChunk,
+    rows: list[bytes],
+    keys: Sequence[str],
+    skip_bad: bool,
+    verdicts: RowVerdicts,
+    check: Callable[[object, Sequence[str]], tuple[str, str] | None] | None = None,
+) -> Iterator[tuple[int, bytes, dict]]:
+    """Each good line of a chunk as (line number, its bytes, its object), in input order: the one
+    judgement of a line for every reader of JSONL documents. A blank line is counted, a bad one recorded
+    in ``verdicts`` (with ``skip_bad=False`` it ends the chunk). ``check`` replaces the record check
+    (what a record must hold) for readers that ask more of a record than its keys."""
+    loads = _loads()
+    check = check or _check
+    last = chunk.first_line + len(rows) - 1
+    for number, row in enumerate(rows, chunk.first_line):
+        try:
+            obj = loads(row)
+            if jsonfile.too_deep(row) is not None:
+                raise ValueError(row)
+        except ValueError:  # JSON errors and UnicodeDecodeError alike: the slow path decides
+            obj = _load_slow(row, chunk.source, number, chunk.unterminated and number == last, keys)
+            if obj is None:
+                verdicts.blank += 1
+                continue
+            if isinstance(obj, BadRecord):
+                verdicts.bad.append(obj)
+                if not skip_bad:
+                    return
+                continue
+        problem = check(obj, keys)
+        if problem is not None:
+            kind, what = problem
+            verdicts.bad.append(BadRecord(kind, f"{chunk.source}:{number}: {what}", number))
+            if not skip_bad:
+                return
+            continue
+        yield number, row, obj
 
 
 def count_newlines(data: bytes) -> int:

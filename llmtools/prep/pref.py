@@ -69,10 +69,12 @@ from llmtools.prep.sft import (
     BadSample,
     SampleEncoder,
     check_messages,
-    counted as count_progress,
     iter_records,
     kind_name,
     system_turn,
+)
+from llmtools.prep.sft import (
+    counted as count_progress,
 )
 from llmtools.prep.template_sandbox import check_date, has_generation_blocks
 from llmtools.tokenize import load_tokenizer

@@ -28,7 +28,6 @@ import os
 import types
 import typing
 from dataclasses import field
-from pathlib import Path
 from typing import Any, Literal
 
 from llmtools.errors import InputError, UsageError

@@ -11,7 +11,6 @@ The meaning of a key is its field's docstring (:mod:`llmtools.train.schema` read
 from __future__ import annotations
 
 import dataclasses
-import json
 import types
 import typing
 from typing import Any, Literal

@@ -28,7 +28,12 @@ def test_round_trip_and_shares(tmp_path):
     path = tmp_path / "s.json"
     path.write_text(json.dumps(stats()))
     back = read_stats(path)
-    assert back["rules"]["language.not_wanted"] == {"documents": 1, "characters": 10, "share": 0.25, "character_share": 0.1}
+    assert back["rules"]["language.not_wanted"] == {
+        "documents": 1,
+        "characters": 10,
+        "share": 0.25,
+        "character_share": 0.1,
+    }
 
 
 @pytest.mark.parametrize(
@@ -40,8 +45,12 @@ def test_round_trip_and_shares(tmp_path):
         (lambda s: s["documents"].update(kept=1), "kept + removed is not in"),
         (lambda s: s["output"].update(sha256="zz"), "output.sha256"),
         (lambda s: s["rules"]["language.not_wanted"].update(share=2), "share from 0 to 1"),
-        (lambda s: s["rules"].update(x={"documents": 1, "characters": 0, "share": 0, "character_share": 0}),
-         "do not add up"),
+        (
+            lambda s: s["rules"].update(
+                x={"documents": 1, "characters": 0, "share": 0, "character_share": 0}
+            ),
+            "do not add up",
+        ),
         (lambda s: s.update(command="rm -rf"), "command: expected one of"),
     ],
 )
@@ -64,7 +73,9 @@ def test_unreadable_json_and_nan_are_refused(tmp_path):
 
 def test_provenance_follows_a_chain_of_stages():
     filtered, deduped = stats("filter", SHA_A, SHA_B), stats("dedup", SHA_B, SHA_C)
-    block = provenance([("f.json", filtered), ("d.json", deduped)], [{"path": "-", "size": 1, "sha256": SHA_C}])
+    block = provenance(
+        [("f.json", filtered), ("d.json", deduped)], [{"path": "-", "size": 1, "sha256": SHA_C}]
+    )
     assert [b["command"] for b in block] == ["filter", "dedup"]
     with pytest.raises(InputError, match="f.json: describes the output clean.jsonl"):
         provenance([("f.json", filtered)], [{"path": "-", "size": 1, "sha256": SHA_C}])

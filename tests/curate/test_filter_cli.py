@@ -55,11 +55,17 @@ def test_pipe_into_json2bin_carries_provenance_to_the_sidecar_and_mix_explain(tm
     assert record["rules"]["length.min_chars"] == {"documents": 1, "characters": 5, "share": round(1 / 153, 6),
                                                    "character_share": record["rules"]["length.min_chars"]["character_share"]}  # fmt: skip
     assert record["changes"]["pii"]["documents"] == 1 and record["changes"]["pii"]["changes"] == 2
-    assert record["languages"]["en"]["kept"] == 151 and record["languages"]["de"] == {"documents": 1, "kept": 0, "characters": 67}
+    assert record["languages"]["en"]["kept"] == 151 and record["languages"]["de"] == {
+        "documents": 1,
+        "kept": 0,
+        "characters": 67,
+    }
     removed = [json.loads(x) for x in (tmp_path / "clean.removed").read_text().splitlines()]
     assert [(r["source"].endswith("extra.jsonl"), r["line"], r["rule"]) for r in removed] == [
         (True, 1, "language.not_wanted"), (True, 3, "length.min_chars")]  # fmt: skip
-    assert removed[0]["id"] == "de-1" and removed[0]["values"]["language"] == "de" and "text" not in removed[0]
+    assert (
+        removed[0]["id"] == "de-1" and removed[0]["values"]["language"] == "de" and "text" not in removed[0]
+    )
 
     sidecar = json.loads((tmp_path / "data" / "web_text_document.json").read_text())
     jsonschema.validate(sidecar, json.loads((REPO / "schemas" / "sidecar.schema.json").read_text()))
@@ -71,10 +77,15 @@ def test_pipe_into_json2bin_carries_provenance_to_the_sidecar_and_mix_explain(tm
                           "--num-samples", "10", "--explain"], capture_output=True, text=True)  # fmt: skip
     assert mix.returncode == 0, mix.stderr
     assert "filter: 153 documents in, 2 removed (1.31%)" in mix.stdout
-    assert "language.not_wanted: 1 documents (0.65%)" in mix.stdout and "~ pii: 2 changes in 1 documents" in mix.stdout
+    assert (
+        "language.not_wanted: 1 documents (0.65%)" in mix.stdout
+        and "~ pii: 2 changes in 1 documents" in mix.stdout
+    )
 
     # stats of other bytes are refused in one line
-    other = cli("json2bin", files[0], "-t", "byte", "-o", tmp_path / "data" / "x", "--provenance", stats, "-q")
+    other = cli(
+        "json2bin", files[0], "-t", "byte", "-o", tmp_path / "data" / "x", "--provenance", stats, "-q"
+    )
     assert other.returncode == 2 and b"none of the inputs read" in other.stderr
     assert len(other.stderr.splitlines()) == 1 and not list((tmp_path / "data").glob("x*"))
 
@@ -97,7 +108,9 @@ def test_shards_concatenate_to_the_one_machine_output_and_runs_repeat_bytes(tmp_
     assert sum(line in original for line in kept) > 100  # untouched records are their input bytes
     assert any("email@example.com" in line for line in kept)
 
-    first = {p: (tmp_path / p).read_bytes() for p in ("one.jsonl", "one.jsonl.removed", "one.jsonl.stats.json")}
+    first = {
+        p: (tmp_path / p).read_bytes() for p in ("one.jsonl", "one.jsonl.removed", "one.jsonl.stats.json")
+    }
     cli("filter", tmp_path / "raw" / "*.jsonl", "-o", tmp_path / "one.jsonl", *rules, check=2)  # exists
     cli("filter", tmp_path / "raw" / "*.jsonl", "-o", tmp_path / "one.jsonl", *rules, "--force", check=0)
     assert {p: (tmp_path / p).read_bytes() for p in first} == first
@@ -110,12 +123,14 @@ def test_shards_concatenate_to_the_one_machine_output_and_runs_repeat_bytes(tmp_
         (b'{"text": ""}\n', "empty_text", b"bad.jsonl:3: key 'text' is an empty string"),
         (b'{"body": "x"}\n', "missing_key", b"bad.jsonl:3: missing key 'text'"),
         (b'{"text": "a\xff"}\n', "invalid_utf8", b"bad.jsonl:3:"),
-        (b'[1, 2]\n', "not_an_object", b"bad.jsonl:3: expected a JSON object"),
+        (b"[1, 2]\n", "not_an_object", b"bad.jsonl:3: expected a JSON object"),
     ],
 )
 def test_bad_lines_stop_with_file_line_or_are_counted(tmp_path, line, kind, words):
     bad = tmp_path / "bad.jsonl"
-    bad.write_bytes(b'{"text": "one two three"}\n\n' + line + b'{"text": "four five six"}\n' * (kind != "truncated_line"))
+    bad.write_bytes(
+        b'{"text": "one two three"}\n\n' + line + b'{"text": "four five six"}\n' * (kind != "truncated_line")
+    )
     out = tmp_path / "out" / "clean.jsonl"
     proc = cli("filter", bad, "-o", out, "--min-chars", "3")
     assert proc.returncode == 2 and words in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr

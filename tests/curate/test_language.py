@@ -48,7 +48,9 @@ def datatrove_filter(languages, threshold):
     return lambda text: (lambda d: (bool(theirs.filter(d)), d.metadata))(TheirDoc(text=text, id="0"))
 
 
-@pytest.mark.parametrize("languages,threshold", [(["en"], 0.65), (["en", "de"], 0.9), (None, 0.65), (["fr"], 0.3)])
+@pytest.mark.parametrize(
+    "languages,threshold", [(["en"], 0.65), (["en", "de"], 0.9), (None, 0.65), (["fr"], 0.3)]
+)
 def test_decisions_and_metadata_equal_datatrove(languages, threshold):
     theirs = datatrove_filter(languages, threshold)
     ours = LanguageFilter(languages, threshold)
@@ -69,7 +71,9 @@ def test_newlines_are_spaces_and_unknown_codes_are_refused():
 
 
 def test_settings_are_parsed_with_the_parameter_types():
-    chosen = reg.resolve([("language", {"languages": ["en"]})], reg.parse_settings(["language.threshold=0.8"]))
+    chosen = reg.resolve(
+        [("language", {"languages": ["en"]})], reg.parse_settings(["language.threshold=0.8"])
+    )
     assert chosen[0][1] == {"languages": ["en"], "threshold": 0.8}
     with pytest.raises(UsageError, match="threshold expects float"):
         reg.resolve([("language", {})], reg.parse_settings(["language.threshold=high"]))

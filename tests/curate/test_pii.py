@@ -12,10 +12,38 @@ from llmtools.prep.curate.pii import PIIFormatter
 from llmtools.prep.curate.step import Document
 
 LOCAL = ["john", "a.b", "x+tag", "o'neil", "first.last", "we{ird}", "a..b", ".dot", "ü"]
-DOMAINS = ["gmail.com", "ex-ample.org", "sub.dom.co.uk", "-bad.com", "a.b", "[192.168.1.1]", "localhost", "xn--bcher-kva.de"]
+DOMAINS = [
+    "gmail.com",
+    "ex-ample.org",
+    "sub.dom.co.uk",
+    "-bad.com",
+    "a.b",
+    "[192.168.1.1]",
+    "localhost",
+    "xn--bcher-kva.de",
+]
 IPS = ["8.8.8.8", "192.168.0.1", "10.0.0.7", "127.0.0.1", "1.2.3.4", "256.1.1.1", "172.16.5.4", "100.64.0.1",
        "0.0.0.0", "255.255.255.255", "1.1.1.1.1", "01.02.03.04", "224.0.0.1", "203.0.113.9", "99.999.9.9"]  # fmt: skip
-GLUE = [" ", "", "\n", "é", "日本", "(", ")", "<", ">", ":", ",", ".", "@", "mailto:", "\u00a0", "—", "1", "a"]
+GLUE = [
+    " ",
+    "",
+    "\n",
+    "é",
+    "日本",
+    "(",
+    ")",
+    "<",
+    ">",
+    ":",
+    ",",
+    ".",
+    "@",
+    "mailto:",
+    "\u00a0",
+    "—",
+    "1",
+    "a",
+]
 
 
 def generated(rng: random.Random) -> str:
@@ -65,7 +93,10 @@ def test_changes_are_counted_per_kind():
     outcome = PIIFormatter(["email", "ip"])(Document("a@b.com c@d.org 8.8.8.8 10.0.0.1 9.9.9.9"))
     assert outcome.values == {"email": 2, "ip": 2}
     assert outcome.changes == 4
-    assert outcome.text == "email@example.com firstname.lastname@example.org 22.214.171.124 10.0.0.1 126.96.36.199"
+    assert (
+        outcome.text
+        == "email@example.com firstname.lastname@example.org 22.214.171.124 10.0.0.1 126.96.36.199"
+    )
 
 
 @pytest.mark.parametrize(

@@ -179,7 +179,14 @@ def test_the_readme_walkthrough_runs_from_an_unrelated_folder(installed):
     the port is a free one), and the run the later steps read is trained for two steps of a very small model
     before them (``walkthrough_run``, with the installed llm-train)."""
     from tests.conftest import SHARED_DATA
-    from tests.contract.test_examples import NOT_HERE, README, adapt, section_examples, walkthrough_inputs, walkthrough_run
+    from tests.contract.test_examples import (
+        NOT_HERE,
+        README,
+        adapt,
+        section_examples,
+        walkthrough_inputs,
+        walkthrough_run,
+    )
 
     if not (SHARED_DATA / "tokenizers" / "gpt2" / "tokenizer.json").exists():
         pytest.skip("needs the shared data folder beside the repo (GPT-2's tokenizer)")

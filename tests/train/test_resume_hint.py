@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import yaml
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -58,7 +58,9 @@ def test_a_rollback_with_a_new_lr_replaces_the_abandoned_steps(byte_data, tmp_pa
     run_dir, env = tmp_path / "run", tracked_env(cli_env)
     first = llm_train([config, "--deepspeed", DS, "-o", run_dir], env)
     assert first.returncode == 0, first.stderr[-3000:]
-    exported = {tracker: _export(tracker, run_dir, tmp_path / f"upload-{tracker}", env) for tracker in TRACKERS}
+    exported = {
+        tracker: _export(tracker, run_dir, tmp_path / f"upload-{tracker}", env) for tracker in TRACKERS
+    }
     again = llm_train(
         [config, "--deepspeed", DS, "-o", run_dir, "--resume", "4", "--rollback", "--set", "optimizer.lr=1e-4"],
         env,

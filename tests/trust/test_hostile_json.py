@@ -18,7 +18,15 @@ from hypothesis import strategies as st
 
 from llmtools.errors import InputError
 from llmtools.formats import jsonfile
-from tests.trust.hostile_json import HOSTILE, constant, deep_array, deep_object, huge_float, huge_int, record_with
+from tests.trust.hostile_json import (
+    HOSTILE,
+    constant,
+    deep_array,
+    deep_object,
+    huge_float,
+    huge_int,
+    record_with,
+)
 
 BIN = Path(sys.executable).parent
 DEPTH = getattr(jsonfile, "MAX_DEPTH", 512)

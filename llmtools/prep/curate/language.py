@@ -62,7 +62,9 @@ class LanguageFilter:
         if self.languages is None:
             if best_score > self.threshold:
                 return Outcome(meta=meta)
-            return Outcome(drop=f"{NAME}.low_score", values={"language": best, "score": best_score}, meta=meta)
+            return Outcome(
+                drop=f"{NAME}.low_score", values={"language": best, "score": best_score}, meta=meta
+            )
         wanted = dict(ranked)
         if any(wanted.get(lang, 0.0) > self.threshold for lang in self.languages):
             return Outcome(meta=meta)

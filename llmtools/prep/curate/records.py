@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from llmtools.formats import jsonfile
-from llmtools.prep.jsonl import JsonlChunk, JsonlSource, _check, _load_slow, _loads
+from llmtools.prep.jsonl import JsonlChunk, JsonlSource, RowVerdicts, _check, judge_rows
 from llmtools.prep.sources import BadRecord
 
 
@@ -39,41 +38,22 @@ class RecordBatch:
 
 def parse_chunk(chunk: JsonlChunk, text_key: str, skip_bad: bool) -> RecordBatch:
     """The records of one chunk of whole lines; with ``skip_bad=False`` it stops at the first bad one."""
-    loads = _loads()
     rows = chunk.data.split(b"\n")
     if rows[-1] == b"":
         rows.pop()  # the empty text after the final newline
-    records: list[Record] = []
-    bad: list[BadRecord] = []
-    blank = 0
-    keys = (text_key,)
-    last = chunk.first_line + len(rows) - 1
-    for number, row in enumerate(rows, chunk.first_line):
-        try:
-            obj = loads(row)
-            if jsonfile.too_deep(row) is not None:
-                raise ValueError(row)
-        except ValueError:  # JSON errors and UnicodeDecodeError alike: the one bounded parser decides
-            obj = _load_slow(row, chunk.source, number, chunk.unterminated and number == last, keys)
-            if obj is None:
-                blank += 1
-                continue
-            if isinstance(obj, BadRecord):
-                bad.append(obj)
-                if not skip_bad:
-                    break
-                continue
+
+    def check(obj, keys):
         problem = _check(obj, keys)
         if problem is None and obj[text_key] == "":
             problem = ("empty_text", f"key {text_key!r} is an empty string (no document to curate)")
-        if problem is not None:
-            kind, what = problem
-            bad.append(BadRecord(kind, f"{chunk.source}:{number}: {what}", number))
-            if not skip_bad:
-                break
-            continue
-        records.append(Record(obj, row, chunk.source, number))
-    return RecordBatch(records, bad, blank, len(chunk.data))
+        return problem
+
+    verdicts = RowVerdicts()
+    records = [
+        Record(obj, row, chunk.source, number)
+        for number, row, obj in judge_rows(chunk, rows, (text_key,), skip_bad, verdicts, check)
+    ]
+    return RecordBatch(records, verdicts.bad, verdicts.blank, len(chunk.data))
 
 
 def record_batches(source: JsonlSource, text_key: str, skip_bad: bool) -> Iterator[RecordBatch]:

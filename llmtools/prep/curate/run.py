@@ -89,7 +89,9 @@ class CurationConfig:
 class Tally:
     """The counts a run makes, and the stats record built from them."""
 
-    documents: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("in", "kept", "removed", "changed"), 0))
+    documents: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(("in", "kept", "removed", "changed"), 0)
+    )
     characters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("in", "kept", "removed"), 0))
     skipped: dict[str, int] = field(default_factory=dict)
     rules: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -219,7 +221,9 @@ def curate_record(record: Record, steps: Sequence[Step], config: CurationConfig,
         tally.documents["removed"] += 1
         tally.characters["removed"] += chars
         tally.removal(dropped[1].drop, chars)
-        return None, _removed_line(record, dropped[0], dropped[1], original if config.keep_removed_text else None)
+        return None, _removed_line(
+            record, dropped[0], dropped[1], original if config.keep_removed_text else None
+        )
     tally.documents["kept"] += 1
     tally.documents["changed"] += int(changed)
     tally.characters["kept"] += len(doc.text)
@@ -276,9 +280,10 @@ def run_curation(
         if stdout is None and paths.to_stdout:
             stdout = sys.stdout.buffer
         tally = Tally()
-        with open(removed_tmp, "wb") as removed_handle, (
-            open(out_tmp, "wb") if out_tmp is not None else _Borrowed(stdout)
-        ) as out_handle:
+        with (
+            open(removed_tmp, "wb") as removed_handle,
+            open(out_tmp, "wb") if out_tmp is not None else _Borrowed(stdout) as out_handle,
+        ):
             sink = _Sink(out_handle, "<stdout>" if paths.to_stdout else paths.output)
             removed_sink = _Sink(removed_handle, paths.removed)
             nbytes = _run(source, steps, config, tally, sink, removed_sink) if source is not None else 0
@@ -347,7 +352,9 @@ def _run(source, steps, config: CurationConfig, tally: Tally, sink: _Sink, remov
             nbytes += batch.nbytes
             secs = max(time.perf_counter() - start, 1e-9)
             docs = tally.documents
-            bar.set_postfix(f"{docs['in'] / secs:,.0f} docs/s, {docs['kept']:,} kept, {docs['removed']:,} removed")
+            bar.set_postfix(
+                f"{docs['in'] / secs:,.0f} docs/s, {docs['kept']:,} kept, {docs['removed']:,} removed"
+            )
             bar.update(batch.nbytes)
     finally:
         bar.close()
