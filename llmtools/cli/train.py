@@ -9,7 +9,8 @@ from pathlib import Path
 
 import typer
 
-from llmtools.cli._common import emit, new_app, run, skip_native_teardown
+from llmtools import launch_channel
+from llmtools.cli._common import emit, log, new_app, run, skip_native_teardown
 from llmtools.errors import UsageError
 from llmtools.formats import jsonfile
 
@@ -62,6 +63,12 @@ Examples:
 \b
   # a name (tiny, zero2) is a shipped file; a path has a '/' or an extension (my.yaml, ./tiny, ds.json)
 """
+
+def _launcher(name: str, help: str):
+    """An option of the launcher (torchrun's name and its underscore spelling): given, llm-train starts the
+    workers itself (llmtools.train.launch reads them from the command line as torchrun's parser does)."""
+    return typer.Option(None, f"--{name}", f"--{name.replace('-', '_')}", help=help, show_default=False)
+
 
 app = new_app("llm-train", "Pretrain a LLaMA-family model with DeepSpeed ZeRO.", single_command=True)
 
@@ -158,7 +165,25 @@ def train(
         hidden=True,
         help="Set by the deepspeed launcher (LOCAL_RANK is used).",
     ),
+    nproc_per_node: str | None = _launcher("nproc-per-node", "Launch: start N workers on this node (torchrun's)."),
+    nnodes: str | None = _launcher("nnodes", "Launch: the number of nodes, or MIN:MAX for an elastic job."),
+    node_rank: int | None = _launcher("node-rank", "Launch: this node's rank (static rendezvous)."),
+    master_addr: str | None = _launcher("master-addr", "Launch: node 0's address (static rendezvous)."),
+    master_port: int | None = _launcher("master-port", "Launch: node 0's port (static rendezvous)."),
+    rdzv_backend: str | None = _launcher("rdzv-backend", "Launch: the rendezvous (static | c10d)."),
+    rdzv_endpoint: str | None = _launcher("rdzv-endpoint", "Launch: the rendezvous HOST:PORT."),
+    rdzv_id: str | None = _launcher("rdzv-id", "Launch: the job's id, the same on every node."),
+    rdzv_conf: str | None = _launcher("rdzv-conf", "Launch: rendezvous settings KEY=VALUE,..."),
+    local_addr: str | None = _launcher("local-addr", "Launch: this node's address as the others reach it."),
+    max_restarts: int | None = _launcher("max-restarts", "Launch: restart failed workers up to N times."),
+    shutdown_timeout: int | None = _launcher(
+        "shutdown-timeout", "Launch: seconds the workers get to save after a stop, then SIGKILL [30]."
+    ),
 ) -> int | None:
+    launcher_options = (nproc_per_node, nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_endpoint,
+                        rdzv_id, rdzv_conf, local_addr, max_restarts, shutdown_timeout)  # fmt: skip
+    if any(value is not None for value in launcher_options):
+        return _launch(print_config is not None or dry_run)
     if print_config is not None:
         from llmtools.train.config_reference import config_text
 
@@ -262,10 +287,27 @@ def train(
         emit(str(result.run_dir / "metrics.jsonl"))
         if result.checkpoint:
             emit(str(result.checkpoint))
-    if result.stop_hint:
+    # Under llm-train's own launcher the launcher prints the resume line, after every worker has ended.
+    if result.stop_hint and not launch_channel.keep_hint(result.stop_hint):
         sys.stdout.flush()
         print(result.stop_hint, file=sys.stderr, flush=True)
     return code
+
+
+def _launch(checks_only: bool) -> int:
+    """Launcher options given: this process runs torch's elastic agent and the workers run the rest of
+    the command line (llmtools.train.launch); it exits as one process would."""
+    if checks_only:
+        raise UsageError(
+            "--print-config, --dry-run: give them without the launcher options (--nproc-per-node, --nnodes, ...)"
+        )
+    from llmtools.train.launch import launch, split_argv
+
+    outcome = launch(*split_argv(sys.argv[1:]))
+    sys.stdout.flush()
+    for line in outcome.lines:
+        log(line)
+    return outcome.code
 
 
 def _claim_run_dir(run_dir: Path, given: list[Path], cfg, force: bool) -> None:
@@ -289,9 +331,10 @@ def _claim_run_dir(run_dir: Path, given: list[Path], cfg, force: bool) -> None:
 
 def _launcher_note() -> str:
     """A rank of several, stopped by a signal before it trained: a launcher (torchrun) stops every rank
-    as soon as one ends, so the signal usually means another rank ended first, its own line says why."""
+    as soon as one ends, so the signal usually means another rank ended first, its own line says why.
+    Under llm-train's own launcher nothing is added: that launcher knows whose stop it was."""
     rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    if rank is None or world in (None, "", "1"):
+    if rank is None or world in (None, "", "1") or launch_channel.folder() is not None:
         return ""
     return (
         f" (rank {rank} of {world}: a launcher stops every rank once one has ended; when another rank "
@@ -300,7 +343,7 @@ def _launcher_note() -> str:
 
 
 def main() -> None:
-    run(app, "llm-train", interrupted_note=_launcher_note)
+    run(app, "llm-train", interrupted_note=_launcher_note, ending=launch_channel.finish)
 
 
 if __name__ == "__main__":
