@@ -64,7 +64,13 @@ def finish(code: int, line: str | None) -> bool:
     rank = os.environ.get("RANK", "")
     if not rank.isdigit():
         return False
-    report = {"rank": int(rank), "pid": os.getpid(), "code": code, "line": line, "hint": _hint[0] if _hint else None}
+    report = {
+        "rank": int(rank),
+        "pid": os.getpid(),
+        "code": code,
+        "line": line,
+        "hint": _hint[0] if _hint else None,
+    }
     target = where / f"rank{rank}.json"
     tmp = where / f".rank{rank}.{os.getpid()}.tmp"
     try:
@@ -89,6 +95,10 @@ def read_reports(where: Path) -> dict[int, dict]:
             report = jsonfile.loads(raw)
         except (OSError, ValueError):
             continue
-        if isinstance(report, dict) and isinstance(report.get("rank"), int) and isinstance(report.get("code"), int):
+        if (
+            isinstance(report, dict)
+            and isinstance(report.get("rank"), int)
+            and isinstance(report.get("code"), int)
+        ):
             out[report["rank"]] = report
     return out

@@ -33,7 +33,10 @@ Examples:
       --set training.train_steps=50 --set optimizer.lr=1e-3 --set data.mix=out/mix.json
 
 \b
-  # two processes on one machine (same losses as one process with twice the accumulation)
+  # two processes on one machine, started by llm-train itself (torchrun's options); it ends as one
+  # process does: 0, 2 for a refusal, 128 + the signal for a stop (resume line last), 1 for a crash
+  llm-train --nproc-per-node 2 tiny --deepspeed zero2 -o runs/tiny2
+  # stock torchrun and the deepspeed launcher work too (the exit status is then the launcher's)
   torchrun --nproc_per_node 2 --master_port 29512 -m llmtools.cli.train tiny --deepspeed zero2 -o runs/tiny2
   deepspeed --num_gpus 2 --master_port 29513 --module llmtools.cli.train tiny --deepspeed zero3 -o runs/tiny3
 
@@ -43,9 +46,9 @@ Examples:
   srun --ntasks-per-node 8 llm-train 1b --deepspeed ds.json -o runs/1b
 
 \b
-  # elastic: one torchrun agent per host; a lost worker restarts the job from the newest checkpoint
-  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node1:29400 --rdzv-id run1 \\
-      --max-restarts 3 -m llmtools.cli.train 1b --deepspeed ds.json -o runs/1b --resume auto
+  # elastic: one llm-train per host; a lost worker restarts the job from the newest checkpoint
+  llm-train --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node1:29400 --rdzv-id run1 \\
+      --max-restarts 3 1b --deepspeed ds.json -o runs/1b --resume auto
   # the same under Slurm, with requeue on preemption: configs/slurm/train.sbatch of the source repository
 
 \b
@@ -63,6 +66,7 @@ Examples:
 \b
   # a name (tiny, zero2) is a shipped file; a path has a '/' or an extension (my.yaml, ./tiny, ds.json)
 """
+
 
 def _launcher(name: str, help: str):
     """An option of the launcher (torchrun's name and its underscore spelling): given, llm-train starts the
@@ -101,7 +105,7 @@ def train(
         None,
         "--deepspeed",
         metavar="DS",
-        help='DeepSpeed JSON config (a path: a \'/\' or .json), or a shipped one by name (zero0 ... zero3, '
+        help="DeepSpeed JSON config (a path: a '/' or .json), or a shipped one by name (zero0 ... zero3, "
         'zero2-offload); "auto" values are filled from the train config. Required to train.',
         show_default=False,
     ),
@@ -165,7 +169,9 @@ def train(
         hidden=True,
         help="Set by the deepspeed launcher (LOCAL_RANK is used).",
     ),
-    nproc_per_node: str | None = _launcher("nproc-per-node", "Launch: start N workers on this node (torchrun's)."),
+    nproc_per_node: str | None = _launcher(
+        "nproc-per-node", "Launch: start N workers on this node (torchrun's)."
+    ),
     nnodes: str | None = _launcher("nnodes", "Launch: the number of nodes, or MIN:MAX for an elastic job."),
     node_rank: int | None = _launcher("node-rank", "Launch: this node's rank (static rendezvous)."),
     master_addr: str | None = _launcher("master-addr", "Launch: node 0's address (static rendezvous)."),
@@ -182,8 +188,6 @@ def train(
 ) -> int | None:
     launcher_options = (nproc_per_node, nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_endpoint,
                         rdzv_id, rdzv_conf, local_addr, max_restarts, shutdown_timeout)  # fmt: skip
-    if any(value is not None for value in launcher_options):
-        return _launch(print_config is not None or dry_run)
     if print_config is not None:
         from llmtools.train.config_reference import config_text
 
@@ -191,6 +195,8 @@ def train(
             raise UsageError("--print-config: give no CONFIG beside it (--print-config NAME prints one)")
         emit(config_text(print_config).removesuffix("\n"))
         return
+    if any(value is not None for value in launcher_options):
+        return _launch()
     if config is None:
         raise UsageError("CONFIG: missing (a shipped name such as tiny, or a YAML file; see --print-config)")
     if deepspeed is None:
@@ -236,6 +242,8 @@ def train(
 
         detect_environment()
         plan = check_before_compute(cfg, ds_raw, options, cpu=True).plan
+        if int(os.environ.get("RANK", "0")) != 0:  # every rank checks; one prints (as one process does)
+            return
         emit(
             jsonfile.output(
                 {
@@ -265,6 +273,9 @@ def train(
     # Stopped by a signal before the end, its state saved and resumable: the shell's 128 + the signal,
     # on every rank (a launcher sees what one process shows), after the results; the hint comes last.
     code = 128 + signal.Signals[result.stopped].value if result.stopped else 0
+    # Under llm-train's own launcher every rank hands its resume line over; each node's launcher prints
+    # one, after all its workers have ended (so it is the last line).
+    handed = bool(result.stop_hint) and launch_channel.keep_hint(result.stop_hint)
     if int(os.environ.get("RANK", "0")) != 0:
         return code
     if json_out:
@@ -287,20 +298,15 @@ def train(
         emit(str(result.run_dir / "metrics.jsonl"))
         if result.checkpoint:
             emit(str(result.checkpoint))
-    # Under llm-train's own launcher the launcher prints the resume line, after every worker has ended.
-    if result.stop_hint and not launch_channel.keep_hint(result.stop_hint):
+    if result.stop_hint and not handed:
         sys.stdout.flush()
         print(result.stop_hint, file=sys.stderr, flush=True)
     return code
 
 
-def _launch(checks_only: bool) -> int:
+def _launch() -> int:
     """Launcher options given: this process runs torch's elastic agent and the workers run the rest of
     the command line (llmtools.train.launch); it exits as one process would."""
-    if checks_only:
-        raise UsageError(
-            "--print-config, --dry-run: give them without the launcher options (--nproc-per-node, --nnodes, ...)"
-        )
     from llmtools.train.launch import launch, split_argv
 
     outcome = launch(*split_argv(sys.argv[1:]))

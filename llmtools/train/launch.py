@@ -42,7 +42,9 @@ OPTIONS = (
 )  # fmt: skip
 """The launcher's options: torchrun's, by torchrun's names (each also with underscores, as torchrun takes)."""
 
-_SPELLINGS = {f"--{name}": name for name in OPTIONS} | {f"--{name.replace('-', '_')}": name for name in OPTIONS}
+_SPELLINGS = {f"--{name}": name for name in OPTIONS} | {
+    f"--{name.replace('-', '_')}": name for name in OPTIONS
+}
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
 _STOP_CODES = {128 + signal.Signals[name].value: name for name in STOP_SIGNALS}
 WORKER_MODULE = "llmtools.cli.train"
@@ -113,7 +115,9 @@ def _run(config, entrypoint, args, folder: Path, agents: list, prog: str) -> Out
     except ChildFailedError as failed:
         return _failed(failed.failures, folder, prog)
     except (RuntimeError, ValueError, OSError) as error:  # rendezvous, ports, the store
-        raise RuntimeFailure(f"the launcher could not run its workers: {type(error).__name__}: {error}") from None
+        raise RuntimeFailure(
+            f"the launcher could not run its workers: {type(error).__name__}: {error}"
+        ) from None
     finally:
         api.LocalElasticAgent = stock
     return Outcome(0)
@@ -136,7 +140,12 @@ def _config(launcher_argv: list[str], worker_argv: list[str]):
     args = parser.parse_args([*launcher_argv, "--module", WORKER_MODULE, *worker_argv])
     try:
         _, max_nodes = torchrun.parse_min_max_nnodes(args.nnodes)
-        if args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None and max_nodes == 1:
+        if (
+            args.rdzv_backend == "static"
+            and not args.rdzv_endpoint
+            and args.master_port is None
+            and max_nodes == 1
+        ):
             args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
         if args.master_port is None:
             args.master_port = 29500
@@ -180,7 +189,8 @@ def _agent_class(stock, folder: Path, agents: list):
 
 def _all_stops(failures: dict, reports: dict) -> bool:
     return bool(failures) and all(
-        f.exitcode in _STOP_CODES and reports.get(rank, {}).get("code") == f.exitcode for rank, f in failures.items()
+        f.exitcode in _STOP_CODES and reports.get(rank, {}).get("code") == f.exitcode
+        for rank, f in failures.items()
     )
 
 
@@ -203,7 +213,11 @@ def _stopped(name: str, folder: Path, agents: list, timeout, prog: str) -> Outco
 
 def _local_ranks(agents: list) -> list[int]:
     group = getattr(agents[-1], "_worker_group", None) if agents else None
-    return sorted(w.global_rank for w in getattr(group, "workers", []) if w.global_rank is not None and w.global_rank >= 0)
+    return sorted(
+        w.global_rank
+        for w in getattr(group, "workers", [])
+        if w.global_rank is not None and w.global_rank >= 0
+    )
 
 
 def _failed(failures: dict, folder: Path, prog: str) -> Outcome:

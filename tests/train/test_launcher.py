@@ -73,7 +73,9 @@ def test_sigterm_to_the_launcher_saves_exits_143_and_its_resume_line_resumes(byt
     it resumes and stops the same way."""
     config = write_config(tmp_path / "train.yaml", byte_data["mix"], {"training": {"train_steps": 600}})
     run = tmp_path / "run"
-    code, out, err = _signal_after_first_step(_launched(config, run, "--json"), run, signal.SIGTERM, _env(), tmp_path)
+    code, out, err = _signal_after_first_step(
+        _launched(config, run, "--json"), run, signal.SIGTERM, _env(), tmp_path
+    )
     assert code == 143, err[-3000:]
     result = json.loads(out)
     assert result["stopped"] == "SIGTERM" and result["steps"] < 600, result
@@ -94,15 +96,18 @@ def test_sigterm_to_the_launcher_saves_exits_143_and_its_resume_line_resumes(byt
     assert any(r["kind"] == "event" and r["event"] == "resume" for r in resumed)
     assert max(r["step"] for r in resumed if r["kind"] == "train") == result["steps"] + 1
     step = run / "checkpoints" / f"step_{result['steps'] + 1:08d}"
-    assert again.stderr.strip().splitlines()[-1].startswith(
-        f"stopped by SIGTERM: saved {step}; resume with: llm-train "
+    assert (
+        again.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"stopped by SIGTERM: saved {step}; resume with: llm-train ")
     ), again.stderr[-3000:]
 
 
 @pytest.mark.slow
 def test_a_killed_worker_exits_1_with_one_line_for_that_rank(byte_data, tmp_path):
-    """kill -9 of rank 1 mid-training: exit 1, one line naming rank 1 and its signal; rank 0, which the
-    launcher stops because its peer is gone, does not claim to have been interrupted."""
+    """kill -9 of rank 1 mid-training: exit 1, one line per failed rank, rank 1's naming its signal; rank 0
+    ends by itself (its peer is gone, its line says so) or is stopped by the launcher, and never claims
+    to have been interrupted."""
     config = write_config(tmp_path / "train.yaml", byte_data["mix"], {"training": {"train_steps": 600}})
     run = tmp_path / "run"
 
@@ -117,8 +122,23 @@ def test_a_killed_worker_exits_1_with_one_line_for_that_rank(byte_data, tmp_path
                                               targets=rank_1)  # fmt: skip
     assert code == 1, err[-3000:]
     failed = [line for line in err.splitlines() if line.startswith("llm-train: error: rank ")]
-    assert len(failed) == 1 and re.match(r"llm-train: error: rank 1 \(local rank 1, pid \d+\) was killed by SIGKILL",
-                                         failed[0]), err[-3000:]  # fmt: skip
-    assert err.strip().splitlines()[-1] == failed[0], err[-3000:]
+    assert err.strip().splitlines()[-len(failed) :] == failed, err[-3000:]  # the summary ends the output
+    killed = r"llm-train: error: rank 1 \(local rank 1, pid \d+\) was killed by SIGKILL: it left no message"
+    assert re.match(killed, failed[-1]), err[-3000:]
+    if len(failed) == 2:  # rank 0 saw its peer go before the launcher stopped it
+        assert re.match(
+            r"llm-train: error: rank 0 \(local rank 0, pid \d+\) exited 1: rank 0: lost rank 1 ", failed[0]
+        )
+    assert len(failed) in (1, 2), err[-3000:]
     assert "received SIGTERM" not in err
     _no_launcher_noise(err)
+
+
+def test_a_dry_run_under_the_launcher_checks_every_rank_and_prints_one_plan(byte_data, tmp_path):
+    """The plan of two ranks (global batch 8 = 2 ranks x micro 4: no accumulation), printed once."""
+    config = write_config(tmp_path / "train.yaml", byte_data["mix"], {"training": {"train_steps": 2}})
+    done = subprocess.run(_launched(config, tmp_path / "run", "--dry-run", "--json"), cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=BOUND)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = json.loads(done.stdout)  # one object
+    assert plan["grad_accumulation"] == 1 and plan["deepspeed"]["train_batch_size"] == 8, plan
