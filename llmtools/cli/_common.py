@@ -80,7 +80,12 @@ def run(app: typer.Typer, prog: str, interrupted_note=None, ending=None) -> None
     code = 0
     _ENDING[:] = [ending] if ending is not None else []
     try:
-        result = _with_version(app, prog)(prog_name=prog, standalone_mode=False)
+        try:
+            result = _with_version(app, prog)(prog_name=prog, standalone_mode=False)
+        finally:
+            # The command is over, whichever way: a signal from now on (a launcher stopping every rank
+            # once one has ended) must not turn its ending into a traceback.
+            interrupt.ending()
         code = result if isinstance(result, int) and not isinstance(result, bool) else 0
     except (Interrupted, KeyboardInterrupt) as stop:
         code = _interrupted(prog, stop, interrupted_note)

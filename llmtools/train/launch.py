@@ -113,7 +113,7 @@ def _run(config, entrypoint, args, folder: Path, agents: list, prog: str) -> Out
     except SignalException as stop:
         return _stopped(stop.sigval.name, folder, agents, config.shutdown_timeout, prog)
     except ChildFailedError as failed:
-        return _failed(failed.failures, folder, prog)
+        return _failed(_own(failed.failures, agents[-1].ended_first if agents else None), folder, prog)
     except (RuntimeError, ValueError, OSError) as error:  # rendezvous, ports, the store
         raise RuntimeFailure(
             f"the launcher could not run its workers: {type(error).__name__}: {error}"
@@ -155,11 +155,17 @@ def _config(launcher_argv: list[str], worker_argv: list[str]):
 
 
 def _agent_class(stock, folder: Path, agents: list):
-    """torch's agent, told to mark its own stops and to leave a signal stop alone (no restart)."""
+    """torch's agent, told to mark its own stops, to remember which workers ended by themselves, and to
+    leave a signal stop alone (no restart)."""
+
+    def mark() -> None:
+        with contextlib.suppress(OSError):
+            (folder / launch_channel.STOP_MARK).touch()
 
     class Agent(stock):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
+            self.ended_first: set[int] | None = None  # local ranks that had ended when the round was closed
             agents.append(self)
 
         def _start_workers(self, worker_group):
@@ -167,24 +173,58 @@ def _agent_class(stock, folder: Path, agents: list):
             for path in folder.glob("*"):
                 if path.is_file():
                     path.unlink(missing_ok=True)
-            return super()._start_workers(worker_group)
+            self.ended_first = None
+            started = super()._start_workers(worker_group)
+            self._watch_close()
+            return started
+
+        def _watch_close(self) -> None:
+            # torch closes a round from inside its poll as soon as one worker has failed: it SIGTERMs the
+            # others, then counts their exits among the failures. Before that SIGTERM goes out, the
+            # workers that had already ended are noted (only theirs is the round's outcome) and, when
+            # one of them failed, the stop is marked as the launcher's own, so the others neither
+            # announce a stop nor pass for interrupted by the user. A signal the user sends this process
+            # closes the round with every worker still running: no mark, theirs is the user's stop.
+            pcontext = self._pcontext
+            handlers = getattr(pcontext, "subprocess_handlers", None)
+            if pcontext is None or handlers is None:
+                return
+            close = pcontext.close
+
+            def close_noted(*args, **kwargs):
+                if self.ended_first is None:
+                    codes = {local: handler.proc.poll() for local, handler in handlers.items()}
+                    self.ended_first = {local for local, code in codes.items() if code is not None}
+                    if any(code not in (None, 0) for code in codes.values()):
+                        mark()
+                return close(*args, **kwargs)
+
+            pcontext.close = close_noted
 
         def _stop_workers(self, worker_group):
-            # torch stops a round's workers itself only when one has ended (or a node joins): the
-            # SIGTERM they get is not the user's; the mark lets them say nothing of a stop.
-            with contextlib.suppress(OSError):
-                (folder / launch_channel.STOP_MARK).touch()
+            # torch stops a round's workers through this when one has ended or a node joins: the
+            # SIGTERM they get is not the user's.
+            mark()
             super()._stop_workers(worker_group)
 
         def _monitor_workers(self, worker_group):
             result = super()._monitor_workers(worker_group)
-            if result.is_failed() and _all_stops(result.failures, launch_channel.read_reports(folder)):
+            failures = _own(result.failures, self.ended_first) if result.is_failed() else {}
+            if failures and _all_stops(failures, launch_channel.read_reports(folder)):
                 # Workers stopped by a signal saved and said so: that is the end the user asked for,
                 # not a failure for --max-restarts to retry.
                 self._remaining_restarts = 0
             return result
 
     return Agent
+
+
+def _own(failures: dict, ended_first: set[int] | None) -> dict:
+    """The failures of the workers that ended by themselves (not those the agent stopped afterwards)."""
+    if not ended_first:
+        return failures
+    own = {rank: f for rank, f in failures.items() if f.local_rank in ended_first}
+    return own or failures
 
 
 def _all_stops(failures: dict, reports: dict) -> bool:

@@ -128,7 +128,7 @@ def test_a_killed_worker_exits_1_with_one_line_for_that_rank(byte_data, tmp_path
     if len(failed) == 2:  # rank 0 saw its peer go before the launcher stopped it
         assert re.match(
             r"llm-train: error: rank 0 \(local rank 0, pid \d+\) exited 1: rank 0: lost rank 1 ", failed[0]
-        )
+        ), err
     assert len(failed) in (1, 2), err[-3000:]
     assert "received SIGTERM" not in err
     _no_launcher_noise(err)
