@@ -11,6 +11,7 @@ import re
 import shlex
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -69,13 +70,12 @@ def test_bad_launcher_options_are_refused_before_any_worker_starts(tmp_path):
 def test_sigterm_to_the_launcher_saves_exits_143_and_its_resume_line_resumes(byte_data, tmp_path):
     """SIGTERM to the launcher alone (as `kill PID` of the job): it forwards the signal, the workers save,
     it exits 143, rank 0's --json says stopped, and the last line is the launch line with --resume auto.
-    Pasted (with a worker stopping itself after one step: a signal sent to the workers, not the launcher),
-    it resumes and stops the same way."""
+    Pasted (with the workers stopping themselves after one step: a signal sent to the workers, not the
+    launcher), it resumes and stops the same way, and --max-restarts does not restart a stop."""
     config = write_config(tmp_path / "train.yaml", byte_data["mix"], {"training": {"train_steps": 600}})
     run = tmp_path / "run"
-    code, out, err = _signal_after_first_step(
-        _launched(config, run, "--json"), run, signal.SIGTERM, _env(), tmp_path
-    )
+    argv = _launched(config, run, "--json", "--max-restarts", "1")
+    code, out, err = _signal_after_first_step(argv, run, signal.SIGTERM, _env(), tmp_path)
     assert code == 143, err[-3000:]
     result = json.loads(out)
     assert result["stopped"] == "SIGTERM" and result["steps"] < 600, result
@@ -87,6 +87,7 @@ def test_sigterm_to_the_launcher_saves_exits_143_and_its_resume_line_resumes(byt
     assert err.count("stopped by SIGTERM: saved") == 1, err[-3000:]
     line = shlex.split(last.removeprefix(hint))
     assert line[:3] == ["llm-train", "--nproc-per-node", "2"] and line[-2:] == ["--resume", "auto"], line
+    assert "--max-restarts" in line, line
     _no_launcher_noise(err)
 
     again = subprocess.run([str(BIN / "llm-train"), *line[1:]], cwd=tmp_path, capture_output=True, text=True,
@@ -142,3 +143,29 @@ def test_a_dry_run_under_the_launcher_checks_every_rank_and_prints_one_plan(byte
     assert done.returncode == 0, done.stderr[-3000:]
     plan = json.loads(done.stdout)  # one object
     assert plan["grad_accumulation"] == 1 and plan["deepspeed"]["train_batch_size"] == 8, plan
+
+
+@pytest.mark.slow
+def test_with_max_restarts_a_killed_worker_is_restarted_and_the_run_resumes_to_its_end(byte_data, tmp_path):
+    """kill -9 of rank 1 once step 2 is saved, --max-restarts 1 and --resume auto: the launcher restarts
+    both workers, they continue from the newest checkpoint, the run ends at its last step and exits 0."""
+    cell = {"training": {"train_steps": 12}, "checkpoint": {"save_every": 2, "save_final": True}}
+    config = write_config(tmp_path / "train.yaml", byte_data["mix"], cell)
+    run = tmp_path / "run"
+    argv = _launched(config, run, "--json", "--max-restarts", "1", "--resume", "auto")
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    saved = run / "checkpoints" / "step_00000002" / "meta.json"
+    deadline = time.monotonic() + BOUND
+    while not saved.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in _workers(proc.pid):
+        if b"RANK=1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            os.kill(pid, signal.SIGKILL)
+    out, err = (x.decode() for x in proc.communicate(timeout=BOUND))
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out)
+    assert result["steps"] == 12 and result["stopped"] is None, result
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    resumed = [r for r in records if r["kind"] == "event" and r["event"] == "resume"]
+    assert len(resumed) == 1 and resumed[0]["step"] >= 2, err[-3000:]
+    _no_launcher_noise(err)
