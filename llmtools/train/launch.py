@@ -104,6 +104,7 @@ def launch(launcher_argv: list[str], worker_argv: list[str], prog: str = "llm-tr
 def _run(config, entrypoint, args, folder: Path, agents: list, prog: str) -> Outcome:
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher import api
 
     stock = api.LocalElasticAgent
@@ -114,9 +115,12 @@ def _run(config, entrypoint, args, folder: Path, agents: list, prog: str) -> Out
         return _stopped(stop.sigval.name, folder, agents, config.shutdown_timeout, prog)
     except ChildFailedError as failed:
         return _failed(_own(failed.failures, agents[-1].ended_first if agents else None), folder, prog)
-    except (RuntimeError, ValueError, OSError) as error:  # rendezvous, ports, the store
+    except (RendezvousError, RuntimeError, ValueError, OSError) as error:  # rendezvous, ports, the store
+        said = " ".join(str(error).split())
+        where = f"{config.rdzv_backend} rendezvous at {config.rdzv_endpoint or 'localhost'}"
         raise RuntimeFailure(
-            f"the launcher could not run its workers: {type(error).__name__}: {error}"
+            f"the launcher could not run its workers: {type(error).__name__}{': ' + said if said else ''} "
+            f"({where}, {config.min_nodes}..{config.max_nodes} node(s))"
         ) from None
     finally:
         api.LocalElasticAgent = stock

@@ -169,3 +169,31 @@ def test_with_max_restarts_a_killed_worker_is_restarted_and_the_run_resumes_to_i
     resumed = [r for r in records if r["kind"] == "event" and r["event"] == "resume"]
     assert len(resumed) == 1 and resumed[0]["step"] >= 2, err[-3000:]
     _no_launcher_noise(err)
+
+
+def test_the_launcher_options_are_split_from_the_workers_arguments_in_either_spelling():
+    from llmtools.train.launch import split_argv
+
+    argv = ["--nproc-per-node", "2", "tiny", "--nnodes=1:2", "--deepspeed", "zero2", "--max_restarts", "3",
+            "--set", "training.train_steps=5", "-o", "runs/t", "--rdzv-conf=join_timeout=5"]  # fmt: skip
+    launcher, worker = split_argv(argv)
+    assert launcher == [
+        "--nproc-per-node",
+        "2",
+        "--nnodes=1:2",
+        "--max_restarts",
+        "3",
+        "--rdzv-conf=join_timeout=5",
+    ]
+    assert worker == ["tiny", "--deepspeed", "zero2", "--set", "training.train_steps=5", "-o", "runs/t"]
+
+
+def test_every_launcher_option_is_an_option_of_llm_train():
+    """The options the launcher takes off the command line are the ones llm-train declares (both spellings)."""
+    from llmtools.train.launch import OPTIONS
+
+    shown = subprocess.run(
+        [str(BIN / "llm-train"), "--help"], capture_output=True, text=True, env=_env()
+    ).stdout
+    for name in OPTIONS:
+        assert f"--{name}, --{name.replace('-', '_')}" in shown, name
