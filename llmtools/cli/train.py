@@ -68,10 +68,11 @@ Examples:
 """
 
 
-def _launcher(name: str, help: str):
+def _launcher(name: str, metavar: str, help: str):
     """An option of the launcher (torchrun's name and its underscore spelling): given, llm-train starts the
     workers itself (llmtools.train.launch reads them from the command line as torchrun's parser does)."""
-    return typer.Option(None, f"--{name}", f"--{name.replace('-', '_')}", help=help, show_default=False)
+    names = dict.fromkeys((f"--{name}", f"--{name.replace('-', '_')}"))
+    return typer.Option(None, *names, metavar=metavar, help=help, show_default=False)
 
 
 app = new_app("llm-train", "Pretrain a LLaMA-family model with DeepSpeed ZeRO.", single_command=True)
@@ -170,20 +171,28 @@ def train(
         help="Set by the deepspeed launcher (LOCAL_RANK is used).",
     ),
     nproc_per_node: str | None = _launcher(
-        "nproc-per-node", "Launch: start N workers on this node (torchrun's)."
+        "nproc-per-node", "N", "Launch: start N workers on this node (torchrun's)."
     ),
-    nnodes: str | None = _launcher("nnodes", "Launch: the number of nodes, or MIN:MAX for an elastic job."),
-    node_rank: int | None = _launcher("node-rank", "Launch: this node's rank (static rendezvous)."),
-    master_addr: str | None = _launcher("master-addr", "Launch: node 0's address (static rendezvous)."),
-    master_port: int | None = _launcher("master-port", "Launch: node 0's port (static rendezvous)."),
-    rdzv_backend: str | None = _launcher("rdzv-backend", "Launch: the rendezvous (static | c10d)."),
-    rdzv_endpoint: str | None = _launcher("rdzv-endpoint", "Launch: the rendezvous HOST:PORT."),
-    rdzv_id: str | None = _launcher("rdzv-id", "Launch: the job's id, the same on every node."),
-    rdzv_conf: str | None = _launcher("rdzv-conf", "Launch: rendezvous settings KEY=VALUE,..."),
-    local_addr: str | None = _launcher("local-addr", "Launch: this node's address as the others reach it."),
-    max_restarts: int | None = _launcher("max-restarts", "Launch: restart failed workers up to N times."),
+    nnodes: str | None = _launcher(
+        "nnodes", "N|MIN:MAX", "Launch: the number of nodes, or MIN:MAX for an elastic job."
+    ),
+    node_rank: int | None = _launcher("node-rank", "I", "Launch: this node's rank (static rendezvous)."),
+    master_addr: str | None = _launcher(
+        "master-addr", "HOST", "Launch: node 0's address (static rendezvous)."
+    ),
+    master_port: int | None = _launcher("master-port", "PORT", "Launch: node 0's port (static rendezvous)."),
+    rdzv_backend: str | None = _launcher("rdzv-backend", "NAME", "Launch: the rendezvous (static | c10d)."),
+    rdzv_endpoint: str | None = _launcher("rdzv-endpoint", "HOST:PORT", "Launch: the rendezvous HOST:PORT."),
+    rdzv_id: str | None = _launcher("rdzv-id", "ID", "Launch: the job's id, the same on every node."),
+    rdzv_conf: str | None = _launcher("rdzv-conf", "K=V,...", "Launch: rendezvous settings KEY=VALUE,..."),
+    local_addr: str | None = _launcher(
+        "local-addr", "HOST", "Launch: this node's address as the others reach it."
+    ),
+    max_restarts: int | None = _launcher(
+        "max-restarts", "N", "Launch: restart failed workers up to N times."
+    ),
     shutdown_timeout: int | None = _launcher(
-        "shutdown-timeout", "Launch: seconds the workers get to save after a stop, then SIGKILL [30]."
+        "shutdown-timeout", "S", "Launch: seconds the workers get to save after a stop, then SIGKILL [30]."
     ),
 ) -> int | None:
     launcher_options = (nproc_per_node, nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_endpoint,
