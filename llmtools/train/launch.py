@@ -77,9 +77,13 @@ class Outcome:
 
 def launch(launcher_argv: list[str], worker_argv: list[str], prog: str = "llm-train") -> Outcome:
     """Run the workers under torch's elastic agent and map how they ended (module docstring)."""
-    with _quiet_torch():
-        config, entrypoint, args = _config(launcher_argv, worker_argv)
     folder = Path(tempfile.mkdtemp(prefix="llm-train-launch-"))
+    try:
+        with _quiet_torch():
+            config, entrypoint, args = _config(launcher_argv, worker_argv, folder / "torch")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     handlers = {name: signal.getsignal(signal.Signals[name]) for name in STOP_SIGNALS}
     saved_env = {key: os.environ.get(key) for key in (launch_channel.ENV_DIR, launch_channel.ENV_PID)}
     os.environ[launch_channel.ENV_DIR] = str(folder)
@@ -127,9 +131,10 @@ def _run(config, entrypoint, args, folder: Path, agents: list, prog: str) -> Out
     return Outcome(0)
 
 
-def _config(launcher_argv: list[str], worker_argv: list[str]):
+def _config(launcher_argv: list[str], worker_argv: list[str], log_dir: Path):
     """torchrun's LaunchConfig, entry point and arguments for these options (torchrun's parser and its
-    defaults: one node with no rendezvous endpoint and no --master-port takes a free local port)."""
+    defaults: one node with no rendezvous endpoint and no --master-port takes a free local port). torch's
+    own files (its per-worker error files) go under ``log_dir``, removed with the launcher's folder."""
     import uuid
 
     from torch.distributed import run as torchrun
@@ -142,6 +147,7 @@ def _config(launcher_argv: list[str], worker_argv: list[str]):
 
     parser.error = refuse
     args = parser.parse_args([*launcher_argv, "--module", WORKER_MODULE, *worker_argv])
+    args.log_dir = str(log_dir)
     try:
         _, max_nodes = torchrun.parse_min_max_nnodes(args.nnodes)
         if (
