@@ -1,10 +1,11 @@
 """How this process was started, as a command line a user can paste to start it the same way again.
 
 A worker of ``llm-train --nproc-per-node ...`` is the child of that llm-train, which names itself in the
-environment (``llmtools.launch_channel``); a worker of ``torchrun`` (or ``python -m torch.distributed.run``) is the child of the launcher's agent; a
-worker of the ``deepspeed`` launcher the grandchild of the ``deepspeed`` command (through
-``deepspeed.launcher.launch``); under Slurm the job itself is requeued. The launchers' command lines are
-read from ``/proc/<pid>/cmdline``; where that is not readable the plain command is what is known.
+environment (``llmtools.launch_channel``); a worker of ``torchrun`` (or ``python -m torch.distributed.run``)
+is the child of the launcher's agent; a worker of the ``deepspeed`` launcher the grandchild of the
+``deepspeed`` command (through ``deepspeed.launcher.launch``); under Slurm the job itself is requeued. The
+launchers' command lines are read from ``/proc/<pid>/cmdline``; where that is not readable the plain command
+is what is known.
 """
 
 from __future__ import annotations
