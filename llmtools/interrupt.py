@@ -39,6 +39,7 @@ _abort_hooks: list = []  # run before exiting on a second signal (fsutil registe
 _depth = 0  # nesting of critical() in the main thread
 _held: int | None = None  # a signal that arrived inside critical()
 _raised: int | None = None  # the signal already turned into an exception
+_ending = False  # the command has ended: a signal no longer raises (see ending())
 _blocked_before: set = set()  # what install() unblocked, blocked again by restore()
 _commit = threading.Lock()  # held by the outermost critical() section; the watchdog takes it to stop
 _watch: dict = {}  # the running watchdog: its pipe, thread and the wakeup fd it replaced
@@ -53,6 +54,8 @@ def _handle(signum: int, _frame) -> None:
         # Asked twice: stop now, but still leave nothing half-written behind.
         _run_abort_hooks()
         os._exit(128 + signum)
+    if _ending:
+        return  # the command is ending with its own exit status; its work is done or abandoned
     if _depth:
         _held = signum
         return
@@ -78,10 +81,11 @@ def install(prog: str = "llmtools", bound_s: float | None = STOP_BOUND_S) -> dic
     """Turn SIGTERM/SIGHUP/SIGINT into exceptions in this process (main thread only; no-op elsewhere),
     and end the process at most ``bound_s`` seconds after one of them (``None``: no bound), naming
     ``prog`` in the line it writes then. Returns the handlers it replaced, for :func:`restore`."""
-    global _raised, _held, _blocked_before
+    global _raised, _held, _blocked_before, _ending
     if threading.current_thread() is not threading.main_thread():
         return {}
     _raised = _held = None
+    _ending = False
     previous = {}
     for signum in HANDLED:
         if signal.getsignal(signum) is signal.SIG_IGN:
@@ -183,6 +187,15 @@ def _watchdog(read: int, cancel: threading.Event, prog: str, bound_s: float, std
     with contextlib.suppress(OSError):
         os.write(stderr if stderr >= 0 else 2, line.encode("utf-8", "replace"))
     os._exit(128 + signum)
+
+
+def ending() -> None:
+    """The command has ended (its exit status is decided, its cleanup under way): from now on a signal is
+    no longer raised as an exception: the process ends with the status its command decided. A launcher that stops
+    every rank once one has ended sends its SIGTERM just as a rank finishes; raised then, in the last
+    cleanup, it would end a finished command with a traceback and another exit status."""
+    global _ending
+    _ending = True
 
 
 def reset_in_child() -> None:

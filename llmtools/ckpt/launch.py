@@ -1,9 +1,11 @@
 """How this process was started, as a command line a user can paste to start it the same way again.
 
-A worker of ``torchrun`` (or ``python -m torch.distributed.run``) is the child of the launcher's agent; a
-worker of the ``deepspeed`` launcher the grandchild of the ``deepspeed`` command (through
-``deepspeed.launcher.launch``); under Slurm the job itself is requeued. The launchers' command lines are
-read from ``/proc/<pid>/cmdline``; where that is not readable the plain command is what is known.
+A worker of ``llm-train --nproc-per-node ...`` is the child of that llm-train, which names itself in the
+environment (``llmtools.launch_channel``); a worker of ``torchrun`` (or ``python -m torch.distributed.run``)
+is the child of the launcher's agent; a worker of the ``deepspeed`` launcher the grandchild of the
+``deepspeed`` command (through ``deepspeed.launcher.launch``); under Slurm the job itself is requeued. The
+launchers' command lines are read from ``/proc/<pid>/cmdline``; where that is not readable the plain command
+is what is known.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import os
 import shlex
 import sys
 from pathlib import Path
+
+from llmtools.launch_channel import ENV_PID
 
 # Flags of ours that start a run over or pick a checkpoint: the continuation passes --resume auto instead.
 _DROP_WITH_VALUE = ("--resume",)
@@ -82,7 +86,8 @@ def _as_typed(argv: list[str], orig_argv: list[str] | None) -> list[str]:
 def launcher_argv(
     env: dict | None = None, argv: list[str] | None = None, orig_argv: list[str] | None = None
 ) -> tuple[str, list[str]]:
-    """(kind, command line) of how this process was started: kind is ``torchrun``, ``deepspeed``,
+    """(kind, command line) of how this process was started: kind is ``llm-train`` (a worker of
+    ``llm-train --nproc-per-node ...``), ``torchrun``, ``deepspeed``,
     ``slurm`` (the command line is then the job's id) or ``plain``. ``orig_argv``: the interpreter's
     command line (``sys.orig_argv`` when ``argv`` is this process's own)."""
     env = os.environ if env is None else env
@@ -90,6 +95,10 @@ def launcher_argv(
         argv, orig_argv = list(sys.argv), list(getattr(sys, "orig_argv", []))
     argv = list(argv)
     parent = _parent(os.getpid())
+    if parent is not None and env.get(ENV_PID, "").isdigit() and int(env[ENV_PID]) == parent:
+        launcher = _cmdline(parent)  # llm-train --nproc-per-node ...: its own launcher
+        if launcher:
+            return "llm-train", _readable(launcher)
     if env.get("TORCHELASTIC_RUN_ID") and parent is not None:
         launcher = _cmdline(parent)
         if launcher and _is_torchrun(launcher):

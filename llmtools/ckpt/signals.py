@@ -29,6 +29,7 @@ import signal
 import sys
 
 from llmtools.ckpt import dist
+from llmtools.launch_channel import stopped_by_launcher
 
 # SIGHUP (the terminal or ssh session closed) and SIGQUIT (some schedulers' quit) would otherwise end the
 # run at once without a checkpoint; they are a request to stop like SIGTERM.
@@ -51,7 +52,8 @@ class StopRequested:
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signum = signum
-        if self.announce:
+        # llm-train's launcher stopping this rank because a peer ended: not a stop the user asked for.
+        if self.announce and not stopped_by_launcher():
             print(
                 f"received {self.signal_name}: finishing the current step, then saving a checkpoint if every "
                 "rank is still there (press Ctrl-C again to abort at once)",

@@ -68,7 +68,10 @@ def _leave(code: int) -> None:
     exit_without_native_teardown(code)
 
 
-def run(app: typer.Typer, prog: str, interrupted_note=None) -> None:
+_ENDING: list = []  # the ending hook of the command being run (see run)
+
+
+def run(app: typer.Typer, prog: str, interrupted_note=None, ending=None) -> None:
     """Invoke a typer app under the one error model.
 
     SIGTERM, SIGHUP and SIGINT become :class:`Interrupted` in the main thread (see :mod:`llmtools.interrupt`),
@@ -76,15 +79,23 @@ def run(app: typer.Typer, prog: str, interrupted_note=None) -> None:
     removed before the process exits, however it exits. click runs in non-standalone mode so that its own
     handling (an "Aborted!" for an EOFError, a blank line and exit 1 for Ctrl-C) never replaces ours.
     ``interrupted_note()``: what the line of an interrupted command adds (llm-train: why a launcher's rank
-    may be stopped).
+    may be stopped). ``ending(code, line)``: told how the command ends (its last line, or None) before it
+    exits; when it returns True it has taken the line, which is then not printed (llm-train's workers
+    hand theirs to the launcher that started them).
     """
     from llmtools import interrupt
     from llmtools.fsutil import remove_temporaries
 
     previous = interrupt.install(prog)
     code = 0
+    _ENDING[:] = [ending] if ending is not None else []
     try:
-        result = _with_version(app, prog)(prog_name=prog, standalone_mode=False)
+        try:
+            result = _with_version(app, prog)(prog_name=prog, standalone_mode=False)
+        finally:
+            # The command is over, whichever way: a signal from now on (a launcher stopping every rank
+            # once one has ended) must not turn its ending into a traceback.
+            interrupt.ending()
         code = result if isinstance(result, int) and not isinstance(result, bool) else 0
     except (Interrupted, KeyboardInterrupt) as stop:
         code = _interrupted(prog, stop, interrupted_note)
@@ -116,6 +127,10 @@ def run(app: typer.Typer, prog: str, interrupted_note=None) -> None:
     finally:
         remove_temporaries()
         interrupt.restore(previous)
+    if _ENDING and not _LAST_SAID:
+        _ENDING[0](code, None)
+    _ENDING.clear()
+    _LAST_SAID.clear()
     _leave(code)
 
 
@@ -146,8 +161,9 @@ def _interrupted(prog: str, stop: BaseException, note=None) -> int:
     remove_temporaries()
     name = str(stop) if isinstance(stop, Interrupted) else "SIGINT"
     extra = note() if note is not None else ""
-    log(f"{prog}: interrupted by {name}; temporaries removed, nothing half-written left{extra}")
-    return interrupt.exit_code(stop)
+    code = interrupt.exit_code(stop)
+    _last_line(f"{prog}: interrupted by {name}; temporaries removed, nothing half-written left{extra}", code)
+    return code
 
 
 def _other(prog: str, error: Exception) -> int:
@@ -172,8 +188,20 @@ def _internal(error: BaseException) -> str:
 
 
 def _fail(prog: str, message: str, code: int) -> int:
-    log(f"{prog}: error: {' '.join(message.splitlines())}")
+    _last_line(f"{prog}: error: {' '.join(message.splitlines())}", code)
     return code
+
+
+_LAST_SAID: list = []  # the ending hook was told the last line already
+
+
+def _last_line(line: str, code: int) -> None:
+    """The command's last line: to the ending hook of :func:`run` if it takes it, else to stderr."""
+    if _ENDING:
+        _LAST_SAID.append(line)
+        if _ENDING[0](code, line):
+            return
+    log(line)
 
 
 class StdoutGone(Exception):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import typer
 
-from llmtools.cli._common import emit, new_app, run, skip_native_teardown
+from llmtools import launch_channel
+from llmtools.cli._common import emit, log, new_app, run, skip_native_teardown
 from llmtools.errors import UsageError
 from llmtools.formats import jsonfile
 
@@ -32,7 +33,10 @@ Examples:
       --set training.train_steps=50 --set optimizer.lr=1e-3 --set data.mix=out/mix.json
 
 \b
-  # two processes on one machine (same losses as one process with twice the accumulation)
+  # two processes on one machine, started by llm-train itself (torchrun's options); it ends as one
+  # process does: 0, 2 for a refusal, 128 + the signal for a stop (resume line last), 1 for a crash
+  llm-train --nproc-per-node 2 tiny --deepspeed zero2 -o runs/tiny2
+  # stock torchrun and the deepspeed launcher work too (the exit status is then the launcher's)
   torchrun --nproc_per_node 2 --master_port 29512 -m llmtools.cli.train tiny --deepspeed zero2 -o runs/tiny2
   deepspeed --num_gpus 2 --master_port 29513 --module llmtools.cli.train tiny --deepspeed zero3 -o runs/tiny3
 
@@ -42,9 +46,9 @@ Examples:
   srun --ntasks-per-node 8 llm-train 1b --deepspeed ds.json -o runs/1b
 
 \b
-  # elastic: one torchrun agent per host; a lost worker restarts the job from the newest checkpoint
-  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node1:29400 --rdzv-id run1 \\
-      --max-restarts 3 -m llmtools.cli.train 1b --deepspeed ds.json -o runs/1b --resume auto
+  # elastic: one llm-train per host; a lost worker restarts the job from the newest checkpoint
+  llm-train --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node1:29400 --rdzv-id run1 \\
+      --max-restarts 3 1b --deepspeed ds.json -o runs/1b --resume auto
   # the same under Slurm, with requeue on preemption: configs/slurm/train.sbatch of the source repository
 
 \b
@@ -62,6 +66,14 @@ Examples:
 \b
   # a name (tiny, zero2) is a shipped file; a path has a '/' or an extension (my.yaml, ./tiny, ds.json)
 """
+
+
+def _launcher(name: str, metavar: str, help: str):
+    """An option of the launcher (torchrun's name and its underscore spelling): given, llm-train starts the
+    workers itself (llmtools.train.launch reads them from the command line as torchrun's parser does)."""
+    names = dict.fromkeys((f"--{name}", f"--{name.replace('-', '_')}"))
+    return typer.Option(None, *names, metavar=metavar, help=help, show_default=False)
+
 
 app = new_app("llm-train", "Pretrain a LLaMA-family model with DeepSpeed ZeRO.", single_command=True)
 
@@ -94,7 +106,7 @@ def train(
         None,
         "--deepspeed",
         metavar="DS",
-        help='DeepSpeed JSON config (a path: a \'/\' or .json), or a shipped one by name (zero0 ... zero3, '
+        help="DeepSpeed JSON config (a path: a '/' or .json), or a shipped one by name (zero0 ... zero3, "
         'zero2-offload); "auto" values are filled from the train config. Required to train.',
         show_default=False,
     ),
@@ -158,7 +170,33 @@ def train(
         hidden=True,
         help="Set by the deepspeed launcher (LOCAL_RANK is used).",
     ),
+    nproc_per_node: str | None = _launcher(
+        "nproc-per-node", "N", "Launch: start N workers on this node (torchrun's)."
+    ),
+    nnodes: str | None = _launcher(
+        "nnodes", "N|MIN:MAX", "Launch: the number of nodes, or MIN:MAX for an elastic job."
+    ),
+    node_rank: int | None = _launcher("node-rank", "I", "Launch: this node's rank (static rendezvous)."),
+    master_addr: str | None = _launcher(
+        "master-addr", "HOST", "Launch: node 0's address (static rendezvous)."
+    ),
+    master_port: int | None = _launcher("master-port", "PORT", "Launch: node 0's port (static rendezvous)."),
+    rdzv_backend: str | None = _launcher("rdzv-backend", "NAME", "Launch: the rendezvous (static | c10d)."),
+    rdzv_endpoint: str | None = _launcher("rdzv-endpoint", "HOST:PORT", "Launch: the rendezvous HOST:PORT."),
+    rdzv_id: str | None = _launcher("rdzv-id", "ID", "Launch: the job's id, the same on every node."),
+    rdzv_conf: str | None = _launcher("rdzv-conf", "K=V,...", "Launch: rendezvous settings KEY=VALUE,..."),
+    local_addr: str | None = _launcher(
+        "local-addr", "HOST", "Launch: this node's address as the others reach it."
+    ),
+    max_restarts: int | None = _launcher(
+        "max-restarts", "N", "Launch: restart failed workers up to N times."
+    ),
+    shutdown_timeout: int | None = _launcher(
+        "shutdown-timeout", "S", "Launch: seconds the workers get to save after a stop, then SIGKILL [30]."
+    ),
 ) -> int | None:
+    launcher_options = (nproc_per_node, nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_endpoint,
+                        rdzv_id, rdzv_conf, local_addr, max_restarts, shutdown_timeout)  # fmt: skip
     if print_config is not None:
         from llmtools.train.config_reference import config_text
 
@@ -166,6 +204,8 @@ def train(
             raise UsageError("--print-config: give no CONFIG beside it (--print-config NAME prints one)")
         emit(config_text(print_config).removesuffix("\n"))
         return
+    if any(value is not None for value in launcher_options):
+        return _launch()
     if config is None:
         raise UsageError("CONFIG: missing (a shipped name such as tiny, or a YAML file; see --print-config)")
     if deepspeed is None:
@@ -211,6 +251,8 @@ def train(
 
         detect_environment()
         plan = check_before_compute(cfg, ds_raw, options, cpu=True).plan
+        if int(os.environ.get("RANK", "0")) != 0:  # every rank checks; one prints (as one process does)
+            return
         emit(
             jsonfile.output(
                 {
@@ -240,6 +282,9 @@ def train(
     # Stopped by a signal before the end, its state saved and resumable: the shell's 128 + the signal,
     # on every rank (a launcher sees what one process shows), after the results; the hint comes last.
     code = 128 + signal.Signals[result.stopped].value if result.stopped else 0
+    # Under llm-train's own launcher every rank hands its resume line over; each node's launcher prints
+    # one, after all its workers have ended (so it is the last line).
+    handed = bool(result.stop_hint) and launch_channel.keep_hint(result.stop_hint)
     if int(os.environ.get("RANK", "0")) != 0:
         return code
     if json_out:
@@ -262,10 +307,22 @@ def train(
         emit(str(result.run_dir / "metrics.jsonl"))
         if result.checkpoint:
             emit(str(result.checkpoint))
-    if result.stop_hint:
+    if result.stop_hint and not handed:
         sys.stdout.flush()
         print(result.stop_hint, file=sys.stderr, flush=True)
     return code
+
+
+def _launch() -> int:
+    """Launcher options given: this process runs torch's elastic agent and the workers run the rest of
+    the command line (llmtools.train.launch); it exits as one process would."""
+    from llmtools.train.launch import launch, split_argv
+
+    outcome = launch(*split_argv(sys.argv[1:]))
+    sys.stdout.flush()
+    for line in outcome.lines:
+        log(line)
+    return outcome.code
 
 
 def _claim_run_dir(run_dir: Path, given: list[Path], cfg, force: bool) -> None:
@@ -289,9 +346,10 @@ def _claim_run_dir(run_dir: Path, given: list[Path], cfg, force: bool) -> None:
 
 def _launcher_note() -> str:
     """A rank of several, stopped by a signal before it trained: a launcher (torchrun) stops every rank
-    as soon as one ends, so the signal usually means another rank ended first, its own line says why."""
+    as soon as one ends, so the signal usually means another rank ended first, its own line says why.
+    Under llm-train's own launcher nothing is added: that launcher knows whose stop it was."""
     rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    if rank is None or world in (None, "", "1"):
+    if rank is None or world in (None, "", "1") or launch_channel.folder() is not None:
         return ""
     return (
         f" (rank {rank} of {world}: a launcher stops every rank once one has ended; when another rank "
@@ -300,7 +358,7 @@ def _launcher_note() -> str:
 
 
 def main() -> None:
-    run(app, "llm-train", interrupted_note=_launcher_note)
+    run(app, "llm-train", interrupted_note=_launcher_note, ending=launch_channel.finish)
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ def peer_loss(
         what = f"lost contact with {named or 'another rank '}{at.strip()}: {first}"
     message = (
         f"rank {rank}: {what}; continue from the newest complete checkpoint with --resume auto "
-        "(under torchrun --max-restarts this happens by itself)"
+        "(with the launcher's --max-restarts this happens by itself)"
     )
     return PeerLost(message, lost)
 

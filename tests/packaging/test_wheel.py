@@ -217,7 +217,7 @@ def test_the_readme_walkthrough_runs_from_an_unrelated_folder(installed):
 
 
 # The --help examples that need more than one machine (each run elsewhere: tests/multihost, tests/train/test_slurm.py).
-HELP_NOT_HERE = ("srun ", "deepspeed --hostfile", "torchrun --nnodes")
+HELP_NOT_HERE = ("srun ", "deepspeed --hostfile", "torchrun --nnodes", "llm-train --nnodes")
 SOURCE_TREE = ("configs/", "schemas/", "tests/", "benchmarks/", "mk/", "docs/")
 
 
