@@ -22,6 +22,29 @@ SHOWN = 3
 
 
 def explain(plan) -> str:
+    """The table (per source, or per folder for many sources), then how each curated source was cleaned."""
+    return _table(plan) + curation(plan)
+
+
+def curation(plan) -> str:
+    """Per source whose sidecar carries a ``curation`` block (json2bin --provenance): each stage, what it
+    removed by rule and what it changed. Empty when no source has one."""
+    from llmtools.formats.curation_stats import explain_lines
+
+    lines = []
+    for source in plan.sources:
+        block = (source.sidecar or {}).get("curation")
+        if not block:
+            continue
+        lines.append(f"  {source.prefix}")
+        try:
+            lines += [f"    {line}" for line in explain_lines(block)]
+        except (KeyError, TypeError, AttributeError, ValueError):
+            lines.append("    (its sidecar's curation record is not one this llmtools reads)")
+    return "\n\ncuration (how each source was cleaned, from its sidecar):\n" + "\n".join(lines) if lines else ""
+
+
+def _table(plan) -> str:
     if max((len(s.components) for s in plan.splits.values()), default=0) <= GROUP_OVER:
         return lib.explain(plan)
     seq = plan.config.seq_length

@@ -123,6 +123,13 @@ def json2bin_cmd(
         "--force",
         help="Replace earlier outputs of llmtools (and remove a killed run's .tmp-* leftovers).",
     ),
+    provenance: list[str] = typer.Option(
+        None,
+        "--provenance",
+        metavar="STATS.json",
+        help="The stats of llm-prep filter/decontaminate/dedup that made the inputs (repeatable): "
+        "carried into the sidecar (curation); refused unless it describes these inputs.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary on stderr."),
     # -- Megatron-LM's tools/preprocess_data.py flags ---------------------------------------------------
@@ -247,10 +254,13 @@ def json2bin_cmd(
         partitions=partitions,
         keep_sequential_samples=keep_sequential_samples,
         log_interval=log_interval,
+        provenance=tuple(provenance or ()),
     )
     claim(
         config.output().claimed(),
-        inputs=input_paths([*all_inputs, tokenizer, tokenizer_model, vocab_file, merge_file]),
+        inputs=input_paths(
+            [*all_inputs, tokenizer, tokenizer_model, vocab_file, merge_file, *(provenance or ())]
+        ),
         force=force,
     )
     result = json2bin(config=config)
@@ -541,6 +551,10 @@ _register_pref(app)
 from llmtools.cli.prep_merge import register as _register_merge  # noqa: E402 - merge lives in its own module
 
 _register_merge(app)
+
+from llmtools.cli.prep_curate import register as _register_curate  # noqa: E402 - filter lives in its own module
+
+_register_curate(app)
 
 
 def main() -> None:

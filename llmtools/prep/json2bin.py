@@ -50,6 +50,7 @@ import numpy as np
 
 from llmtools import interrupt
 from llmtools.errors import InputError, LlmtoolsError, RuntimeFailure, UsageError
+from llmtools.formats.curation_stats import provenance, read_stats
 from llmtools.formats.indexed import dtype_for_vocab
 from llmtools.formats.output_marks import check_output_prefix
 from llmtools.formats.sidecar import build_sidecar
@@ -103,6 +104,8 @@ class Json2BinConfig:
     """Megatron's --keep-sequential-samples: partitions are contiguous blocks, so the input order stays."""
     log_interval: int | None = None
     """Megatron's --log-interval: a 'Processed N documents' line on stderr every N documents."""
+    provenance: Sequence[str] = ()
+    """Stats files of the curation that made the inputs (--provenance), carried into the sidecar."""
 
     def __post_init__(self) -> None:
         self.json_keys = tuple(self.json_keys)
@@ -426,6 +429,9 @@ def json2bin(
 
 def _json2bin(config: Json2BinConfig, source: DocumentSource | None, output: DatasetOutput) -> Json2BinResult:
     assignment: ShardAssignment | None = None
+    for path in config.provenance:  # a bad one is refused before any work; a missing one may be written
+        if os.path.lexists(path):  # by the command piping into this one, by the time its output ends
+            read_stats(path)
     if source is None:
         if not config.inputs:
             raise UsageError("json2bin: give at least one INPUT (a JSONL file, a glob, or - for stdin)")
@@ -498,13 +504,15 @@ def _json2bin(config: Json2BinConfig, source: DocumentSource | None, output: Dat
         result.skipped = skipped
         result.backend = tok.backend  # known once gigatoken's probe has settled (see load_tokenizer)
         inputs = source.inputs()
+        stages = [(str(path), read_stats(path)) for path in config.provenance]
+        curation = provenance(stages, inputs) if stages else None
         for key, writer in zip(config.json_keys, writers, strict=True):
             result.tokens[key] = writer.num_tokens
             result.empty_documents.setdefault(key, 0)
             output.set_sidecar(
                 config.prefix_for(key),
                 json2bin_sidecar(
-                    tok, key, config, dtype, inputs, writer, result.empty_documents[key], result
+                    tok, key, config, dtype, inputs, writer, result.empty_documents[key], result, curation
                 ),
             )
         result.paths = [str(path) for path in output.commit()]
@@ -518,9 +526,11 @@ def _json2bin(config: Json2BinConfig, source: DocumentSource | None, output: Dat
     return result
 
 
-def json2bin_sidecar(tok, key, config, dtype, inputs, writer, empty, result: Json2BinResult) -> dict:
+def json2bin_sidecar(
+    tok, key, config, dtype, inputs, writer, empty, result: Json2BinResult, curation: list | None = None
+) -> dict:
     """The sidecar of one key's dataset, complete: the common record, then what this run adds (the
-    shard, Megatron's tokenizer flags, the partition order)."""
+    shard, Megatron's tokenizer flags, the partition order, the curation of its inputs)."""
     blocks: dict = {}
     if result.shard is not None:
         blocks["shard"] = result.shard
@@ -533,6 +543,8 @@ def json2bin_sidecar(tok, key, config, dtype, inputs, writer, empty, result: Jso
             if config.keep_sequential_samples
             else "Megatron's: document g in partition g % N, partitions concatenated",
         }
+    if curation is not None:
+        blocks["curation"] = curation
     return build_sidecar(
         tokenizer=tok.identity(),
         dtype=dtype,
