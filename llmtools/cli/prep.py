@@ -556,6 +556,10 @@ from llmtools.cli.prep_curate import register as _register_curate  # noqa: E402 
 
 _register_curate(app)
 
+from llmtools.cli.prep_dedup import register as _register_dedup  # noqa: E402 - dedup lives in its own module
+
+_register_dedup(app)
+
 
 def main() -> None:
     sys.argv[1:] = expand_multi_value_flags(sys.argv[1:], MULTI_VALUE_FLAGS, stop_at_files=True)

@@ -3,13 +3,14 @@
     OUT/plan.json                      sources, inputs (path, size, source), config: every stage reads it
     OUT/work/sig/F/band_BBB.sig        stage 1, per input F: datatrove's .minhash.sig records, sorted
     OUT/work/sig/F/exact.bin           stage 1: (128-bit normalised-text hash, doc) records, sorted
-    OUT/work/sig/F/docs.npy            stage 1: each document's line and text bytes; skipped.json: bad lines
+    OUT/work/sig/F/docs.npy            stage 1: each document's line, bytes and characters; input.json
     OUT/work/pairs/band_BBB.pairs      stage 2, per band: duplicate pairs (file, doc, file, doc), <4I
     OUT/work/pairs/exact.pairs         stage 2: pairs of identical normalised texts
     OUT/work/remove/F.npy              stage 3: what input F loses (doc, line, kind, cluster, kept one)
     OUT/clusters.jsonl, OUT/stats.json stage 3: every cluster with its members and the one kept; the stats
-    OUT/kept/SOURCE/F-NAME.jsonl       stage 4, per input: the kept lines, byte for byte as read
-    OUT/removed/SOURCE/F-NAME.jsonl    stage 4: each removed document's place, rule, cluster and kept one
+    OUT/kept/SOURCE/F-NAME.jsonl       stage 4, per input: the kept lines, byte for byte as read; beside it
+                 .removed              each removed document's place, rule, cluster and kept one
+                 .stats.json           the curation stats of this output (llmtools.formats.curation_stats)
 
 A document is named by (F, D): F its input's index in the plan (sources in rank order, each source's
 files sorted), D its index among the input's documents (blank lines are not documents; with --skip-bad
@@ -29,7 +30,8 @@ from llmtools.formats import jsonfile
 from llmtools.fsutil import atomic_file
 from llmtools.prep.curate.dedup.config import DedupConfig
 from llmtools.prep.curate.dedup.normalise import TextNorm
-from llmtools.prep.jsonl import STDIN, JsonlSource, expand_inputs
+from llmtools.prep.curate.records import open_source, record_batches
+from llmtools.prep.jsonl import READ_BLOCK, STDIN, expand_inputs
 
 PLAN_FORMAT = "llmtools.dedup.plan/1"
 _SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -188,15 +190,19 @@ class Doc:
     line: int
     text: str
     row: bytes
+    obj: dict
 
 
 class InputDocs:
-    """The documents of input F in order (`raw`: with each line's bytes as read). Bad lines stop with
-    FILE:LINE (exit 2), or are skipped with --skip-bad and counted by kind in `skipped`."""
+    """The documents of input F in order, each with its line's bytes as read (json2bin's reader and the
+    curation commands' judgement of a bad line, `empty_text` included). Bad lines stop with FILE:LINE
+    (exit 2), or are skipped with --skip-bad and counted by kind in `skipped`; after the last document,
+    `inputs` holds json2bin's record of the file read (path, size, sha256)."""
 
-    def __init__(self, plan: Plan, file: int, raw: bool = False) -> None:
-        self.plan, self.file, self.raw = plan, file, raw
+    def __init__(self, plan: Plan, file: int) -> None:
+        self.plan, self.file = plan, file
         self.skipped: dict[str, int] = {}
+        self.inputs: list[dict] = []
 
     def __iter__(self) -> Iterator[Doc]:
         plan, path = self.plan, self.plan.paths[self.file]
@@ -206,20 +212,18 @@ class InputDocs:
             raise InputError(f"{path}: cannot read it ({error.strerror})") from None
         if size != plan.sizes[self.file]:
             raise InputError(f"{path}: its size changed since the run began ({plan.sizes[self.file]} -> {size} bytes)")
-        key = plan.config.text_key
-        source = JsonlSource([path], skip_bad=plan.skip_bad)
+        source = open_source([path], skip_bad=plan.skip_bad, chunk_bytes=READ_BLOCK)
         index = 0
-        for chunk in source.batches():
-            batch = chunk.parse([key], skip_bad=plan.skip_bad)
+        for batch in record_batches(source, plan.config.text_key, plan.skip_bad):
             if batch.bad and not plan.skip_bad:
                 raise InputError(batch.bad[0].message)
             for bad in batch.bad:
                 self.skipped[bad.kind] = self.skipped.get(bad.kind, 0) + 1
-            rows = chunk.data.split(b"\n") if self.raw else None
-            for line, text in zip(batch.lines, batch.texts[key], strict=True):
+            for record in batch.records:
                 if index >= MAX_DOCS_PER_INPUT:
-                    raise InputError(f"{path}:{line}: more than {MAX_DOCS_PER_INPUT:,} documents in one input")
-                yield Doc(index, line, text, rows[line - chunk.first_line] if rows is not None else b"")
+                    raise InputError(f"{path}:{record.line}: more than {MAX_DOCS_PER_INPUT:,} documents in one input")
+                yield Doc(index, record.line, record.obj[plan.config.text_key], record.raw, record.obj)
                 index += 1
+        self.inputs = source.inputs()
         for kind, count in source.skipped.items():
             self.skipped[kind] = self.skipped.get(kind, 0) + count

@@ -28,7 +28,7 @@ def band_dtype(config: DedupConfig) -> np.dtype:
 
 
 EXACT_DTYPE = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("doc", "<u4")])
-DOCS_DTYPE = np.dtype([("line", "<u8"), ("nbytes", "<u8")])
+DOCS_DTYPE = np.dtype([("line", "<u8"), ("nbytes", "<u8"), ("nchars", "<u8")])
 
 
 def sort_records(records: np.ndarray) -> np.ndarray:
@@ -50,7 +50,7 @@ def compute_signatures(out: Path, plan: Plan, file: int, signer: Signer | None =
     with atomic_dir(sig_dir(out, file)) as tmp:
         band_files = [open(tmp / f"band_{b:03d}.sig", "wb") for b in range(config.bands if config.near else 0)]  # noqa: SIM115
         exact_file = open(tmp / "exact.bin", "wb") if config.exact else None  # noqa: SIM115
-        lines, sizes = array("Q"), array("Q")
+        lines, sizes, chars = array("Q"), array("Q"), array("Q")
         sigs: list[np.ndarray] = []
         sig_docs: list[int] = []
         hashes: list[bytes] = []
@@ -58,6 +58,7 @@ def compute_signatures(out: Path, plan: Plan, file: int, signer: Signer | None =
             for doc in docs:
                 lines.append(doc.line)
                 sizes.append(len(doc.text.encode("utf-8")))
+                chars.append(len(doc.text))
                 if exact_file is not None:
                     hashes.append(exact_hash(doc.text))
                 if signer is not None:
@@ -79,10 +80,12 @@ def compute_signatures(out: Path, plan: Plan, file: int, signer: Signer | None =
             _sort_file(tmp / f"band_{b:03d}.sig", dtype)
         if exact_file is not None:
             _sort_file(tmp / "exact.bin", EXACT_DTYPE)
-        (tmp / "skipped.json").write_text(jsonfile.dumps(docs.skipped) + "\n", encoding="utf-8")
+        record = {"input": docs.inputs[0] if docs.inputs else None, "skipped": docs.skipped}
+        (tmp / "input.json").write_text(jsonfile.dumps(record) + "\n", encoding="utf-8")
         table = np.empty(len(lines), dtype=DOCS_DTYPE)
         table["line"] = np.frombuffer(lines, dtype=np.uint64) if lines else 0
         table["nbytes"] = np.frombuffer(sizes, dtype=np.uint64) if sizes else 0
+        table["nchars"] = np.frombuffer(chars, dtype=np.uint64) if chars else 0
         np.save(tmp / "docs.npy", table, allow_pickle=False)
     return {"documents": len(lines), "skipped": docs.skipped}
 
