@@ -40,6 +40,7 @@ from llmtools.prep.shards import ShardSpec, assign
 from llmtools.progress import Progress
 
 STAGES = ("signatures", "buckets", "clusters", "apply", "all")
+OUR_NAMES = {"plan.json", "work", "kept", "clusters.jsonl", "stats.json"}
 
 
 @dataclass
@@ -79,8 +80,13 @@ def open_run(out: Path, config: DedupConfig | None, sources: list[Source], skip_
     marker = out / "plan.json"
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not marker.exists():
-        raise UsageError(f"{out}: a folder that is not a dedup run of llmtools; pick another --output")
+    if out.is_dir():
+        # another task of the same array may be writing the plan right now: only names we never write mean
+        # the folder is someone else's
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in OUR_NAMES and not p.name.startswith("plan.json"))
+        if foreign:
+            raise UsageError(f"{out}: a folder that is not a dedup run of llmtools (it holds {foreign[0]!r}); "
+                             "pick another --output")  # fmt: skip
     if force and marker.exists():
         try:
             same = read_plan(out).record() == plan.record()
