@@ -59,7 +59,7 @@ def simplify_text(text: str, norm: TextNorm = TextNorm()) -> str:
         text = text.translate(_PUNCTUATION_TRANS)
     if norm.norm_whitespace:
         text = _WHITESPACE.sub(" ", text.strip())
-    if norm.norm_unicode_diacritics:
+    if norm.norm_unicode_diacritics and not text.isascii():  # ASCII has no combining marks to remove
         text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
     return text.strip()
 
@@ -71,6 +71,7 @@ class WordSplitter:
     def __init__(self, limit: int = 1 << 20) -> None:
         self.limit = limit
         self.memo: dict[str, list[str]] = {}
+        self.special: dict[str, list[str]] | None = None
 
     def __call__(self, simplified: str) -> list[str]:
         if "  " in simplified or _WHITESPACE.search(simplified.replace(" ", "")):
@@ -82,11 +83,28 @@ class WordSplitter:
             if len(memo) + len(unknown) > self.limit:
                 memo.clear()
                 unknown = set(tokens)
-            self._learn(sorted(unknown))
+            plain = self._plain_pieces(unknown)
+            memo.update(plain)
+            unknown.difference_update(plain)
+            if unknown:
+                self._learn(sorted(unknown))
         out: list[str] = []
         for token in tokens:
             out.extend(memo[token])
         return out
+
+    def _plain_pieces(self, tokens: set[str]) -> dict[str, list[str]]:
+        """Tokens of lower-case ASCII letters only: no prefix, suffix or infix rule of spaCy's English
+        tokenizer matches letters alone (each needs a digit, a symbol or punctuation), so such a token is
+        split by its special cases ("cannot", "dont", "gonna") or not at all. Looked up here without
+        building a Doc; the tests compare the result with spaCy's on real text."""
+        if self.special is None:
+            from spacy.attrs import ORTH
+
+            rules = _english().tokenizer.rules or {}
+            self.special = {key: [piece.get(ORTH, piece.get("ORTH")) for piece in pieces] for key, pieces in rules.items()}
+        special = self.special
+        return {t: special.get(t) or [t] for t in tokens if t.isascii() and t.isalpha() and t.islower()}
 
     def _learn(self, tokens: list[str]) -> None:
         """The pieces of each token, from one spaCy call over them all (each piece lies inside one token)."""
