@@ -39,7 +39,11 @@ def measure(cmd: list[str], cwd: Path, env: dict | None = None) -> dict:
     proc.stderr.close()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{cmd[:4]} failed:\n{err[-2000:]}")
-    return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "rss_mb": round(usage.ru_maxrss / 1024)}
+    return {
+        "wall_s": round(wall, 2),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "rss_mb": round(usage.ru_maxrss / 1024),
+    }
 
 
 def corpus(folder: Path, documents: int) -> int:
@@ -76,10 +80,18 @@ def bench_signatures(tmp: Path, documents: int, skip_datatrove: bool) -> dict:
     data = tmp / "sigdata"
     corpus(data, documents)
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", TASKSET="1")
-    ours = measure([*PREP, "dedup", "signatures", str(data / "*.jsonl"), "-o", str(tmp / "ours"), "--no-exact", "-q"], tmp, env)
+    ours = measure(
+        [*PREP, "dedup", "signatures", str(data / "*.jsonl"), "-o", str(tmp / "ours"), "--no-exact", "-q"],
+        tmp,
+        env,
+    )
     row = {"documents": documents, "ours": ours, "ours_docs_per_cpu_s": round(documents / ours["cpu_s"])}
     if not skip_datatrove:
-        theirs = measure([sys.executable, "-c", DATATROVE_SIGNATURES, str(data), str(tmp / "dt"), str(tmp / "dtlogs")], tmp, env)
+        theirs = measure(
+            [sys.executable, "-c", DATATROVE_SIGNATURES, str(data), str(tmp / "dt"), str(tmp / "dtlogs")],
+            tmp,
+            env,
+        )
         row["datatrove"] = theirs
         row["datatrove_docs_per_cpu_s"] = round(documents / theirs["cpu_s"])
         row["speedup_per_core"] = round(theirs["cpu_s"] / ours["cpu_s"], 2)
@@ -139,7 +151,9 @@ def bench_clusters(tmp: Path, pairs: int, skip_datatrove: bool) -> dict:
         # the same removals: datatrove's .remove files against ours
         for f in range(20):
             theirs_remove = tmp / "dtremove" / f"{f:06d}.remove"
-            expected = np.fromfile(theirs_remove, dtype="<u4") if theirs_remove.exists() else np.empty(0, "<u4")
+            expected = (
+                np.fromfile(theirs_remove, dtype="<u4") if theirs_remove.exists() else np.empty(0, "<u4")
+            )
             mine_path = folder / "work" / "remove" / f"{f:06d}.npy"
             mine = np.load(mine_path)["doc"] if mine_path.exists() else np.empty(0, "<u4")
             assert np.array_equal(mine, expected), f
@@ -148,7 +162,9 @@ def bench_clusters(tmp: Path, pairs: int, skip_datatrove: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--documents", type=int, default=20000)
     parser.add_argument("--pairs", type=int, default=10_000_000)
     parser.add_argument("--only", choices=("signatures", "clusters"))
@@ -160,7 +176,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if args.only in (None, "signatures"):
-            print(json.dumps({"signatures": bench_signatures(tmp, args.documents, args.skip_datatrove)}), flush=True)
+            print(
+                json.dumps({"signatures": bench_signatures(tmp, args.documents, args.skip_datatrove)}),
+                flush=True,
+            )
         if args.only in (None, "clusters"):
             print(json.dumps({"clusters": bench_clusters(tmp, args.pairs, args.skip_datatrove)}), flush=True)
 

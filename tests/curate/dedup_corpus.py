@@ -43,8 +43,12 @@ def write_corpus(folder: Path, files: int = 3, per_similarity: int = 40, seed: i
     for i, (s, jaccard, a, b) in enumerate(pairs):
         planted.append({"similarity": s, "jaccard": jaccard, "a": f"p{i}a", "b": f"p{i}b"})
         docs += [{"id": f"p{i}a", "text": a}, {"id": f"p{i}b", "text": b}]
-    real = [json.loads(x)["text"] for x in shared("lambada/lambada_test.jsonl").read_text().splitlines()[:300]]
-    real += [json.loads(x)["text"] for x in shared("tinyshakespeare/input.jsonl").read_text().splitlines()[:200]]
+    real = [
+        json.loads(x)["text"] for x in shared("lambada/lambada_test.jsonl").read_text().splitlines()[:300]
+    ]
+    real += [
+        json.loads(x)["text"] for x in shared("tinyshakespeare/input.jsonl").read_text().splitlines()[:200]
+    ]
     docs += [{"id": f"r{i}", "text": t} for i, t in enumerate(real)]
     exact = []
     for i in range(0, 60, 3):  # copies with other whitespace: exact duplicates after normalisation

@@ -5,7 +5,6 @@ named in one line; --explain's curve."""
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -63,13 +62,17 @@ def test_slurm_arrays_give_the_one_machine_bytes(tmp_path, cli_env):
     args = [arg for source in sources.split() for arg in ("--source", source)]
     _run([*args, "-o", "out", "-q"], single, env)
     ours, one = _files(staged / "out"), _files(single / "out")
-    assert ours.keys() == one.keys() and all(ours[k] == one[k] for k in one), [k for k in one if ours.get(k) != one[k]]
+    assert ours.keys() == one.keys() and all(ours[k] == one[k] for k in one), [
+        k for k in one if ours.get(k) != one[k]
+    ]
     stats = json.loads(one["stats.json"])
     web = stats["sources"]["web"]
     # each is removed: as an exact copy, or as a near one when its cluster kept a planted neighbour instead
     assert web["removed"] == web["documents"] == web["exact_duplicates"] + web["near_duplicates"] > 0
     assert web["exact_duplicates"] > 0.9 * web["documents"]
-    shared_pair = [c for c in stats["across_sources"] if (c["removed_from"], c["kept_in"]) == ("web", "books")][0]
+    shared_pair = [
+        c for c in stats["across_sources"] if (c["removed_from"], c["kept_in"]) == ("web", "books")
+    ][0]
     assert shared_pair["documents"] == web["documents"]
     assert one["kept/web/000004-copies.jsonl"] == b""  # every document of web was kept in books, ranked first
 
@@ -91,7 +94,9 @@ def test_a_stage_run_again_does_only_what_is_missing(tmp_path, cli_env):
     # other options on the same run folder are refused; --force starts again
     other = _run([f"{corpus}/*.jsonl", "-o", "out", "--no-near", "--no-exact"], tmp_path, cli_env, code=2)
     assert "nothing to find" in other.stderr
-    other = _run([f"{corpus}/*.jsonl", "-o", "out", "--no-near", "--text-key", "id"], tmp_path, cli_env, code=2)
+    other = _run(
+        [f"{corpus}/*.jsonl", "-o", "out", "--no-near", "--text-key", "id"], tmp_path, cli_env, code=2
+    )
     assert "other options or inputs" in other.stderr and other.stderr.count("\n") == 1
 
 

@@ -75,7 +75,9 @@ def test_signatures_and_pairs_are_datatrove_bytes(runs):
     root, *_ = runs
     for rank in range(FILES):
         for band in range(14):
-            theirs = (root / "datatrove" / "sigs" / f"bucket_{band:03d}" / f"{rank:05d}.minhash.sig").read_bytes()
+            theirs = (
+                root / "datatrove" / "sigs" / f"bucket_{band:03d}" / f"{rank:05d}.minhash.sig"
+            ).read_bytes()
             ours = (root / "ours" / "work" / "sig" / f"{rank:06d}" / f"band_{band:03d}.sig").read_bytes()
             assert len(theirs) > 0 and ours == theirs, (rank, band)
     for band in range(14):

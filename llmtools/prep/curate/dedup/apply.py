@@ -47,7 +47,7 @@ def apply_file(out: Path, plan: Plan, file: int) -> dict:
     """Write input `file`'s kept, removed and stats files together; returns the stats."""
     table = load_docs(out, file)
     removals = _removals(out, plan, file, len(table))
-    drop = dict(zip(removals["doc"].tolist(), range(len(removals))))
+    drop = dict(zip(removals["doc"].tolist(), range(len(removals)), strict=True))
     kept_lines = {}
     target = kept_path(out, plan, file)
     removed_target = Path(f"{target}{REMOVED_SUFFIX}")
@@ -99,7 +99,9 @@ def apply_file(out: Path, plan: Plan, file: int) -> dict:
                 })  # fmt: skip
                 removed.write(jsonfile.dumps(record).encode("utf-8") + b"\n")
         if counts["in"] != len(table):
-            raise InputError(f"{plan.paths[file]}: {counts['in']} documents now, {len(table)} when signed (it changed)")
+            raise InputError(
+                f"{plan.paths[file]}: {counts['in']} documents now, {len(table)} when signed (it changed)"
+            )
         stats = build_stats(
             command="dedup",
             steps=[{"name": "dedup", "params": plan.config.record()}],
@@ -116,4 +118,3 @@ def apply_file(out: Path, plan: Plan, file: int) -> dict:
         with open(group.path(stats_target), "w", encoding="utf-8") as handle:
             handle.write(jsonfile.dumps(stats, indent=1) + "\n")
     return stats
-

@@ -40,7 +40,9 @@ class _Column:
 def _open(path: Path, dtype: np.dtype, docs: int) -> np.ndarray:
     size = path.stat().st_size
     if size % dtype.itemsize:
-        raise InputError(f"{path}: {size} bytes, not a whole number of {dtype.itemsize}-byte records (damaged?)")
+        raise InputError(
+            f"{path}: {size} bytes, not a whole number of {dtype.itemsize}-byte records (damaged?)"
+        )
     if size == 0:
         return np.empty(0, dtype=dtype)
     records = np.memmap(path, dtype=dtype, mode="r")
@@ -77,8 +79,13 @@ def find_pairs(out: Path, plan: Plan, unit: int) -> int:
     with atomic_file(pairs_path(out, unit, config), "wb") as handle:
         starts = [0] * len(records)
         for hi in [*cuts, None]:
-            ends = [len(r) if hi is None else bisect_left(_Column(r, first), hi, lo=s) for r, s in zip(records, starts, strict=True)]
-            pieces = [(f, records[f][s:e]) for f, (s, e) in enumerate(zip(starts, ends, strict=True)) if e > s]
+            ends = [
+                len(r) if hi is None else bisect_left(_Column(r, first), hi, lo=s)
+                for r, s in zip(records, starts, strict=True)
+            ]
+            pieces = [
+                (f, records[f][s:e]) for f, (s, e) in enumerate(zip(starts, ends, strict=True)) if e > s
+            ]
             starts = ends
             if not pieces:
                 continue

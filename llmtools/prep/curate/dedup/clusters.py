@@ -38,9 +38,10 @@ def _blocks(path: Path):
     pairs = np.memmap(path, dtype=PAIR_DTYPE, mode="r")
     for lo in range(0, len(pairs), BLOCK):
         block = np.asarray(pairs[lo : lo + BLOCK])
-        yield (block["f1"].astype(np.uint64) << np.uint64(32)) | block["d1"], (
-            block["f2"].astype(np.uint64) << np.uint64(32)
-        ) | block["d2"]
+        yield (
+            (block["f1"].astype(np.uint64) << np.uint64(32)) | block["d1"],
+            (block["f2"].astype(np.uint64) << np.uint64(32)) | block["d2"],
+        )
 
 
 def _nodes(paths: list[Path]) -> np.ndarray:

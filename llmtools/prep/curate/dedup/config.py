@@ -18,7 +18,9 @@ KEEP_RULE = (
     "union by size, the earlier pair's root on a tie); across sources, a member of the first-ranked source "
     "among the cluster's (the root when it is one, else that source's first by input order)"
 )
-EXACT_NORMALISATION = "Unicode NFC, whitespace runs collapsed to one space, leading and trailing whitespace removed"
+EXACT_NORMALISATION = (
+    "Unicode NFC, whitespace runs collapsed to one space, leading and trailing whitespace removed"
+)
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,9 @@ class DedupConfig:
             "bands": self.bands,
             "rows": self.rows,
             "threshold": threshold(self.bands, self.rows),
-            "catch_probability": {f"{s:g}": catch_probability(s, self.bands, self.rows) for s in similarities},
+            "catch_probability": {
+                f"{s:g}": catch_probability(s, self.bands, self.rows) for s in similarities
+            },
         }
 
 

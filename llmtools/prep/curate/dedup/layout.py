@@ -59,7 +59,9 @@ def parse_sources(specs: Sequence[str], inputs: Sequence[str]) -> list[Source]:
         order.setdefault(name, []).append(pattern)
     if inputs:
         if "corpus" in order:
-            raise UsageError("--source corpus=...: 'corpus' names the plain INPUT arguments; pick another name")
+            raise UsageError(
+                "--source corpus=...: 'corpus' names the plain INPUT arguments; pick another name"
+            )
         order["corpus"] = list(inputs)
     if not order:
         raise UsageError("no input: give INPUT files or --source NAME=FILES")
@@ -105,11 +107,15 @@ def make_plan(config: DedupConfig, sources: Sequence[Source], skip_bad: bool) ->
     for rank, source in enumerate(sources):
         files = expand_inputs(list(source.patterns))
         if STDIN in files:
-            raise UsageError(f"--source {source.name}: dedup reads its inputs more than once; stdin ('-') cannot be")
+            raise UsageError(
+                f"--source {source.name}: dedup reads its inputs more than once; stdin ('-') cannot be"
+            )
         for path in sorted(files):
             real = os.path.realpath(path)
             if real in seen:
-                raise InputError(f"{path}: named by two sources ({seen[real]} and {source.name}); give each file once")
+                raise InputError(
+                    f"{path}: named by two sources ({seen[real]} and {source.name}); give each file once"
+                )
             seen[real] = source.name
             paths.append(path)
             source_of.append(rank)
@@ -211,7 +217,9 @@ class InputDocs:
         except OSError as error:
             raise InputError(f"{path}: cannot read it ({error.strerror})") from None
         if size != plan.sizes[self.file]:
-            raise InputError(f"{path}: its size changed since the run began ({plan.sizes[self.file]} -> {size} bytes)")
+            raise InputError(
+                f"{path}: its size changed since the run began ({plan.sizes[self.file]} -> {size} bytes)"
+            )
         source = open_source([path], skip_bad=plan.skip_bad, chunk_bytes=READ_BLOCK)
         index = 0
         for batch in record_batches(source, plan.config.text_key, plan.skip_bad):
@@ -221,7 +229,9 @@ class InputDocs:
                 self.skipped[bad.kind] = self.skipped.get(bad.kind, 0) + 1
             for record in batch.records:
                 if index >= MAX_DOCS_PER_INPUT:
-                    raise InputError(f"{path}:{record.line}: more than {MAX_DOCS_PER_INPUT:,} documents in one input")
+                    raise InputError(
+                        f"{path}:{record.line}: more than {MAX_DOCS_PER_INPUT:,} documents in one input"
+                    )
                 yield Doc(index, record.line, record.obj[plan.config.text_key], record.raw, record.obj)
                 index += 1
         self.inputs = source.inputs()

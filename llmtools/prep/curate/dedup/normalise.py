@@ -12,17 +12,18 @@ per-document work (a Doc object per text) and gives the same words."""
 from __future__ import annotations
 
 import hashlib
-from bisect import bisect_right
 import re
 import struct
 import unicodedata
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from llmtools.prep.curate.words import _english, split_words
 
 # datatrove.utils.text.PUNCTUATION: every character here becomes a space (control characters included)
-PUNCTUATION = "!/—”:％１〈&(、━\\【#%「」，】；+^]~“《„';’{|∶´[=-`*．（–？！：$～«〉,><》)?）。…@_.\"}►»" + "".join(
-    map(chr, (x for a, b in ((0, 9), (11, 13), (13, 32), (127, 160)) for x in range(a, b)))
+PUNCTUATION = (
+    "!/—”:％１〈&(、━\\【#%「」，】；+^]~“《„';’{|∶´[=-`*．（–？！：$～«〉,><》)?）。…@_.\"}►»"
+    + "".join(map(chr, (x for a, b in ((0, 9), (11, 13), (13, 32), (127, 160)) for x in range(a, b))))
 )
 _PUNCTUATION_TRANS = str.maketrans(PUNCTUATION, " " * len(PUNCTUATION))
 # Python's \d is Unicode category Nd, what datatrove's \p{Nd} names
@@ -102,7 +103,9 @@ class WordSplitter:
             from spacy.attrs import ORTH
 
             rules = _english().tokenizer.rules or {}
-            self.special = {key: [piece.get(ORTH, piece.get("ORTH")) for piece in pieces] for key, pieces in rules.items()}
+            self.special = {
+                key: [piece.get(ORTH, piece.get("ORTH")) for piece in pieces] for key, pieces in rules.items()
+            }
         special = self.special
         return {t: special.get(t) or [t] for t in tokens if t.isascii() and t.isalpha() and t.islower()}
 
@@ -115,7 +118,7 @@ class WordSplitter:
         pieces: list[list[str]] = [[] for _ in tokens]
         for offset, piece in split_words_at(" ".join(tokens)):
             pieces[bisect_right(starts, offset) - 1].append(piece)
-        self.memo.update(zip(tokens, pieces))
+        self.memo.update(zip(tokens, pieces, strict=True))
 
 
 def split_words_at(text: str) -> list[tuple[int, str]]:
@@ -143,6 +146,8 @@ def hash_function(name: str, precision: int):
         except ImportError as exc:
             from llmtools.errors import InputError
 
-            raise InputError("MinHash with xxhash needs the xxhash package: pip install 'llmtools[curate]'") from exc
+            raise InputError(
+                "MinHash with xxhash needs the xxhash package: pip install 'llmtools[curate]'"
+            ) from exc
         return xxhash.xxh64_intdigest if precision == 64 else xxhash.xxh32_intdigest
     return _sha1_64 if precision == 64 else _sha1_32

@@ -23,9 +23,9 @@ import numpy as np
 from llmtools import __version__
 from llmtools.formats import jsonfile
 from llmtools.fsutil import atomic_group
+from llmtools.prep.curate.dedup.buckets import PAIR_DTYPE
 from llmtools.prep.curate.dedup.clusters import EXACT, NEAR, Clustering, removals
 from llmtools.prep.curate.dedup.layout import Plan, pair_units, pairs_path, remove_path, sig_dir
-from llmtools.prep.curate.dedup.buckets import PAIR_DTYPE
 
 STATS_FORMAT = "llmtools.dedup-stats"
 STATS_VERSION = 1
@@ -41,7 +41,11 @@ def load_input_record(out: Path, file: int) -> dict:
 
 
 def _member(plan: Plan, lines: dict[int, np.ndarray], file: int, doc: int) -> dict:
-    return {"source": plan.sources[plan.source_of[file]], "path": plan.paths[file], "line": int(lines[file][doc])}
+    return {
+        "source": plan.sources[plan.source_of[file]],
+        "path": plan.paths[file],
+        "line": int(lines[file][doc]),
+    }
 
 
 def write_cluster_outputs(out: Path, plan: Plan, result: Clustering) -> dict:
@@ -88,8 +92,22 @@ def _write_clusters(handle, plan: Plan, result: Clustering, lines) -> None:
 def run_stats(out: Path, plan: Plan, result: Clustering, docs: dict, by_file: dict) -> dict:
     names = plan.sources
     sources = {
-        name: dict.fromkeys(("inputs", "documents", "kept", "removed", "exact_duplicates", "near_duplicates",
-                             "bytes", "bytes_removed", "characters", "characters_removed"), 0) | {"skipped": {}}
+        name: dict.fromkeys(
+            (
+                "inputs",
+                "documents",
+                "kept",
+                "removed",
+                "exact_duplicates",
+                "near_duplicates",
+                "bytes",
+                "bytes_removed",
+                "characters",
+                "characters_removed",
+            ),
+            0,
+        )
+        | {"skipped": {}}
         for name in names
     }
     across = {(a, b): {"documents": 0, "bytes": 0} for a in names for b in names}
@@ -130,7 +148,8 @@ def run_stats(out: Path, plan: Plan, result: Clustering, docs: dict, by_file: di
         "sources": sources,
         "across_sources": [{"removed_from": a, "kept_in": b, **cell} for (a, b), cell in across.items()],
         "pairs": {
-            pairs_path(out, unit, config).stem: pairs_path(out, unit, config).stat().st_size // PAIR_DTYPE.itemsize
+            pairs_path(out, unit, config).stem: pairs_path(out, unit, config).stat().st_size
+            // PAIR_DTYPE.itemsize
             for unit in pair_units(config)
         },
         "clusters": {

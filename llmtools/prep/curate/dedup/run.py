@@ -63,7 +63,9 @@ class DedupResult:
             removed = sum(s["removed"] for s in self.stats["sources"].values())
             documents = sum(s["documents"] for s in self.stats["sources"].values())
             exact = sum(s["exact_duplicates"] for s in self.stats["sources"].values())
-            parts.append(f"{removed:,} of {documents:,} documents removed ({exact:,} exact, {removed - exact:,} near)")
+            parts.append(
+                f"{removed:,} of {documents:,} documents removed ({exact:,} exact, {removed - exact:,} near)"
+            )
         return "; ".join(parts)
 
     def to_dict(self) -> dict:
@@ -71,7 +73,9 @@ class DedupResult:
                 "outputs": [str(p) for p in self.outputs]}  # fmt: skip
 
 
-def open_run(out: Path, config: DedupConfig | None, sources: list[Source], skip_bad: bool, force: bool) -> Plan:
+def open_run(
+    out: Path, config: DedupConfig | None, sources: list[Source], skip_bad: bool, force: bool
+) -> Plan:
     """The run's plan: from the inputs and options when given (recorded, or checked against the record),
     else read from the run folder."""
     if not sources:
@@ -83,7 +87,9 @@ def open_run(out: Path, config: DedupConfig | None, sources: list[Source], skip_
     if out.is_dir():
         # another task of the same array may be writing the plan right now: only names we never write mean
         # the folder is someone else's
-        foreign = sorted(p.name for p in out.iterdir() if p.name not in OUR_NAMES and not p.name.startswith("plan.json"))
+        foreign = sorted(
+            p.name for p in out.iterdir() if p.name not in OUR_NAMES and not p.name.startswith("plan.json")
+        )
         if foreign:
             raise UsageError(f"{out}: a folder that is not a dedup run of llmtools (it holds {foreign[0]!r}); "
                              "pick another --output")  # fmt: skip
@@ -105,11 +111,15 @@ def _mine(count: int, shard: ShardSpec | None, sizes: list[int] | None = None) -
     return [k for k, owner in enumerate(owners) if owner == shard.index]
 
 
-def run_dedup(out: Path, plan: Plan, stage: str, shard: ShardSpec | None = None, progress: bool = True) -> DedupResult:
+def run_dedup(
+    out: Path, plan: Plan, stage: str, shard: ShardSpec | None = None, progress: bool = True
+) -> DedupResult:
     if stage not in STAGES:
         raise UsageError(f"unknown stage {stage!r}: one of {', '.join(STAGES)}")
     if stage == "all" and shard is not None:
-        raise UsageError("--shard: `all` runs every stage here; shard the stages (signatures, buckets, apply) instead")
+        raise UsageError(
+            "--shard: `all` runs every stage here; shard the stages (signatures, buckets, apply) instead"
+        )
     if stage == "clusters" and shard is not None and shard.count > 1:
         raise UsageError(f"--shard {shard}: the clusters stage is one task (give no --shard, or 0/1)")
     stages = ["signatures", "buckets", "clusters", "apply"] if stage == "all" else [stage]

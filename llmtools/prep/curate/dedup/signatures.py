@@ -48,7 +48,9 @@ def compute_signatures(out: Path, plan: Plan, file: int, signer: Signer | None =
     dtype = band_dtype(config)
     docs = InputDocs(plan, file)
     with atomic_dir(sig_dir(out, file)) as tmp:
-        band_files = [open(tmp / f"band_{b:03d}.sig", "wb") for b in range(config.bands if config.near else 0)]  # noqa: SIM115
+        band_files = [
+            open(tmp / f"band_{b:03d}.sig", "wb") for b in range(config.bands if config.near else 0)
+        ]  # noqa: SIM115
         exact_file = open(tmp / "exact.bin", "wb") if config.exact else None  # noqa: SIM115
         lines, sizes, chars = array("Q"), array("Q"), array("Q")
         sigs: list[np.ndarray] = []
