@@ -87,6 +87,7 @@ def test_a_stage_run_again_does_only_what_is_missing(tmp_path, cli_env):
     (tmp_path / "out" / "work" / "sig" / "000000.tmp-deadbeef").mkdir()
     again = _run(["all", f"{corpus}/*.jsonl", "-o", "out", "--no-near", "--json", "-q"], tmp_path, cli_env)
     record = json.loads(again.stdout)
+    assert not (tmp_path / "out" / "work" / "sig" / "000000.tmp-deadbeef").exists()  # cleaned when retaken
     assert record["done"]["signatures"] == [0, 1] and record["skipped"]["signatures"] == [2, 3]
     assert record["done"]["apply"] == [0, 1, 2, 3]
     last = _run(["--no-near", f"{corpus}/*.jsonl", "-o", "out", "--json", "-q"], tmp_path, cli_env)

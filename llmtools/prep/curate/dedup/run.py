@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmtools.errors import UsageError
+from llmtools.fsutil import TMP_MARK
+from llmtools.locks import lock_output, remove_dead_temporaries, remove_dead_temporaries_in
 from llmtools.prep.curate.dedup.apply import apply_done, apply_file, kept_path
 from llmtools.prep.curate.dedup.buckets import find_pairs
 from llmtools.prep.curate.dedup.clusters import cluster
@@ -88,7 +90,7 @@ def open_run(
         # another task of the same array may be writing the plan right now: only names we never write mean
         # the folder is someone else's
         foreign = sorted(
-            p.name for p in out.iterdir() if p.name not in OUR_NAMES and not p.name.startswith("plan.json")
+            p.name for p in out.iterdir() if p.name.split(TMP_MARK)[0].removesuffix(".lock") not in OUR_NAMES
         )
         if foreign:
             raise UsageError(f"{out}: a folder that is not a dedup run of llmtools (it holds {foreign[0]!r}); "
@@ -128,7 +130,18 @@ def run_dedup(
         {"signatures": _signatures, "buckets": _buckets, "clusters": _clusters, "apply": _apply}[name](
             out, plan, shard, result, progress
         )
+    if stage == "all":  # what a user reads, not the stages' files
+        result.outputs = [out / "clusters.jsonl", out / "stats.json"] + [
+            kept_path(out, plan, f) for f in range(len(plan.paths))
+        ]
     return result
+
+
+def _unit(path: Path):
+    """The lock of one unit's output (`PATH.lock`, gone when released): two tasks never write the same unit,
+    and the temporaries a killed task left beside it are removed when it is taken."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return lock_output(path, command="llm-prep dedup")
 
 
 def _note(result: DedupResult, stage: str, unit: int, done: bool) -> None:
@@ -140,11 +153,12 @@ def _signatures(out: Path, plan: Plan, shard, result: DedupResult, progress: boo
     signer = Signer(plan.config) if plan.config.near else None
     with Progress(sum(plan.sizes[f] for f in units), "dedup signatures", unit="B", enabled=progress) as bar:
         for file in units:
-            if signatures_done(out, file):
-                _note(result, "signatures", file, False)
-            else:
-                compute_signatures(out, plan, file, signer, bar)
-                _note(result, "signatures", file, True)
+            with _unit(sig_dir(out, file)):
+                if signatures_done(out, file):
+                    _note(result, "signatures", file, False)
+                else:
+                    compute_signatures(out, plan, file, signer, bar)
+                    _note(result, "signatures", file, True)
             bar.update(plan.sizes[file])
             result.outputs.append(sig_dir(out, file))
 
@@ -163,11 +177,12 @@ def _buckets(out: Path, plan: Plan, shard, result: DedupResult, progress: bool) 
     with Progress(len(mine), "dedup buckets", unit="band", enabled=progress) as bar:
         for unit in mine:
             path = pairs_path(out, unit, plan.config)
-            if path.exists():
-                _note(result, "buckets", unit, False)
-            else:
-                find_pairs(out, plan, unit)
-                _note(result, "buckets", unit, True)
+            with _unit(path):
+                if path.exists():
+                    _note(result, "buckets", unit, False)
+                else:
+                    find_pairs(out, plan, unit)
+                    _note(result, "buckets", unit, True)
             bar.update(1)
             result.outputs.append(path)
 
@@ -176,11 +191,15 @@ def _clusters(out: Path, plan: Plan, shard, result: DedupResult, progress: bool)
     paths = [pairs_path(out, u, plan.config) for u in pair_units(plan.config)]
     _require([str(p) for p in paths if not p.exists()], "clusters", "buckets")
     stats_path = out / "stats.json"
-    if stats_path.exists():
-        _note(result, "clusters", 0, False)
-    else:
-        result.stats = write_cluster_outputs(out, plan, cluster(out, plan))
-        _note(result, "clusters", 0, True)
+    with _unit(stats_path):
+        if stats_path.exists():
+            _note(result, "clusters", 0, False)
+        else:
+            # what a killed clusters task left: its outputs are written together, under this one lock
+            remove_dead_temporaries(out / "clusters.jsonl")
+            remove_dead_temporaries_in(out / "work" / "remove")
+            result.stats = write_cluster_outputs(out, plan, cluster(out, plan))
+            _note(result, "clusters", 0, True)
     if result.stats is None:
         from llmtools.formats import jsonfile
 
@@ -193,10 +212,11 @@ def _apply(out: Path, plan: Plan, shard, result: DedupResult, progress: bool) ->
     units = _mine(len(plan.paths), shard, plan.sizes)
     with Progress(sum(plan.sizes[f] for f in units), "dedup apply", unit="B", enabled=progress) as bar:
         for file in units:
-            if apply_done(out, plan, file):
-                _note(result, "apply", file, False)
-            else:
-                apply_file(out, plan, file)
-                _note(result, "apply", file, True)
+            with _unit(kept_path(out, plan, file)):
+                if apply_done(out, plan, file):
+                    _note(result, "apply", file, False)
+                else:
+                    apply_file(out, plan, file)
+                    _note(result, "apply", file, True)
             bar.update(plan.sizes[file])
             result.outputs.append(kept_path(out, plan, file))
