@@ -100,8 +100,8 @@ def dedup_cmd(
     if not output:
         raise UsageError("-o/--output: give the run folder")
     spec = parse_shard(shard) if shard is not None else shard_from_environment(os.environ)
-    plan = open_run(Path(output), config, parse_sources(sources or [], args), skip_bad, force) if (
-        args or sources) else open_run(Path(output), None, [], skip_bad, force)  # fmt: skip
+    given = parse_sources(sources or [], args) if (args or sources) else []
+    plan = open_run(Path(output), config, given, skip_bad, force)
     result = run_dedup(Path(output), plan, stage, spec, progress=not quiet)
     report("llm-prep dedup", result, as_json, quiet)
 
@@ -120,4 +120,4 @@ def _explain_text(config) -> str:
 
 def register(app: typer.Typer) -> None:
     """Add ``dedup`` to the ``llm-prep`` app."""
-    app.command("dedup", help=DEDUP_HELP)(dedup_cmd)
+    app.command("dedup", help=DEDUP_HELP, no_args_is_help=True)(dedup_cmd)

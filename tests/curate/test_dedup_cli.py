@@ -92,7 +92,9 @@ def test_a_stage_run_again_does_only_what_is_missing(tmp_path, cli_env):
     assert record["done"]["apply"] == [0, 1, 2, 3]
     last = _run(["--no-near", f"{corpus}/*.jsonl", "-o", "out", "--json", "-q"], tmp_path, cli_env)
     assert json.loads(last.stdout)["done"] == {}  # complete: nothing left to do
-    # other options on the same run folder are refused; --force starts again
+    # other options on the same run folder are refused, with or without the inputs
+    later = _run(["apply", "-o", "out", "--n-grams", "3"], tmp_path, cli_env, code=2)
+    assert "planned with other options" in later.stderr
     other = _run([f"{corpus}/*.jsonl", "-o", "out", "--no-near", "--no-exact"], tmp_path, cli_env, code=2)
     assert "nothing to find" in other.stderr
     other = _run(

@@ -81,7 +81,11 @@ def open_run(
     """The run's plan: from the inputs and options when given (recorded, or checked against the record),
     else read from the run folder."""
     if not sources:
-        return read_plan(out)
+        plan = read_plan(out)
+        if config is not None and config not in (plan.config, DedupConfig()):
+            raise UsageError(f"{out}: the run was planned with other options (see {out / 'plan.json'}); "
+                             "give the same ones, or none")  # fmt: skip
+        return plan
     plan = make_plan(config or DedupConfig(), sources, skip_bad)
     marker = out / "plan.json"
     if out.exists() and not out.is_dir():
