@@ -40,53 +40,61 @@ def load_input_record(out: Path, file: int) -> dict:
     return jsonfile.read_json_object(sig_dir(out, file) / "input.json", "dedup input record", ours=True)
 
 
-def _member(plan: Plan, lines: dict[int, np.ndarray], file: int, doc: int) -> dict:
-    return {
-        "source": plan.sources[plan.source_of[file]],
-        "path": plan.paths[file],
-        "line": int(lines[file][doc]),
-    }
+def _fragments(plan: Plan) -> list[str]:
+    """Per input, the start of a member's JSON object, up to its line number (written once, not per member:
+    a cluster file of 10**7 members is written in seconds)."""
+    out = []
+    for file, path in enumerate(plan.paths):
+        head = jsonfile.dumps({"source": plan.sources[plan.source_of[file]], "path": path, "line": 0})
+        out.append(head[: -len("0}")])
+    return out
 
 
 def write_cluster_outputs(out: Path, plan: Plan, result: Clustering) -> dict:
     """Removals per input, OUT/clusters.jsonl and OUT/stats.json, renamed into place together."""
     files = range(len(plan.paths))
     docs = {f: load_docs(out, f) for f in files}
-    lines = {f: docs[f]["line"] for f in files}
     by_file = removals(plan, result)
     stats = run_stats(out, plan, result, docs, by_file)
     with atomic_group() as group:
         for file, table in by_file.items():
             np.save(group.path(remove_path(out, file), suffix=".npy"), table, allow_pickle=False)
         with open(group.path(out / "clusters.jsonl"), "w", encoding="utf-8") as handle:
-            _write_clusters(handle, plan, result, lines)
+            _write_clusters(handle, plan, result, docs)
         with open(group.path(out / "stats.json"), "w", encoding="utf-8") as handle:
             handle.write(jsonfile.dumps(stats, indent=1) + "\n")
     return stats
 
 
-def _write_clusters(handle, plan: Plan, result: Clustering, lines) -> None:
-    """One line per cluster, in cluster-id order: its members (input order) and the kept one."""
-    if not len(result.nodes):
+def _write_clusters(handle, plan: Plan, result: Clustering, docs: dict) -> None:
+    """One line per cluster, in cluster-id order: its members (input order) and the kept one:
+    {"cluster": ID, "size": N, "kept": MEMBER, "members": [MEMBER, ...]}, a removed member with its "kind"."""
+    n = len(result.nodes)
+    if not n:
         return
-    files, docs = result.files, result.docs
-    order = np.lexsort((np.arange(len(result.nodes)), result.cluster))
-    bounds = np.flatnonzero(np.diff(result.cluster[order])) + 1
-    for group in np.split(order, bounds):
-        kept = int(result.kept[group[0]])
-        members = []
-        for node in group.tolist():
-            entry = _member(plan, lines, int(files[node]), int(docs[node]))
-            if node != kept:
-                entry["kind"] = KIND_NAMES[int(result.kind[node])]
-            members.append(entry)
-        record = {
-            "cluster": int(result.cluster[group[0]]),
-            "size": len(group),
-            "kept": _member(plan, lines, int(files[kept]), int(docs[kept])),
-            "members": members,
-        }
-        handle.write(jsonfile.dumps(record) + "\n")
+    files, doc_index = result.files, result.docs
+    lines = np.zeros(n, dtype=np.int64)
+    for file in np.unique(files).tolist():
+        mask = files == file
+        lines[mask] = docs[file]["line"][doc_index[mask]]
+    head = _fragments(plan)
+    tails = {EXACT: ', "kind": "exact"}', NEAR: ', "kind": "near"}'}
+    plain = [f"{head[f]}{line}}}" for f, line in zip(files.tolist(), lines.tolist(), strict=True)]
+    member = [
+        text if not gone else text[:-1] + tails[kind]
+        for text, gone, kind in zip(plain, result.removed.tolist(), result.kind.tolist(), strict=True)
+    ]
+    order = np.lexsort((np.arange(n), result.cluster))
+    starts = np.flatnonzero(np.concatenate(([True], np.diff(result.cluster[order]) != 0)))
+    ends = np.append(starts[1:], n)
+    order_list = order.tolist()
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        group = order_list[start:end]
+        first = group[0]
+        handle.write(
+            f'{{"cluster": {int(result.cluster[first])}, "size": {end - start}, '
+            f'"kept": {plain[int(result.kept[first])]}, "members": [{", ".join(member[k] for k in group)}]}}\n'
+        )
 
 
 def run_stats(out: Path, plan: Plan, result: Clustering, docs: dict, by_file: dict) -> dict:
