@@ -5,6 +5,7 @@ named in one line; --explain's curve."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -90,6 +91,14 @@ def test_a_stage_run_again_does_only_what_is_missing(tmp_path, cli_env):
     assert not (tmp_path / "out" / "work" / "sig" / "000000.tmp-deadbeef").exists()  # cleaned when retaken
     assert record["done"]["signatures"] == [0, 1] and record["skipped"]["signatures"] == [2, 3]
     assert record["done"]["apply"] == [0, 1, 2, 3]
+    clusters = [json.loads(line) for line in (tmp_path / "out" / "clusters.jsonl").read_text().splitlines()]
+    assert [c["cluster"] for c in clusters] == list(range(len(clusters))) and clusters
+    removed = sum(len((tmp_path / "out" / "kept" / "corpus" / f).read_text().splitlines())
+                  for f in os.listdir(tmp_path / "out" / "kept" / "corpus") if f.endswith(".removed"))  # fmt: skip
+    assert removed == sum(c["size"] - 1 for c in clusters)
+    for c in clusters:  # exact dedup alone: the first copy in input order stays, the others are exact copies
+        assert c["kept"] == c["members"][0] and all(m["kind"] == "exact" for m in c["members"][1:])
+        assert c["size"] == len(c["members"]) >= 2
     last = _run(["--no-near", f"{corpus}/*.jsonl", "-o", "out", "--json", "-q"], tmp_path, cli_env)
     assert json.loads(last.stdout)["done"] == {}  # complete: nothing left to do
     # other options on the same run folder are refused, with or without the inputs

@@ -21,8 +21,8 @@ from llmtools.errors import InputError
 from llmtools.prep.curate.dedup.buckets import PAIR_DTYPE
 from llmtools.prep.curate.dedup.layout import Plan, pair_units, pairs_path
 
-BLOCK = 1 << 22
-"""Pairs read from disk at once."""
+BLOCK = 1 << 20
+"""Pairs read from disk (and handed to the union-find as Python lists) at once."""
 EXACT, NEAR = 1, 2
 REMOVE_DTYPE = np.dtype(
     [("doc", "<u4"), ("kind", "u1"), ("cluster", "<u8"), ("kept_file", "<u4"), ("kept_doc", "<u4")]
@@ -67,8 +67,9 @@ class UnionFind:
     """datatrove's union-find on dense indices: union by size, path compression, `a`'s root on a tie."""
 
     def __init__(self, n: int) -> None:
-        self.parent = array("q", range(n))
-        self.size = array("q", [1]) * n
+        code = "i" if n < 2**31 else "q"  # 4 bytes a document wherever they suffice
+        self.parent = array(code, range(n))
+        self.size = array(code, [1]) * n
 
     def find(self, x: int) -> int:
         parent = self.parent
@@ -136,7 +137,7 @@ def cluster(out: Path, plan: Plan) -> Clustering:
     cluster_id = cluster_of_root[roots] if len(nodes) else np.empty(0, dtype=np.int64)
     kept = _kept(plan, nodes, roots, cluster_id, len(order))
     removed = kept != np.arange(len(nodes))
-    kind = np.where(exact_rep[np.arange(len(nodes))] == exact_rep[kept], EXACT, NEAR).astype(np.uint8)
+    kind = np.where(exact_rep == exact_rep[kept], EXACT, NEAR).astype(np.uint8)
     return Clustering(nodes, cluster_id, kept, removed, kind)
 
 

@@ -66,6 +66,10 @@ def write_cluster_outputs(out: Path, plan: Plan, result: Clustering) -> dict:
     return stats
 
 
+WRITE_BLOCK = 1 << 20
+"""Members turned into text at once: bounds the clusters file's strings in memory to ~100 MB."""
+
+
 def _write_clusters(handle, plan: Plan, result: Clustering, docs: dict) -> None:
     """One line per cluster, in cluster-id order: its members (input order) and the kept one:
     {"cluster": ID, "size": N, "kept": MEMBER, "members": [MEMBER, ...]}, a removed member with its "kind"."""
@@ -78,23 +82,30 @@ def _write_clusters(handle, plan: Plan, result: Clustering, docs: dict) -> None:
         mask = files == file
         lines[mask] = docs[file]["line"][doc_index[mask]]
     head = _fragments(plan)
-    tails = {EXACT: ', "kind": "exact"}', NEAR: ', "kind": "near"}'}
-    plain = [f"{head[f]}{line}}}" for f, line in zip(files.tolist(), lines.tolist(), strict=True)]
-    member = [
-        text if not gone else text[:-1] + tails[kind]
-        for text, gone, kind in zip(plain, result.removed.tolist(), result.kind.tolist(), strict=True)
-    ]
-    order = np.lexsort((np.arange(n), result.cluster))
+    tails = {0: "}", EXACT: ', "kind": "exact"}', NEAR: ', "kind": "near"}'}
+    order = np.argsort(result.cluster, kind="stable")  # by cluster, members in input order
     starts = np.flatnonzero(np.concatenate(([True], np.diff(result.cluster[order]) != 0)))
     ends = np.append(starts[1:], n)
-    order_list = order.tolist()
-    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-        group = order_list[start:end]
-        first = group[0]
-        handle.write(
-            f'{{"cluster": {int(result.cluster[first])}, "size": {end - start}, '
-            f'"kept": {plain[int(result.kept[first])]}, "members": [{", ".join(member[k] for k in group)}]}}\n'
-        )
+    at = 0
+    while at < len(starts):
+        # whole clusters, about WRITE_BLOCK members (one larger cluster alone is written whole)
+        stop = max(at + 1, int(np.searchsorted(starts, starts[at] + WRITE_BLOCK, side="right")))
+        lo, hi = int(starts[at]), int(ends[stop - 1])
+        block = order[lo:hi]
+        kinds = np.where(result.removed[block], result.kind[block], 0).tolist()
+        member = [
+            f"{head[f]}{line}{tails[k]}"
+            for f, line, k in zip(files[block].tolist(), lines[block].tolist(), kinds, strict=True)
+        ]
+        for start, end in zip(starts[at:stop].tolist(), ends[at:stop].tolist(), strict=True):
+            first = int(order[start])
+            kept = int(result.kept[first])
+            handle.write(
+                f'{{"cluster": {int(result.cluster[first])}, "size": {end - start}, '
+                f'"kept": {head[int(files[kept])]}{int(lines[kept])}}}, '
+                f'"members": [{", ".join(member[start - lo : end - lo])}]}}\n'
+            )
+        at = stop
 
 
 def run_stats(out: Path, plan: Plan, result: Clustering, docs: dict, by_file: dict) -> dict:
