@@ -131,6 +131,8 @@ def synthetic_run(folder: Path, pairs: int, files: int = 20, seed: int = 0) -> N
         for a, b in (("f1", "d1"), ("f2", "d2")):
             table[a] = rng.integers(0, files, n)
             table[b] = rng.integers(0, per_file, n)
+        same = (table["f1"] == table["f2"]) & (table["d1"] == table["d2"])  # no document is its own duplicate
+        table["d2"][same] = (table["d2"][same] + 1) % per_file
         data = table.tobytes()
         (pairs_dir / f"band_{band:03d}.pairs").write_bytes(data)
         (dups / f"{band:05d}_00.dups").write_bytes(data)

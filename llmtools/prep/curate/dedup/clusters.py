@@ -128,14 +128,13 @@ def cluster(out: Path, plan: Plan) -> Clustering:
             forest.union_all(ia.tolist(), ib.tolist())
     roots = forest.roots()
     # cluster ids in the order of each cluster's first member, as datatrove numbers them
-    first_of_root = np.full(len(nodes), -1, dtype=np.int64)
-    firsts = np.unique(roots, return_index=True)  # sorted by value: the sorting path, not the hash one
-    first_of_root[firsts[0]] = firsts[1]
-    order = np.argsort(first_of_root[firsts[0]], kind="stable")
+    root_values, first_member = np.unique(roots, return_index=True)  # the sorting path, not the hash one
     cluster_of_root = np.empty(len(nodes), dtype=np.int64)
-    cluster_of_root[firsts[0][order]] = np.arange(len(order))
+    cluster_of_root[root_values[np.argsort(first_member, kind="stable")]] = np.arange(len(root_values))
+    del root_values, first_member
     cluster_id = cluster_of_root[roots] if len(nodes) else np.empty(0, dtype=np.int64)
-    kept = _kept(plan, nodes, roots, cluster_id, len(order))
+    del cluster_of_root
+    kept = _kept(plan, nodes, roots, cluster_id, int(cluster_id.max()) + 1 if len(nodes) else 0)
     removed = kept != np.arange(len(nodes))
     kind = np.where(exact_rep == exact_rep[kept], EXACT, NEAR).astype(np.uint8)
     return Clustering(nodes, cluster_id, kept, removed, kind)
