@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from llmtools.formats.curation_stats import read_stats
 from tests.conftest import REPO
 from tests.curate.dedup_corpus import write_corpus
 
@@ -96,6 +97,8 @@ def test_a_stage_run_again_does_only_what_is_missing(tmp_path, cli_env):
     removed = sum(len((tmp_path / "out" / "kept" / "corpus" / f).read_text().splitlines())
                   for f in os.listdir(tmp_path / "out" / "kept" / "corpus") if f.endswith(".removed"))  # fmt: skip
     assert removed == sum(c["size"] - 1 for c in clusters)
+    outputs = sorted((tmp_path / "out" / "kept" / "corpus").glob("*.stats.json"))
+    assert len(outputs) == 4 and sum(read_stats(p)["documents"]["removed"] for p in outputs) == removed
     for c in clusters:  # exact dedup alone: the first copy in input order stays, the others are exact copies
         assert c["kept"] == c["members"][0] and all(m["kind"] == "exact" for m in c["members"][1:])
         assert c["size"] == len(c["members"]) >= 2
