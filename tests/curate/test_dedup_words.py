@@ -36,6 +36,7 @@ def test_special_cases_and_odd_tokens_split_as_spacy_does():
         assert simplify_text(text) == simple
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weekdays", [False, True])
 def test_real_text_simplifies_and_splits_as_datatrove(weekdays):
     simplify, config, tokenizer = _reference()
