@@ -561,6 +561,10 @@ from llmtools.cli.prep_decontam import register as _register_decontam  # noqa: E
 
 _register_decontam(app)
 
+from llmtools.cli.prep_dedup import register as _register_dedup  # noqa: E402 - dedup lives in its own module
+
+_register_dedup(app)
+
 
 def main() -> None:
     sys.argv[1:] = expand_multi_value_flags(sys.argv[1:], MULTI_VALUE_FLAGS, stop_at_files=True)
