@@ -71,13 +71,18 @@ lint: setup
 	$(VENV)/bin/ruff check llmtools tests benchmarks
 	$(VENV)/bin/ruff format --check llmtools tests benchmarks
 
-# Curation on the embedded sample corpus: what `llm-prep filter` keeps, removes and why (out/curate/).
+# Curation on the embedded sample corpus (out/curate/): filter (length, language, PII), dedup, then
+# decontaminate against the sample task; each step's stats say what it kept, removed and why.
 CURATE_OUT := out/curate
 curate: setup
 	$(VENV)/bin/llm-prep sample-corpus -o $(CURATE_OUT)/raw --docs 500 --force
 	$(VENV)/bin/llm-prep filter "$(CURATE_OUT)/raw/*.jsonl" -o $(CURATE_OUT)/clean.jsonl --language en \
 		--pii email,ip,phone --min-chars 200 --force
-	cat $(CURATE_OUT)/clean.jsonl.stats.json
+	$(VENV)/bin/llm-prep dedup $(CURATE_OUT)/clean.jsonl -o $(CURATE_OUT)/dedup --force
+	$(VENV)/bin/llm-prep sample-task -o $(CURATE_OUT)/tasks/arith_sums.jsonl --force
+	$(VENV)/bin/llm-prep decontaminate run $(CURATE_OUT)/dedup/kept/corpus/000000-clean.jsonl \
+		--eval $(CURATE_OUT)/tasks/arith_sums.jsonl -o $(CURATE_OUT)/curated.jsonl --force
+	cat $(CURATE_OUT)/clean.jsonl.stats.json $(CURATE_OUT)/dedup/stats.json $(CURATE_OUT)/curated.jsonl.stats.json
 
 clean:
 	rm -rf out build dist *.egg-info .pytest_cache
