@@ -1,10 +1,11 @@
 """The stats JSON of a curation command (``llm-prep filter``, ``decontaminate``, ``dedup``): what it read,
 what it removed and changed, by rule; and the summary of it that json2bin carries into its sidecar.
 
-Shape (``version`` 1; every count an integer >= 0, every share a float in [0, 1])::
+Shape (``version`` 2; every count an integer >= 0, every share a float in [0, 1]; version 1, without
+``dedup``, is read too)::
 
     {
-      "format": "llmtools.curation-stats", "version": 1, "tool": "llmtools 0.1.0",
+      "format": "llmtools.curation-stats", "version": 2, "tool": "llmtools 0.1.0",
       "command": "filter",                          # filter | decontaminate | dedup
       "steps": [{"name": "language", "params": {...}}, ...],   # in the order they ran
       "inputs": [{"path", "size", "sha256"}, ...],  # what was read (json2bin's input records)
@@ -16,8 +17,14 @@ Shape (``version`` 1; every count an integer >= 0, every share a float in [0, 1]
       "skipped": {"malformed_json": 2, ...},        # bad lines skipped with --skip-bad, by kind
       "rules":   {"RULE": {"documents", "characters", "share", "character_share"}},  # removals
       "changes": {"STEP": {"documents", "changes", "characters_before", "characters_after"}},
-      "languages": {"en": {"documents", "kept", "characters"}}   # when a step identified languages
+      "languages": {"en": {"documents", "kept", "characters"}},  # when a step identified languages
+      "dedup": {"run", "source", "shared": [{"with", "kept_in", "documents", "characters"}]}  # dedup only
     }
+
+``dedup`` says which run (16 hex digits of its plan) and which of its sources the output belongs to, and
+its overlap with each other source of the run: documents removed here whose copy ``with`` kept
+(``kept_in`` is ``with``), and documents ``with`` lost because this output kept their copy (``kept_in``
+is ``source``).
 
 ``share`` is the rule's removed documents over ``documents.in``, ``character_share`` its removed characters
 over ``characters.in``. The output's sha256 is how json2bin ties a stats file to one of its inputs
@@ -38,7 +45,8 @@ from llmtools.errors import InputError
 from llmtools.formats import jsonfile
 
 FORMAT = "llmtools.curation-stats"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)
 COMMANDS = ("filter", "decontaminate", "dedup")
 MAX_BYTES = 16 << 20
 """A stats file is a few KB per rule and language; more than this is not one of ours."""
@@ -67,6 +75,7 @@ def build_stats(
     rules: dict[str, dict[str, int]],
     changes: dict[str, dict[str, int]],
     languages: dict[str, dict[str, int]] | None = None,
+    dedup: dict | None = None,
 ) -> dict[str, Any]:
     """The record, complete and in its stated order; ``rules`` give documents and characters, the shares
     are computed here."""
@@ -97,6 +106,9 @@ def build_stats(
     }
     if languages is not None:
         record["languages"] = {lang: dict(c) for lang, c in sorted(languages.items())}
+    if dedup is not None:
+        record["dedup"] = {"run": dedup["run"], "source": dedup["source"],
+                           "shared": [dict(row) for row in dedup["shared"]]}  # fmt: skip
     return record
 
 
@@ -140,9 +152,10 @@ def check_stats(data) -> dict:
     data = _object(data, "the file")
     if data.get("format") != FORMAT:
         raise ValueError(f"format is {jsonfile._shown(repr(data.get('format')))}, expected {FORMAT!r}")
-    if data.get("version") != VERSION:
+    if data.get("version") not in READS:
         raise ValueError(
-            f"version {jsonfile._shown(repr(data.get('version')))} is not one this llmtools reads ({VERSION})"
+            f"version {jsonfile._shown(repr(data.get('version')))} is not one this llmtools reads "
+            f"({', '.join(map(str, READS))})"
         )
     if data.get("command") not in COMMANDS:
         raise ValueError(f"command: expected one of {', '.join(COMMANDS)}")
@@ -185,7 +198,39 @@ def check_stats(data) -> dict:
     for lang, counts in _object(data.get("languages", {}), "languages").items():
         _counts(counts, f"languages.{lang}", ("documents", "kept", "characters"))
     del chars
+    if "dedup" in data:
+        if data["version"] < 2 or data["command"] != "dedup":
+            raise ValueError("dedup: only in a version 2 file of the dedup command")
+        check_dedup(data["dedup"], docs["removed"])
     return data
+
+
+def check_dedup(block, removed: int, where: str = "dedup") -> dict:
+    """The ``dedup`` block if it has its shape: rows of two other names' overlap, and no more documents
+    lost to other sources than were removed; ValueError naming the key otherwise."""
+    block = _object(block, where)
+    if not isinstance(block.get("run"), str) or not 0 < len(block["run"]) <= 64:
+        raise ValueError(f"{where}.run: expected the run's identity (a string)")
+    source = block.get("source")
+    if not isinstance(source, str) or not source:
+        raise ValueError(f"{where}.source: expected a source name")
+    rows = block.get("shared")
+    if not isinstance(rows, list) or len(rows) > MAX_ENTRIES:
+        raise ValueError(f"{where}.shared: expected a list")
+    lost = 0
+    for i, row in enumerate(rows):
+        row = _object(row, f"{where}.shared[{i}]")
+        other = row.get("with")
+        if not isinstance(other, str) or not other or other == source:
+            raise ValueError(f"{where}.shared[{i}].with: expected another source's name")
+        if row.get("kept_in") not in (source, other):
+            raise ValueError(f"{where}.shared[{i}].kept_in: expected {source!r} or {other!r}")
+        counts = _counts(row, f"{where}.shared[{i}]", ("documents", "characters"))
+        if row["kept_in"] == other:
+            lost += counts["documents"]
+    if lost > removed:
+        raise ValueError(f"{where}.shared: more documents lost to other sources than documents.removed")
+    return block
 
 
 def read_stats(path: str | os.PathLike) -> dict:
@@ -225,6 +270,8 @@ def summary(stats: dict, name: str) -> dict:
     }
     if "languages" in stats:
         record["languages"] = stats["languages"]
+    if "dedup" in stats:
+        record["dedup"] = stats["dedup"]
     return record
 
 
@@ -246,6 +293,25 @@ def explain_lines(curation: list[dict]) -> list[str]:
             )
         for step, counts in stage["changes"].items():
             lines.append(f"  ~ {step}: {counts['changes']:,} changes in {counts['documents']:,} documents")
+        if "dedup" in stage:
+            lines += shared_lines(stage)
+    return lines
+
+
+def shared_lines(stage: dict) -> list[str]:
+    """A dedup stage's overlap with the other sources of its run, one line per other source and side."""
+    block = check_dedup(stage["dedup"], stage["documents"]["removed"])
+    docs, chars = stage["documents"]["in"], stage["characters"]["in"]
+    lines = []
+    for row in block["shared"]:
+        where = "here" if row["kept_in"] == block["source"] else f"in {row['kept_in']}"
+        # the documents this output lost are shares of what it read; those the other lost, of nothing here
+        of = f" ({share(row['documents'], docs):.2%})" if where != "here" else ""
+        of_chars = f" ({share(row['characters'], chars):.2%})" if where != "here" else ""
+        lines.append(
+            f"  = duplicates shared with {row['with']}: {row['documents']:,} documents{of}, "
+            f"{row['characters']:,} characters{of_chars}, kept {where}"
+        )
     return lines
 
 

@@ -14,7 +14,7 @@ from llmtools.formats import jsonfile
 from llmtools.formats.curation_stats import build_stats
 from llmtools.fsutil import atomic_group
 from llmtools.prep.curate.dedup.clusters import EXACT, REMOVE_DTYPE
-from llmtools.prep.curate.dedup.layout import InputDocs, Plan, remove_path
+from llmtools.prep.curate.dedup.layout import InputDocs, Plan, kept_for_path, remove_path
 from llmtools.prep.curate.dedup.report import KIND_NAMES, load_docs
 
 RULES = {EXACT: "dedup.exact", 2: "dedup.near"}
@@ -43,6 +43,33 @@ def _removals(out: Path, plan: Plan, file: int, documents: int) -> np.ndarray:
     return table
 
 
+def _kept_for(out: Path, plan: Plan, file: int) -> np.ndarray:
+    path = kept_for_path(out, file)
+    if not path.exists():
+        return np.zeros((len(plan.sources), 2), dtype=np.int64)
+    table = np.load(path, allow_pickle=False)
+    if table.dtype != np.int64 or table.shape != (len(plan.sources), 2) or (table < 0).any():
+        raise InputError(f"{path}: not a table of documents kept for other sources (damaged?)")
+    return table
+
+
+def shared_rows(plan: Plan, file: int, lost: dict[int, list[int]], kept_for: np.ndarray) -> list[dict]:
+    """The output's overlap with each other source of the run: the documents (and characters) removed
+    here whose copy another source kept (``kept_in`` that source), and those another source lost because
+    this output kept their copy (``kept_in`` this one)."""
+    name = plan.sources[plan.source_of[file]]
+    rows = []
+    for rank, other in enumerate(plan.sources):
+        if other == name:
+            continue
+        if rank in lost:
+            rows.append({"with": other, "kept_in": other, "documents": lost[rank][0], "characters": lost[rank][1]})
+        if kept_for[rank, 0]:
+            rows.append({"with": other, "kept_in": name, "documents": int(kept_for[rank, 0]),
+                         "characters": int(kept_for[rank, 1])})  # fmt: skip
+    return rows
+
+
 def apply_file(out: Path, plan: Plan, file: int) -> dict:
     """Write input `file`'s kept, removed and stats files together; returns the stats."""
     table = load_docs(out, file)
@@ -55,6 +82,7 @@ def apply_file(out: Path, plan: Plan, file: int) -> dict:
     counts = {"in": 0, "kept": 0, "removed": 0, "changed": 0}
     chars = {"in": 0, "kept": 0, "removed": 0}
     rules: dict[str, dict[str, int]] = {}
+    lost: dict[int, list[int]] = {}  # per other source that kept the copy: documents, characters
     digest, size = hashlib.sha256(), 0
     docs = InputDocs(plan, file)
     with atomic_group() as group:
@@ -85,6 +113,10 @@ def apply_file(out: Path, plan: Plan, file: int) -> dict:
                 cell["documents"] += 1
                 cell["characters"] += n
                 kept_file, kept_doc = int(entry["kept_file"]), int(entry["kept_doc"])
+                if plan.source_of[kept_file] != plan.source_of[file]:
+                    cell = lost.setdefault(plan.source_of[kept_file], [0, 0])
+                    cell[0] += 1
+                    cell[1] += n
                 kept_line = kept_lines.get(kept_file)
                 if kept_line is None:
                     kept_line = kept_lines[kept_file] = load_docs(out, kept_file)["line"]
@@ -114,7 +146,9 @@ def apply_file(out: Path, plan: Plan, file: int) -> dict:
             skipped=docs.skipped,
             rules=rules,
             changes={},
-        )
+            dedup={"run": plan.identity, "source": plan.sources[plan.source_of[file]],
+                   "shared": shared_rows(plan, file, lost, _kept_for(out, plan, file))},
+        )  # fmt: skip
         with open(group.path(stats_target), "w", encoding="utf-8") as handle:
             handle.write(jsonfile.dumps(stats, indent=1) + "\n")
     return stats

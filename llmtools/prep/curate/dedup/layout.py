@@ -91,6 +91,14 @@ class Plan:
             ],
         }
 
+    @property
+    def identity(self) -> str:
+        """16 hex digits of the plan's record: which run a curation stats file came from (two runs of the
+        same inputs and options are the same run)."""
+        import hashlib
+
+        return hashlib.sha256(jsonfile.dumps(self.record()).encode("utf-8")).hexdigest()[:16]
+
     def label(self, file: int) -> str:
         """`F-NAME.jsonl`: the output name of input F (its index first: two inputs may share a name)."""
         name = Path(self.paths[file]).name
@@ -188,6 +196,12 @@ def pair_units(config: DedupConfig) -> list[int]:
 
 def remove_path(out: Path, file: int) -> Path:
     return out / "work" / "remove" / f"{file:06d}.npy"
+
+
+def kept_for_path(out: Path, file: int) -> Path:
+    """Per source, the documents (and their characters) removed from it because input `file` kept their
+    copy: an int64 table (sources, 2), written only for inputs that kept a copy for another source."""
+    return out / "work" / "remove" / f"{file:06d}.kept-for.npy"
 
 
 @dataclass

@@ -6,7 +6,7 @@ of each output (written by the apply stage) what only the whole run knows::
     {"format": "llmtools.dedup-stats", "version": 1, "tool", "config", "explain",
      "sources": {NAME: {"inputs", "documents", "kept", "removed", "exact_duplicates", "near_duplicates",
                         "bytes", "bytes_removed", "characters", "characters_removed", "skipped"}},
-     "across_sources": [{"removed_from", "kept_in", "documents", "bytes"}],   # every ordered pair of sources
+     "across_sources": [{"removed_from", "kept_in", "documents", "bytes", "characters"}],  # every ordered pair
      "pairs": {"band_000": N, ..., "exact": N},   # candidate pairs each band found
      "clusters": {"count", "documents", "largest"}}
 
@@ -25,7 +25,7 @@ from llmtools.formats import jsonfile
 from llmtools.fsutil import atomic_group
 from llmtools.prep.curate.dedup.buckets import PAIR_DTYPE
 from llmtools.prep.curate.dedup.clusters import EXACT, NEAR, Clustering, removals
-from llmtools.prep.curate.dedup.layout import Plan, pair_units, pairs_path, remove_path, sig_dir
+from llmtools.prep.curate.dedup.layout import Plan, kept_for_path, pair_units, pairs_path, remove_path, sig_dir
 
 STATS_FORMAT = "llmtools.dedup-stats"
 STATS_VERSION = 1
@@ -59,11 +59,33 @@ def write_cluster_outputs(out: Path, plan: Plan, result: Clustering) -> dict:
     with atomic_group() as group:
         for file, table in by_file.items():
             np.save(group.path(remove_path(out, file), suffix=".npy"), table, allow_pickle=False)
+        for file, table in kept_for(plan, docs, by_file).items():
+            np.save(group.path(kept_for_path(out, file), suffix=".npy"), table, allow_pickle=False)
         with open(group.path(out / "clusters.jsonl"), "w", encoding="utf-8") as handle:
             _write_clusters(handle, plan, result, docs)
         with open(group.path(out / "stats.json"), "w", encoding="utf-8") as handle:
             handle.write(jsonfile.dumps(stats, indent=1) + "\n")
     return stats
+
+
+def kept_for(plan: Plan, docs: dict, by_file: dict) -> dict[int, np.ndarray]:
+    """Per input that kept the copy of a document another source lost: per source, the documents it lost
+    so and their characters (the apply stage writes them into that input's curation stats)."""
+    out: dict[int, np.ndarray] = {}
+    source_of = np.asarray(plan.source_of, dtype=np.int64)
+    for file, removed in by_file.items():
+        rank = int(source_of[file])
+        kept_file = removed["kept_file"].astype(np.int64)
+        other = source_of[kept_file] != rank
+        if not other.any():
+            continue
+        chars = docs[file]["nchars"][removed["doc"][other]].astype(np.int64)
+        for kept in np.unique(kept_file[other]).tolist():
+            mask = kept_file[other] == kept
+            table = out.setdefault(kept, np.zeros((len(plan.sources), 2), dtype=np.int64))
+            table[rank, 0] += int(mask.sum())
+            table[rank, 1] += int(chars[mask].sum())
+    return out
 
 
 WRITE_BLOCK = 1 << 20
@@ -129,7 +151,7 @@ def run_stats(out: Path, plan: Plan, result: Clustering, docs: dict, by_file: di
         | {"skipped": {}}
         for name in names
     }
-    across = {(a, b): {"documents": 0, "bytes": 0} for a in names for b in names}
+    across = {(a, b): {"documents": 0, "bytes": 0, "characters": 0} for a in names for b in names}
     for file, table in docs.items():
         entry = sources[names[plan.source_of[file]]]
         entry["inputs"] += 1
@@ -146,13 +168,15 @@ def run_stats(out: Path, plan: Plan, result: Clustering, docs: dict, by_file: di
         entry["exact_duplicates"] += int((removed["kind"] == EXACT).sum())
         entry["near_duplicates"] += int((removed["kind"] == NEAR).sum())
         entry["bytes_removed"] += int(nbytes.sum())
-        entry["characters_removed"] += int(docs[file]["nchars"][removed["doc"]].astype(np.int64).sum())
+        nchars = docs[file]["nchars"][removed["doc"]].astype(np.int64)
+        entry["characters_removed"] += int(nchars.sum())
         kept_source = np.asarray(plan.source_of, dtype=np.int64)[removed["kept_file"].astype(np.int64)]
         for rank in np.unique(kept_source).tolist():
             mask = kept_source == rank
             cell = across[(name, names[rank])]
             cell["documents"] += int(mask.sum())
             cell["bytes"] += int(nbytes[mask].sum())
+            cell["characters"] += int(nchars[mask].sum())
     for entry in sources.values():
         entry["kept"] = entry["documents"] - entry["removed"]
         entry["skipped"] = dict(sorted(entry["skipped"].items()))
