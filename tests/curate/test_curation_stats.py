@@ -40,7 +40,7 @@ def test_round_trip_and_shares(tmp_path):
     "edit,words",
     [
         (lambda s: s.update(format="other"), "format is 'other'"),
-        (lambda s: s.update(version=2), "version 2"),
+        (lambda s: s.update(version=3), "version 3"),
         (lambda s: s["documents"].update(kept=-1), "documents.kept: expected a count"),
         (lambda s: s["documents"].update(kept=1), "kept + removed is not in"),
         (lambda s: s["output"].update(sha256="zz"), "output.sha256"),
