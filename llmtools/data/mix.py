@@ -41,6 +41,7 @@ from llmtools.data.gpt_index import GPTIndices, build_gpt_indices
 from llmtools.data.materialize import materialize
 from llmtools.data.mix_config import DEFAULT_SEED, MEGATRON_SEMANTICS, Blend, MixConfig
 from llmtools.data.mix_json import plan_to_json
+from llmtools.data.mix_overlap import overlap_warnings
 from llmtools.data.mix_report import epochs_drawn, explain_stages, plan_warnings
 from llmtools.data.mix_sources import (
     Source,
@@ -220,6 +221,7 @@ def build_plan(
         )
     if "train" not in splits and only is None:
         raise UsageError(f"--split {config.split}: the train split is empty")
+    warnings += overlap_warnings(sources)
     plan = BuiltMix(config, sources, splits, tokenizer, notes, warnings, plan_hash(config, sources, blends))
     if with_arrays:
         warnings.extend(plan_warnings(plan))

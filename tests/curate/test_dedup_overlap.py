@@ -26,7 +26,7 @@ def _text(rng: random.Random) -> str:
     return " ".join("".join(rng.choice("abcdefghij") for _ in range(6)) for _ in range(60))
 
 
-def test_shared_documents_reach_mix_explain(tmp_path):
+def _corpus(tmp_path: Path) -> tuple[list[str], list[str]]:
     rng = random.Random(7)
     books = [_text(rng) for _ in range(30)]
     web = [_text(rng) for _ in range(40)]
@@ -34,15 +34,30 @@ def test_shared_documents_reach_mix_explain(tmp_path):
     web[5:9] = [b.rsplit(" ", 2)[0] + " zzzz yyyy" for b in books[5:9]]  # near copies
     for name, texts in (("books", books), ("web", web)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return books, web
+
+
+def _dataset(tmp_path: Path, run: str, name: str, prefix: str) -> None:
+    (kept,) = (tmp_path / run / "kept" / name).glob("*.jsonl")
+    _cli("llm-prep", "json2bin", kept, "-t", "byte", "-o", f"data/{prefix}", "--provenance", f"{kept}.stats.json",
+         "-q", cwd=tmp_path)  # fmt: skip
+
+
+def _warnings(tmp_path: Path, *prefixes: str) -> list[str]:
+    err = _cli("llm-mix", *[f"data/{p}_text_document" for p in prefixes], "--seq-length", "32", "--num-samples",
+               "10", "--explain", cwd=tmp_path).stderr  # fmt: skip
+    return [line for line in err.splitlines() if line.startswith("llm-mix: warning:")]
+
+
+def test_shared_documents_reach_mix_explain(tmp_path):
+    books, web = _corpus(tmp_path)
     _cli("llm-prep", "dedup", "--source", "books=books.jsonl", "--source", "web=web.jsonl", "-o", "out", "-q",
          cwd=tmp_path)  # fmt: skip
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())
     pair = {(c["removed_from"], c["kept_in"]): c for c in stats["across_sources"]}[("web", "books")]
     assert pair["documents"] == 9 and pair["characters"] == sum(len(t) for t in web[:9])
     for name in ("books", "web"):
-        (kept,) = (tmp_path / "out" / "kept" / name).glob("*.jsonl")
-        _cli("llm-prep", "json2bin", kept, "-t", "byte", "-o", f"data/{name}", "--provenance", f"{kept}.stats.json",
-             "-q", cwd=tmp_path)  # fmt: skip
+        _dataset(tmp_path, "out", name, name)
         (stage,) = json.loads((tmp_path / "data" / f"{name}_text_document.json").read_text())["curation"]
         other = "web" if name == "books" else "books"
         assert stage["dedup"]["source"] == name and stage["dedup"]["shared"] == [
@@ -57,6 +72,30 @@ def test_shared_documents_reach_mix_explain(tmp_path):
         f"= duplicates shared with books: 9 documents ({9 / 40:.2%}), {chars:,} characters "
         f"({chars / web_chars:.2%}), kept in books" in mix
     )
+
+
+def test_duplicates_left_in_by_separate_runs_are_warned(tmp_path):
+    _corpus(tmp_path)
+    _cli("llm-prep", "dedup", "--source", "books=books.jsonl", "--source", "web=web.jsonl", "-o", "joint", "-q",
+         cwd=tmp_path)  # fmt: skip
+    for name in ("books", "web"):
+        _cli("llm-prep", "dedup", "--source", f"{name}={name}.jsonl", "-o", f"alone-{name}", "-q", cwd=tmp_path)
+        _dataset(tmp_path, "joint", name, name)
+        _dataset(tmp_path, f"alone-{name}", name, f"{name}-alone")
+    stats = json.loads((tmp_path / "joint" / "stats.json").read_text())
+    pair = {(c["removed_from"], c["kept_in"]): c for c in stats["across_sources"]}[("web", "books")]
+    assert _warnings(tmp_path, "books", "web") == []  # one run: the shared documents are in books only
+    # books kept 9 documents whose copies the joint run removed from web; web deduplicated alone keeps them
+    (left_in,) = _warnings(tmp_path, "books", "web-alone")
+    assert (
+        f"data/web-alone_text_document: {pair['documents']} documents ({pair['characters']:,} characters) "
+        "of the source web are duplicates of documents in data/books_text_document" in left_in
+    )
+    # web deduplicated with books lost its copies: books deduplicated alone beside it holds each once
+    assert _warnings(tmp_path, "books-alone", "web") == []
+    (unknown,) = _warnings(tmp_path, "books-alone", "web-alone")
+    assert "deduplicated in another run than data/books-alone_text_document" in unknown
+    assert "how many is unknown" in unknown
 
 
 def _record(**dedup):
