@@ -9,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from llmtools.formats.curation_stats import check_stats
+from tests.conftest import REPO
 
 BIN = Path(sys.executable).parent
 
@@ -58,7 +60,9 @@ def test_shared_documents_reach_mix_explain(tmp_path):
     assert pair["documents"] == 9 and pair["characters"] == sum(len(t) for t in web[:9])
     for name in ("books", "web"):
         _dataset(tmp_path, "out", name, name)
-        (stage,) = json.loads((tmp_path / "data" / f"{name}_text_document.json").read_text())["curation"]
+        sidecar = json.loads((tmp_path / "data" / f"{name}_text_document.json").read_text())
+        jsonschema.validate(sidecar, json.loads((REPO / "schemas" / "sidecar.schema.json").read_text()))
+        (stage,) = sidecar["curation"]
         other = "web" if name == "books" else "books"
         assert stage["dedup"]["source"] == name and stage["dedup"]["shared"] == [
             {"with": other, "kept_in": "books", "documents": 9, "characters": pair["characters"]}

@@ -26,7 +26,8 @@ def _corpus(folder: Path) -> None:
     for f in range(FILES):
         lines = []
         for d in range(DOCS):
-            text = earlier[rng.randrange(len(earlier))] if earlier and d % 10 == 0 else " ".join(rng.choices(vocab, k=80))
+            copy = earlier and d % 10 == 0  # a tenth are copies of earlier documents: apply has work
+            text = earlier[rng.randrange(len(earlier))] if copy else " ".join(rng.choices(vocab, k=80))
             earlier.append(text)
             lines.append(json.dumps({"id": f"{f}-{d}", "text": text}) + "\n")
         (folder / f"{f:02d}.jsonl").write_text("".join(lines))

@@ -63,7 +63,8 @@ def shared_rows(plan: Plan, file: int, lost: dict[int, list[int]], kept_for: np.
         if other == name:
             continue
         if rank in lost:
-            rows.append({"with": other, "kept_in": other, "documents": lost[rank][0], "characters": lost[rank][1]})
+            documents, characters = lost[rank]
+            rows.append({"with": other, "kept_in": other, "documents": documents, "characters": characters})
         if kept_for[rank, 0]:
             rows.append({"with": other, "kept_in": name, "documents": int(kept_for[rank, 0]),
                          "characters": int(kept_for[rank, 1])})  # fmt: skip

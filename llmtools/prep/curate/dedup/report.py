@@ -6,7 +6,7 @@ of each output (written by the apply stage) what only the whole run knows::
     {"format": "llmtools.dedup-stats", "version": 1, "tool", "config", "explain",
      "sources": {NAME: {"inputs", "documents", "kept", "removed", "exact_duplicates", "near_duplicates",
                         "bytes", "bytes_removed", "characters", "characters_removed", "skipped"}},
-     "across_sources": [{"removed_from", "kept_in", "documents", "bytes", "characters"}],  # every ordered pair
+     "across_sources": [{"removed_from", "kept_in", "documents", "bytes", "characters"}],  # ordered pairs
      "pairs": {"band_000": N, ..., "exact": N},   # candidate pairs each band found
      "clusters": {"count", "documents", "largest"}}
 
@@ -25,7 +25,14 @@ from llmtools.formats import jsonfile
 from llmtools.fsutil import atomic_group
 from llmtools.prep.curate.dedup.buckets import PAIR_DTYPE
 from llmtools.prep.curate.dedup.clusters import EXACT, NEAR, Clustering, removals
-from llmtools.prep.curate.dedup.layout import Plan, kept_for_path, pair_units, pairs_path, remove_path, sig_dir
+from llmtools.prep.curate.dedup.layout import (
+    Plan,
+    kept_for_path,
+    pair_units,
+    pairs_path,
+    remove_path,
+    sig_dir,
+)
 
 STATS_FORMAT = "llmtools.dedup-stats"
 STATS_VERSION = 1
