@@ -42,7 +42,9 @@ Unicode NFC and collapsing whitespace (128-bit BLAKE2b); they also join texts to
                                       of sources; the pairs of each band; the config and its curve
   OUT/plan.json, OUT/work/            the run's record and the stages' files
 --explain prints the LSH threshold (1/b)^(1/r) and the probability 1-(1-s^r)^b of catching a pair of
-Jaccard similarity s, then exits.
+Jaccard similarity s, then exits. With --plan-tokens N and INPUT (a sample of the corpus), it also
+dedups the sample in a temporary folder and prints the stage plan of a run over N tokens in --tasks
+tasks: per stage the tasks, bytes read and written and memory per task, scaled from the sample.
 Bad lines stop with FILE:LINE and exit 2; --skip-bad skips and counts them (as llm-prep filter).
 
 \b
@@ -50,6 +52,7 @@ Examples:
   llm-prep dedup 'crawl/*.jsonl.zst' -o dedup/
   llm-prep dedup --source wiki='wiki/*.jsonl' --source web=@web-files.txt -o dedup/
   llm-prep dedup --explain --bands 20 --rows 5
+  llm-prep dedup --explain --plan-tokens 15T --tasks 1000 'crawl/sample/*.jsonl'
   llm-prep dedup signatures 'crawl/*.jsonl' -o dedup/ --shard 3/64     # a Slurm array task
   llm-prep dedup buckets -o dedup/ --shard 0/15 && llm-prep dedup clusters -o dedup/
 """
@@ -73,6 +76,9 @@ def dedup_cmd(
     shard: str = typer.Option(None, "--shard", metavar="I/N", help="Only shard I of N of the stage (from 0); default: the Slurm array task's."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip bad lines and files, counting them, instead of stopping."),
     explain: bool = typer.Option(False, "--explain", help="Print the LSH threshold and catch probabilities; exit."),
+    plan_tokens: str = typer.Option(None, "--plan-tokens", metavar="N", help="With --explain and a sample INPUT: the stage plan for a corpus of N tokens (15T)."),
+    tasks: int = typer.Option(1000, "--tasks", min=1, help="With --plan-tokens: the tasks of each array."),
+    bytes_per_token: float = typer.Option(4.0, "--bytes-per-token", min=0.01, help="With --plan-tokens: input bytes per token of the corpus."),
     force: bool = typer.Option(False, "--force", help="Start again in an OUT of an earlier dedup run with other inputs or options."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout instead of paths."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress and no summary on stderr."),
@@ -92,11 +98,22 @@ def dedup_cmd(
     norm = replace(TextNorm(), norm_weekdays=norm_weekdays, norm_monthnames=norm_months)
     config = DedupConfig(n_grams=n_grams, bands=bands, rows=rows, seed=seed, hash_fc=hash_fc, precision=precision,
                          norm=norm, exact=exact, near=near, text_key=text_key)  # fmt: skip
-    if explain:
-        emit(jsonfile.output(config.explain(), indent=1) if as_json else _explain_text(config))
-        return
     args = list(args or [])
     stage = args.pop(0) if args and args[0] in STAGES else "all"
+    if explain:
+        info, text = config.explain(), _explain_text(config)
+        if plan_tokens is not None:
+            from llmtools.cli.mix_args import parse_count
+            from llmtools.prep.curate.dedup import forecast
+
+            if not (args or sources):
+                raise UsageError("--plan-tokens: give INPUT files, a sample of the corpus, to measure")
+            tokens = parse_count(plan_tokens, "--plan-tokens")
+            measured = forecast.measure(config, parse_sources(sources or [], args), skip_bad)
+            info["plan"] = forecast.stage_plan(config, measured, tokens, tasks, bytes_per_token)
+            text += "\n" + forecast.plan_text(info["plan"])
+        emit(jsonfile.output(info, indent=1) if as_json else text)
+        return
     if not output:
         raise UsageError("-o/--output: give the run folder")
     spec = parse_shard(shard) if shard is not None else shard_from_environment(os.environ)
