@@ -145,9 +145,7 @@ MAX_LINE_BYTES = (1 << 31) - 1
 """The longest JSON line :func:`read_lines` reads by default."""
 
 
-def parse_line(
-    raw: str | bytes, place: str, finite: bool = False, strings: bool = False, ours: bool = False
-):
+def parse_line(raw: str | bytes, place: str, finite: bool = False, strings: bool = False, ours: bool = False):
     """One line of a JSON-lines file, by :func:`loads`; :class:`BadLine` naming ``place`` (``FILE:LINE``)
     when it is not UTF-8 (``invalid_utf8``) or not JSON (``malformed_json``). ``strings``: a string
     anywhere in the value (a key included) holding a lone surrogate escape (``"\\ud800"``, which

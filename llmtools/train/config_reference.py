@@ -189,7 +189,9 @@ def _shipped_train() -> list[str]:
 def _wrap(text: str, prefix: str, width: int = 100) -> list[str]:
     import textwrap
 
-    return textwrap.wrap(text, width=width, initial_indent=prefix, subsequent_indent=prefix) or [prefix.rstrip()]
+    return textwrap.wrap(text, width=width, initial_indent=prefix, subsequent_indent=prefix) or [
+        prefix.rstrip()
+    ]
 
 
 def default_config_yaml() -> str:

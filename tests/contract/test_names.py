@@ -74,9 +74,13 @@ def inputs(tmp_path_factory) -> Path:
     (so that ``--model tiny`` fits its checkpoint)."""
     base = tmp_path_factory.mktemp("names")
     (base / "corpus.jsonl").write_text(
-        "".join(f'{{"text": "document {i}: the quick brown fox jumps over the lazy dog"}}\n' for i in range(200))
+        "".join(
+            f'{{"text": "document {i}: the quick brown fox jumps over the lazy dog"}}\n' for i in range(200)
+        )
     )
-    _inproc("prep", "json2bin", base / "corpus.jsonl", "-t", "byte", "-o", base / "data", "--append-eod", "-q")
+    _inproc(
+        "prep", "json2bin", base / "corpus.jsonl", "-t", "byte", "-o", base / "data", "--append-eod", "-q"
+    )
     prefix = base / "data_text_document"
     _inproc("mix", prefix, "--seq-length", "128", "--num-samples", "3200", "-o", base / "mix.json")
     (base / "train.yaml").write_text(TRAIN.format(prefix=prefix))
@@ -144,7 +148,9 @@ def test_a_path_is_the_file_never_the_shipped_one(option_id, inputs, folder):
 
 
 @pytest.mark.parametrize("option_id", OPTIONS)
-def test_an_unknown_bare_name_is_refused_with_the_shipped_names_even_when_a_file_has_it(option_id, inputs, folder):
+def test_an_unknown_bare_name_is_refused_with_the_shipped_names_even_when_a_file_has_it(
+    option_id, inputs, folder
+):
     from llmtools.resources import names
 
     option = OPTIONS[option_id]

@@ -83,7 +83,9 @@ def test_duplicates_left_in_by_separate_runs_are_warned(tmp_path):
     _cli("llm-prep", "dedup", "--source", "books=books.jsonl", "--source", "web=web.jsonl", "-o", "joint", "-q",
          cwd=tmp_path)  # fmt: skip
     for name in ("books", "web"):
-        _cli("llm-prep", "dedup", "--source", f"{name}={name}.jsonl", "-o", f"alone-{name}", "-q", cwd=tmp_path)
+        _cli(
+            "llm-prep", "dedup", "--source", f"{name}={name}.jsonl", "-o", f"alone-{name}", "-q", cwd=tmp_path
+        )
         _dataset(tmp_path, "joint", name, name)
         _dataset(tmp_path, f"alone-{name}", name, f"{name}-alone")
     stats = json.loads((tmp_path / "joint" / "stats.json").read_text())

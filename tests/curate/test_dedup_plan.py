@@ -14,7 +14,9 @@ BIN = Path(sys.executable).parent
 
 
 def _prep(*args, cwd, code=0):
-    proc = subprocess.run([str(BIN / "llm-prep"), "dedup", *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(BIN / "llm-prep"), "dedup", *map(str, args)], cwd=cwd, capture_output=True, text=True
+    )
     assert proc.returncode == code, proc.stderr
     return proc
 
@@ -30,7 +32,9 @@ def test_plan_is_the_sample_run_scaled(tmp_path):
     assert (sample["documents"], sample["removed"], sample["bytes"]) == (
         stats["documents"], stats["removed"], stats["bytes"])  # fmt: skip
     signatures = sum(p.stat().st_size for p in (tmp_path / "run" / "work" / "sig").rglob("*") if p.is_file())
-    pairs = sum(p.stat().st_size for p in (tmp_path / "run" / "work" / "pairs").rglob("*") if p.is_file()) // 16
+    pairs = (
+        sum(p.stat().st_size for p in (tmp_path / "run" / "work" / "pairs").rglob("*") if p.is_file()) // 16
+    )
     assert (sample["signature_bytes"], sample["pairs"]) == (signatures, pairs) and pairs > 0
     scale = 15e12 * 4 / stats["bytes"]
     stages = record["stages"]

@@ -90,7 +90,12 @@ def test_the_sdist_carries_the_resources(installed):
     sdist, *_ = installed
     with tarfile.open(sdist) as tar:
         members = {Path(*Path(m.name).parts[1:]).as_posix(): m for m in tar.getmembers()}
-    for name in ("models/tiny.yaml", "train/tiny.yaml", "deepspeed/zero2.json", "schemas/metrics.schema.json"):
+    for name in (
+        "models/tiny.yaml",
+        "train/tiny.yaml",
+        "deepspeed/zero2.json",
+        "schemas/metrics.schema.json",
+    ):
         assert members[f"llmtools/resources/{name}"].isfile(), name
 
 
@@ -152,7 +157,9 @@ def test_the_chain_runs_from_an_unrelated_folder(installed):
         "--set", "training.train_steps=4", "--set", "schedule.warmup_steps=0")  # fmt: skip
     unknown = subprocess.run(["llm-train", "tinyy", "--deepspeed", "zero2"], cwd=work, env=env, capture_output=True,
                              text=True)  # fmt: skip
-    assert unknown.returncode == 2 and "did you mean 'tiny'?" in unknown.stderr and "tiny-sft" in unknown.stderr
+    assert (
+        unknown.returncode == 2 and "did you mean 'tiny'?" in unknown.stderr and "tiny-sft" in unknown.stderr
+    )
     (work / "train.yaml").write_text(
         "model: {preset: tiny, vocab_size: 384, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,\n"
         "        num_attention_heads: 2, num_key_value_heads: 1}\n"
@@ -196,7 +203,9 @@ def test_the_readme_walkthrough_runs_from_an_unrelated_folder(installed):
     walkthrough_inputs(folder)
     # torch's own torchrun, run by the fresh environment's python (a user's environment has it beside llm-train)
     torchrun = venv / "bin" / "torchrun"
-    torchrun.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n")
+    torchrun.write_text(
+        f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n"
+    )
     torchrun.chmod(0o755)
     commands = section_examples(README, "Walkthrough")
     assert any(c.startswith("llm-train --print-config") for c in commands), commands
@@ -255,7 +264,9 @@ def test_no_help_example_needs_a_file_of_the_source_tree(installed):
         for line in help_examples(text)
         if any(part in line for part in SOURCE_TREE)
     ]
-    assert not found, "--help examples that read a file an installed package does not have:\n" + "\n".join(found)
+    assert not found, "--help examples that read a file an installed package does not have:\n" + "\n".join(
+        found
+    )
 
 
 def test_llm_train_help_examples_run_from_an_unrelated_folder(installed):
@@ -267,9 +278,14 @@ def test_llm_train_help_examples_run_from_an_unrelated_folder(installed):
     _, venv, env, work = installed
     folder = work / "help-examples"
     (folder / "out" / "pretrain").mkdir(parents=True)
-    for launcher, module in (("torchrun", "torch.distributed.run"), ("deepspeed", "deepspeed.launcher.runner")):
+    for launcher, module in (
+        ("torchrun", "torch.distributed.run"),
+        ("deepspeed", "deepspeed.launcher.runner"),
+    ):
         shim = venv / "bin" / launcher  # the launcher's console script, run by the fresh environment's python
-        shim.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom {module} import main\nsys.exit(main())\n")
+        shim.write_text(
+            f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom {module} import main\nsys.exit(main())\n"
+        )
         shim.chmod(0o755)
     run = lambda *args: _run(list(args), cwd=folder, env=env)  # noqa: E731
     run("llm-prep", "sample-corpus", "-o", "raw", "--docs", "300", "--seed", "1")

@@ -67,7 +67,9 @@ def _command(reader: str, path: Path, out: Path, skip_bad: bool) -> list[str]:
 def _write(tmp_path: Path, reader: str, kinds: list[str]) -> Path:
     base = READERS[reader][0]
     lines = [json.dumps({**base, "step": 1} if reader == "llm-log" else base)]
-    lines += [_line({**base, "step": 2 + i} if reader == "llm-log" else base, kind) for i, kind in enumerate(kinds)]
+    lines += [
+        _line({**base, "step": 2 + i} if reader == "llm-log" else base, kind) for i, kind in enumerate(kinds)
+    ]
     path = tmp_path / f"{reader}.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

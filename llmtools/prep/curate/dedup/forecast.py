@@ -42,7 +42,9 @@ def measure(config: DedupConfig, sources: list[Source], skip_bad: bool) -> dict:
         result = run_dedup(out, plan, "all", progress=False)
         files = range(len(plan.paths))
         signatures = sum(p.stat().st_size for f in files for p in sig_dir(out, f).iterdir())
-        pairs = sum(pairs_path(out, u, config).stat().st_size for u in pair_units(config)) // PAIR_DTYPE.itemsize
+        pairs = (
+            sum(pairs_path(out, u, config).stat().st_size for u in pair_units(config)) // PAIR_DTYPE.itemsize
+        )
         stats = result.stats or {}
     sources_stats = list(stats.get("sources", {}).values())
     return {
