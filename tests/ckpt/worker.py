@@ -97,7 +97,6 @@ def ds_config(zero: int, world: int) -> dict:
 
 
 def build_engine(zero: int, seed: int = 1234, dropout: float = 0.1):
-    import deepspeed
     import numpy as np
     import torch
     import torch.distributed as tdist
@@ -107,10 +106,14 @@ def build_engine(zero: int, seed: int = 1234, dropout: float = 0.1):
     np.random.seed(seed)
     torch.manual_seed(seed)
     world = tdist.get_world_size()
-    model = make_model(dropout)
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=model.parameters(), config=ds_config(zero, world)
-    )
+    return initialize(make_model(dropout), ds_config(zero, world))
+
+
+def initialize(model, config: dict):
+    """``deepspeed.initialize`` for every engine a test builds in this process, so each is released."""
+    import deepspeed
+
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     LIVE_ENGINES.append(engine)
     return engine
 
@@ -190,7 +193,6 @@ TINY_LLAMA = {
 
 def build_llama_engine(zero: int, model: dict | None = None, seed: int = 1234):
     """A DeepSpeed engine around the project's LlamaForCausalLM (a tiny shape; odd sizes on purpose)."""
-    import deepspeed
     import torch
     import torch.distributed as tdist
 
@@ -200,10 +202,7 @@ def build_llama_engine(zero: int, model: dict | None = None, seed: int = 1234):
     torch.manual_seed(seed)
     config = load_model_config(dict(model or TINY_LLAMA))
     net = LlamaForCausalLM(config)
-    engine, _, _, _ = deepspeed.initialize(
-        model=net, model_parameters=net.parameters(), config=ds_config(zero, tdist.get_world_size())
-    )
-    return engine
+    return initialize(net, ds_config(zero, tdist.get_world_size()))
 
 
 def llama_step(engine, step: int, seq: int = 12) -> float:

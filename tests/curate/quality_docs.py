@@ -79,6 +79,7 @@ def _sentence(rng: random.Random, pool: list[str]) -> str:
 
 def _odd_line(rng: random.Random, pool: list[str], flavour: int) -> str:
     """A line of one kind of trouble; `flavour` picks the kind."""
+    # seeded coin flips choosing what a document holds (no tolerance here)
     makers = [
         lambda: rng.choice(["• ", "- ", "  - ", "-"]) + _sentence(rng, pool),
         lambda: _sentence(rng, pool).rstrip(".!?") + rng.choice(["...", "…", " ...", "... "]),
@@ -121,10 +122,12 @@ def adversarial(count: int, seed: int = 0, sentences: list[str] | None = None) -
     docs = []
     for _ in range(count):
         flavour = rng.randrange(16)
+        # seeded coin flips choosing what a document holds (no tolerance here)
         share = rng.random() ** 2 if rng.random() < 0.5 else rng.random()
         lines = []
         for _ in range(rng.randint(0, 30)):
             if rng.random() < share:
+                # seeded coin flips choosing what a document holds (no tolerance here)
                 lines.append(_odd_line(rng, pool, flavour if rng.random() < 0.9 else rng.randrange(16)))
             elif sentences and rng.random() < 0.6:
                 lines.append(rng.choice(sentences))
@@ -134,6 +137,7 @@ def adversarial(count: int, seed: int = 0, sentences: list[str] | None = None) -
             # repeated lines and paragraphs
             lines += rng.sample(lines, k=min(len(lines), rng.randint(1, 6)))
             rng.shuffle(lines)
+        # seeded coin flips choosing what a document holds (no tolerance here)
         breaks = LINE_BREAKS if rng.random() < 0.3 else ["\n", "\n", "\n\n"]
         text = "".join(line + rng.choice(breaks) for line in lines)
         if rng.random() < 0.5:

@@ -146,7 +146,8 @@ def test_stdin_and_unknown_folders_are_refused(tmp_path, cli_env):
 def test_explain_prints_the_curve(tmp_path, cli_env):
     out = _run(["--explain", "--json"], tmp_path, cli_env).stdout
     info = json.loads(out)
+    # the same float64 formula on both sides, printed by JSON's shortest repr: equal but for the last bit
     assert abs(info["threshold"] - (1 / 14) ** (1 / 8)) < 1e-12
-    assert abs(info["catch_probability"]["0.8"] - (1 - (1 - 0.8**8) ** 14)) < 1e-12
+    assert abs(info["catch_probability"]["0.8"] - (1 - (1 - 0.8**8) ** 14)) < 1e-12  # likewise
     text = _run(["--explain", "--bands", "20", "--rows", "5"], tmp_path, cli_env).stdout
     assert f"{(1 / 20) ** (1 / 5):.4f}" in text and f"s=0.8: {1 - (1 - 0.8**5) ** 20:.4f}" in text

@@ -21,15 +21,13 @@ torch = pytest.importorskip("torch")
 
 
 def _bf16_engine(zero: int):
-    import deepspeed
 
     worker.init_dist()
     torch.manual_seed(0)
     model = worker.make_model(0.0)
     config = worker.ds_config(zero, 1)
     config["bf16"] = {"enabled": True}
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    return engine
+    return worker.initialize(model, config)
 
 
 def _bf16_step(engine) -> None:

@@ -34,13 +34,13 @@ Plain API::
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from llmtools.errors import InputError, UsageError
+from llmtools.formats import jsonfile
 from llmtools.formats.curation_stats import build_stats
 from llmtools.prep.curate.outputs import CurationPaths, curation_paths
 from llmtools.prep.curate.records import Record, open_source, record_batches
@@ -150,7 +150,7 @@ class CurationResult:
 def _dumps(obj) -> str:
     """One record as a line: compact, keys in their order, non-ASCII as it is; the standard library's
     encoder, so the bytes do not depend on which optional JSON library is installed."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return jsonfile.dumps(obj, "a curated record", ensure_ascii=False, separators=(",", ":"))
 
 
 def _rewrite(record: Record, text_key: str, text: str, meta: dict) -> bytes:
@@ -309,7 +309,6 @@ def run_curation(
             changes=tally.changes,
             languages=tally.languages,
         )
-        from llmtools.formats import jsonfile
 
         with open(output.path(paths.stats), "w", encoding="utf-8") as handle:
             handle.write(jsonfile.dumps(stats, indent=2) + "\n")
